@@ -1,0 +1,127 @@
+//! `aerie eval loss`: teacher-forced TTT metrics of a drafter on captured shards.
+
+use std::path::{Path, PathBuf};
+
+use aerie_data::shard::ShardDataset;
+use aerie_eval::loss::{EvalLossOptions, eval_loss};
+use aerie_model::checkpoint::{load_drafter, load_target_head};
+use aerie_model::{Drafter, TargetHead, TttOptions};
+use anyhow::{Context, Result, bail};
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use clap::{Args, Subcommand};
+
+use crate::device::{DeviceArg, with_backend};
+use crate::progress;
+
+/// `aerie eval ...`
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Teacher-forced validation: the training objective without weight updates.
+    Loss(LossArgs),
+}
+
+/// Arguments of `aerie eval loss`.
+#[derive(Debug, Args)]
+pub struct LossArgs {
+    /// Drafter directory (SGLang or speculators layout).
+    #[arg(long)]
+    pub drafter: PathBuf,
+    /// Captured shard directory (aerie-shard/1).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Target lm_head: a safetensors file with `lm_head.weight`, or the target model directory
+    /// (tied embeddings allowed). Not needed when the shards carry a top-k teacher only.
+    #[arg(long)]
+    pub target_head: Option<PathBuf>,
+    /// Target model (directory or safetensors file) to take `embed_tokens` from when the drafter
+    /// does not ship it; defaults to --target-head when that is a directory.
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Unrolled draft steps K.
+    #[arg(long, default_value_t = 7)]
+    pub ttt_length: usize,
+    /// Per-step loss decay (weights decay^k).
+    #[arg(long, default_value_t = 0.8)]
+    pub step_decay: f64,
+    /// Samples per forward.
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+    /// Evaluate only the first N samples.
+    #[arg(long)]
+    pub max_samples: Option<usize>,
+    /// Rows of the target head per chunk of the full-vocabulary pass.
+    #[arg(long, default_value_t = 8192)]
+    pub head_chunk_rows: usize,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `aerie eval`.
+pub fn run(cmd: EvalCommand) -> Result<()> {
+    match cmd {
+        EvalCommand::Loss(args) => with_backend!(args.device, |B, dev| loss::<B>(&args, &dev)),
+    }
+}
+
+fn head_tensor<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor<B, 2>> {
+    let head = load_target_head(path)?;
+    let [v, h] = match head.shape[..] {
+        [v, h] => [v, h],
+        _ => bail!("{}: the target head must be 2-D [V, Ht], found {:?}", path.display(), head.shape),
+    };
+    Ok(Tensor::from_data(TensorData::new(head.to_f32("lm_head.weight")?, [v, h]), device))
+}
+
+fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
+    let target = args
+        .target
+        .clone()
+        .or_else(|| args.target_head.clone().filter(|p| p.is_dir()));
+    let ckpt = load_drafter(&args.drafter, target.as_deref())
+        .with_context(|| format!("loading drafter {}", args.drafter.display()))?;
+    let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
+        .with_context(|| format!("building drafter {}", args.drafter.display()))?;
+    let data = ShardDataset::open(&args.data)?;
+    let head = match (&args.target_head, data.metadata().teacher.has_final_hidden()) {
+        (Some(path), true) => Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.head_chunk_rows)),
+        (None, true) if data.metadata().teacher.topk().is_none() => bail!(
+            "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
+            args.data.display()
+        ),
+        _ => None,
+    };
+    let opts = EvalLossOptions {
+        ttt: TttOptions::geometric(args.ttt_length, args.step_decay),
+        batch_size: args.batch_size,
+        max_samples: args.max_samples,
+    };
+    let total = args.max_samples.map_or(data.len(), |m| m.min(data.len()));
+    let pb = progress::bar(total as u64, "eval loss", "samples");
+    let metrics = eval_loss(&drafter, &data, head.as_ref(), &opts, &mut |done, _| pb.set_position(done as u64))?;
+    pb.finish_and_clear();
+    if args.json {
+        let mut v = serde_json::to_value(&metrics)?;
+        let obj = v.as_object_mut().expect("metrics serialise to an object");
+        obj.insert("samples".into(), total.into());
+        obj.insert("ttt_length".into(), args.ttt_length.into());
+        obj.insert("teacher".into(), (if head.is_some() { "final-hidden" } else { "topk" }).into());
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!("drafter   {}", args.drafter.display());
+        println!("data      {} ({total} samples, {} loss tokens)", args.data.display(), metrics.tokens);
+        println!("loss      {:.4}", metrics.loss);
+        println!("step      loss    acc     alpha");
+        for k in 0..metrics.loss_per_step.len() {
+            println!(
+                "{k:<9} {:<7.4} {:<7.4} {:<7.4}",
+                metrics.loss_per_step[k], metrics.acc_per_step[k], metrics.accept_rate_per_step[k]
+            );
+        }
+        println!("simulated accept length (1 + Σ Π acc) {:.3}", metrics.simulated_accept_length);
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! File-system plumbing for crash safety: every file of a dataset appears under its final name
+//! only once complete (temp file in the same directory, fsync, rename, fsync of the directory),
+//! and one writer at a time holds a lock. Readers therefore never see a half-written shard or
+//! manifest, whatever moment a capture process dies at.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result};
+
+/// Name of the manifest inside a dataset directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// Temp files start with this; they are never part of a dataset and resume deletes them.
+pub(crate) const TMP_PREFIX: &str = ".tmp-";
+
+/// The lock file a writer holds. It stays behind (empty) after the writer ends: deleting it
+/// would let two writers lock different inodes of the same name.
+pub(crate) const LOCK_FILE: &str = ".aerie-shard.lock";
+
+/// The file name of shard `index`: `shard-00042.safetensors`.
+pub fn shard_file_name(index: usize) -> String {
+    format!("shard-{index:05}.safetensors")
+}
+
+/// Whether `name` has the shape writers give shards (`shard-<digits>.safetensors`).
+pub(crate) fn is_shard_file_name(name: &str) -> bool {
+    name.strip_prefix("shard-")
+        .and_then(|rest| rest.strip_suffix(".safetensors"))
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether `name` may appear in a manifest: a plain file name, so a manifest can never point
+/// outside its directory.
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\'])
+        && !name.starts_with(TMP_PREFIX)
+        && name != MANIFEST_FILE
+}
+
+/// Write `path` atomically with the bytes `fill` produces: a temp file beside it, fsynced, then
+/// renamed over `path`, then the directory fsynced so the rename itself survives a crash.
+pub(crate) fn write_atomic(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!("{TMP_PREFIX}{name}"));
+    let result = fill(&tmp).and_then(|()| {
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(&tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        sync_dir(dir)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Write `bytes` to `path` atomically.
+pub(crate) fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic(path, |tmp| {
+        let mut f = File::create(tmp).map_err(|e| Error::io(tmp, e))?;
+        f.write_all(bytes).map_err(|e| Error::io(tmp, e))
+    })
+}
+
+/// Persist directory entries (renames, removals). A no-op where directories cannot be opened.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io(dir, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+/// sha256 of a file as lowercase hex: shard checksums in the manifest, and the
+/// `tokenizer_digest` a capture engine computes from `tokenizer.json`.
+pub fn sha256_file(path: impl AsRef<Path>) -> Result<String> {
+    let path = path.as_ref();
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// An exclusive lock on a dataset directory, released on drop.
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    pub(crate) fn acquire(dir: &Path) -> Result<Self> {
+        let path: PathBuf = dir.join(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(Error::Locked { path }),
+            // File systems without locks: go on unprotected rather than refuse to work.
+            Err(fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {}
+            Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+        }
+        Ok(Self { _file: file })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(shard_file_name(3), "shard-00003.safetensors");
+        assert!(is_shard_file_name("shard-123456.safetensors"));
+        assert!(!is_shard_file_name("shard-.safetensors"));
+        assert!(!is_shard_file_name(".tmp-shard-00001.safetensors"));
+        assert!(is_plain_file_name("shard-00001.safetensors"));
+        for bad in [
+            "../x.safetensors",
+            "a/b",
+            "..",
+            "",
+            ".tmp-shard-1.safetensors",
+            "manifest.json",
+        ] {
+            assert!(!is_plain_file_name(bad), "{bad}");
+        }
+    }
+}

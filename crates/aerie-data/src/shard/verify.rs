@@ -1,0 +1,124 @@
+//! The full scan behind `aerie data verify`: checksums and every value, the checks
+//! [`ShardDataset::open`] skips because they read the whole dataset. The content rules are the
+//! writer's own (see `checks`), so anything this crate wrote passes.
+
+use super::checks;
+use super::codec;
+use super::reader::ShardDataset;
+use super::{fsutil, names};
+use crate::{Error, Result};
+
+/// What [`ShardDataset::verify`] looked at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Shards scanned.
+    pub shards: usize,
+    /// Shards whose manifest entry had a sha256, now confirmed.
+    pub checksums: usize,
+    /// Samples scanned.
+    pub samples: u64,
+    /// Tokens scanned.
+    pub tokens: u64,
+    /// Tokens under the loss mask.
+    pub masked_tokens: u64,
+}
+
+/// Rows decoded at a time when checking hidden states for non-finite values.
+const ROWS_PER_CHUNK: usize = 256;
+
+impl ShardDataset {
+    /// Read everything: check recorded sha256 digests, that loss masks are 0/1 and match the
+    /// manifest's `masked_tokens`, that token and top-k ids lie in the target vocabulary, that
+    /// log-probs are descending and not above 0, and that hidden states are finite. Stops at the
+    /// first problem, naming the shard and tensor.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let vocab = self.metadata.target_vocab_size;
+        let mut report = VerifyReport::default();
+        for (shard, entry) in self.shards.iter().zip(&self.manifest.shards) {
+            let path = &shard.path;
+            if let Some(expected) = &entry.sha256 {
+                let found = fsutil::sha256_file(path)?;
+                if !found.eq_ignore_ascii_case(expected) {
+                    return Err(Error::Checksum {
+                        path: path.clone(),
+                        expected: expected.clone(),
+                        found,
+                    });
+                }
+                report.checksums += 1;
+            }
+            let map = &shard.mmap[..];
+            let masked = checks::loss_mask(&map[shard.loss_mask.clone()])
+                .map_err(|m| Error::tensor(path, names::LOSS_MASK, m))?;
+            if masked != entry.masked_tokens {
+                return Err(Error::tensor(
+                    path,
+                    names::LOSS_MASK,
+                    format!(
+                        "has {masked} ones but manifest.json lists {} masked tokens",
+                        entry.masked_tokens
+                    ),
+                ));
+            }
+            let ids = codec::i32s(&map[shard.input_ids.clone()]);
+            checks::token_ids(names::INPUT_IDS, &ids, vocab)
+                .map_err(|m| Error::tensor(path, names::INPUT_IDS, m))?;
+            if let (Some((ids, logprobs)), Some(dtype)) = (&shard.topk, self.layout.logprobs_dtype)
+            {
+                let ids = codec::i32s(&map[ids.clone()]);
+                let mut values = vec![0f32; ids.len()];
+                codec::decode_floats(&map[logprobs.clone()], dtype, &mut values);
+                checks::topk(&ids, &values, self.layout.k, vocab)
+                    .map_err(|(tensor, m)| Error::tensor(path, tensor, m))?;
+            }
+            let aux = &map[shard.aux_hidden.clone()];
+            finite(
+                path,
+                names::AUX_HIDDEN,
+                aux,
+                self.layout.aux_width,
+                self.layout.dtype,
+            )?;
+            if let Some(range) = &shard.final_hidden {
+                let bytes = &map[range.clone()];
+                finite(
+                    path,
+                    names::FINAL_HIDDEN,
+                    bytes,
+                    self.layout.hidden_size,
+                    self.layout.dtype,
+                )?;
+            }
+            report.shards += 1;
+            report.samples += entry.samples;
+            report.tokens += entry.tokens;
+            report.masked_tokens += masked;
+        }
+        Ok(report)
+    }
+}
+
+/// Every value of a [T, width] float tensor is finite.
+fn finite(
+    path: &std::path::Path,
+    tensor: &str,
+    bytes: &[u8],
+    width: usize,
+    dtype: super::FloatDtype,
+) -> Result<()> {
+    let chunk_bytes = ROWS_PER_CHUNK * width * dtype.size();
+    let mut buf = Vec::new();
+    for (c, chunk) in bytes.chunks(chunk_bytes).enumerate() {
+        buf.resize(chunk.len() / dtype.size(), 0f32);
+        codec::decode_floats(chunk, dtype, &mut buf);
+        if let Some(i) = buf.iter().position(|v| !v.is_finite()) {
+            let row = c * ROWS_PER_CHUNK + i / width;
+            return Err(Error::tensor(
+                path,
+                tensor,
+                format!("[{row}, {}] = {} is not finite", i % width, buf[i]),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! Borrowed views of one sample inside a memory-mapped shard. Nothing is copied on access except
+//! where the bytes cannot be reinterpreted in place (a misaligned tensor from a foreign writer):
+//! for an f32 dataset, [`HiddenRows::as_f32`] hands the trainer the mapped pages themselves, so
+//! reading `aux_hidden` costs page faults, not copies. Keep it that way: a copy of aux_hidden per
+//! step is the dominant cost of a data loader at Ht = 7168.
+
+use std::borrow::Cow;
+use std::ops::Range;
+use std::path::Path;
+
+use super::codec;
+use super::metadata::FloatDtype;
+use super::reader::{Layout, Shard};
+use crate::{Error, Result};
+
+/// One sample: `len()` tokens of every tensor, borrowed from the dataset.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleView<'a> {
+    pub(crate) shard: &'a Shard,
+    pub(crate) layout: &'a Layout,
+    /// Index inside the shard.
+    pub(crate) local: usize,
+    /// Index in the dataset.
+    pub(crate) index: usize,
+}
+
+impl<'a> SampleView<'a> {
+    /// Position in the dataset (0-based, in shard order).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The shard file holding this sample, for error messages.
+    pub fn shard_path(&self) -> &'a Path {
+        &self.shard.path
+    }
+
+    /// The source sample id, when the dataset stores `sample_ids`.
+    pub fn sample_id(&self) -> Option<i64> {
+        self.shard.sample_ids.as_ref().map(|ids| ids[self.local])
+    }
+
+    /// Tokens in the sample (never 0).
+    pub fn len(&self) -> usize {
+        let r = self.tokens();
+        r.end - r.start
+    }
+
+    /// Always false (empty samples are refused on write and on open); present for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn tokens(&self) -> Range<usize> {
+        self.shard.offsets[self.local]..self.shard.offsets[self.local + 1]
+    }
+
+    /// Rows `tokens()` of a [T, width] tensor stored at `range` with `elem`-byte elements.
+    fn rows(&self, range: &Range<usize>, width: usize, elem: usize) -> &'a [u8] {
+        let t = self.tokens();
+        let row = width * elem;
+        let base = range.start;
+        &self.shard.mmap[base + t.start * row..base + t.end * row]
+    }
+
+    /// Token ids, borrowed from the map when aligned (always, for files written by this crate
+    /// or by the `safetensors` libraries), copied otherwise.
+    pub fn input_ids(&self) -> Cow<'a, [i32]> {
+        codec::i32s(self.rows(&self.shard.input_ids, 1, 4))
+    }
+
+    /// 1 where the token is trained on (assistant tokens), else 0. Not shifted.
+    pub fn loss_mask(&self) -> &'a [u8] {
+        self.rows(&self.shard.loss_mask, 1, 1)
+    }
+
+    /// The captured residual streams, [len, A*Ht], layers concatenated low → high.
+    pub fn aux_hidden(&self) -> HiddenRows<'a> {
+        let (width, dtype) = (self.layout.aux_width, self.layout.dtype);
+        HiddenRows {
+            bytes: self.rows(&self.shard.aux_hidden, width, dtype.size()),
+            dtype,
+            width,
+        }
+    }
+
+    /// The target's post-final-norm state, [len, Ht], when the teacher includes it.
+    pub fn final_hidden(&self) -> Option<HiddenRows<'a>> {
+        let range = self.shard.final_hidden.as_ref()?;
+        let (width, dtype) = (self.layout.hidden_size, self.layout.dtype);
+        Some(HiddenRows {
+            bytes: self.rows(range, width, dtype.size()),
+            dtype,
+            width,
+        })
+    }
+
+    /// The target's top-k next-token log-probs, [len, K], when the teacher includes them.
+    pub fn topk(&self) -> Option<TopKView<'a>> {
+        let (ids, logprobs) = self.shard.topk.as_ref()?;
+        let (k, dtype) = (self.layout.k, self.layout.logprobs_dtype?);
+        Some(TopKView {
+            ids: self.rows(ids, k, 4),
+            logprobs: self.rows(logprobs, k, dtype.size()),
+            dtype,
+            k,
+        })
+    }
+}
+
+/// Row-major float rows in their storage dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct HiddenRows<'a> {
+    bytes: &'a [u8],
+    dtype: FloatDtype,
+    width: usize,
+}
+
+impl<'a> HiddenRows<'a> {
+    /// Storage dtype of [`HiddenRows::as_bytes`].
+    pub fn dtype(&self) -> FloatDtype {
+        self.dtype
+    }
+
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Number of rows (tokens).
+    pub fn rows(&self) -> usize {
+        self.bytes.len() / (self.width * self.dtype.size())
+    }
+
+    /// The raw little-endian bytes, for uploading to a device as-is (bf16 stays bf16).
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The values without a copy, when stored as aligned f32.
+    pub fn as_f32(&self) -> Option<&'a [f32]> {
+        match self.dtype {
+            FloatDtype::F32 => bytemuck::try_cast_slice(self.bytes).ok(),
+            FloatDtype::F16 | FloatDtype::BF16 => None,
+        }
+    }
+
+    /// The values as f32: borrowed when [`HiddenRows::as_f32`] is, decoded otherwise.
+    pub fn to_f32(&self) -> Cow<'a, [f32]> {
+        if let Some(values) = self.as_f32() {
+            return Cow::Borrowed(values);
+        }
+        let mut out = vec![0f32; self.rows() * self.width];
+        codec::decode_floats(self.bytes, self.dtype, &mut out);
+        Cow::Owned(out)
+    }
+
+    /// Decode into a caller buffer of exactly `rows() * width()` values, so a loader can reuse
+    /// one staging buffer for every batch.
+    pub fn decode_into(&self, out: &mut [f32]) -> Result<()> {
+        let expected = self.rows() * self.width;
+        if out.len() != expected {
+            return Err(Error::BufferLength {
+                what: "hidden rows",
+                expected,
+                found: out.len(),
+            });
+        }
+        codec::decode_floats(self.bytes, self.dtype, out);
+        Ok(())
+    }
+
+    /// Rows `range` only (a window of a long sample), or `None` when out of bounds.
+    pub fn slice_rows(&self, range: Range<usize>) -> Option<HiddenRows<'a>> {
+        if range.start > range.end || range.end > self.rows() {
+            return None;
+        }
+        let row = self.width * self.dtype.size();
+        Some(HiddenRows {
+            bytes: &self.bytes[range.start * row..range.end * row],
+            ..*self
+        })
+    }
+}
+
+/// Top-k teacher rows: K ids and K log-probs (over the full target vocabulary, descending) per
+/// token.
+#[derive(Debug, Clone, Copy)]
+pub struct TopKView<'a> {
+    ids: &'a [u8],
+    logprobs: &'a [u8],
+    dtype: FloatDtype,
+    k: usize,
+}
+
+impl<'a> TopKView<'a> {
+    /// Entries per token.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Number of rows (tokens).
+    pub fn rows(&self) -> usize {
+        self.ids.len() / (4 * self.k)
+    }
+
+    /// Target token ids, [rows, K] row-major.
+    pub fn ids(&self) -> Cow<'a, [i32]> {
+        codec::i32s(self.ids)
+    }
+
+    /// Storage dtype of the log-probs (F16 or F32).
+    pub fn logprobs_dtype(&self) -> FloatDtype {
+        self.dtype
+    }
+
+    /// Raw little-endian log-prob bytes.
+    pub fn logprobs_bytes(&self) -> &'a [u8] {
+        self.logprobs
+    }
+
+    /// Log-probs as f32, [rows, K]: borrowed when stored as aligned f32.
+    pub fn logprobs(&self) -> Cow<'a, [f32]> {
+        match self.dtype {
+            FloatDtype::F32 => codec::f32s(self.logprobs),
+            dtype => {
+                let mut out = vec![0f32; self.rows() * self.k];
+                codec::decode_floats(self.logprobs, dtype, &mut out);
+                Cow::Owned(out)
+            }
+        }
+    }
+
+    /// Decode the log-probs into a caller buffer of exactly `rows() * k()` values.
+    pub fn decode_logprobs_into(&self, out: &mut [f32]) -> Result<()> {
+        let expected = self.rows() * self.k;
+        if out.len() != expected {
+            return Err(Error::BufferLength {
+                what: "top-k log-probs",
+                expected,
+                found: out.len(),
+            });
+        }
+        codec::decode_floats(self.logprobs, self.dtype, out);
+        Ok(())
+    }
+}

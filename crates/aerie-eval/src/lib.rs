@@ -1,0 +1,13 @@
+//! aerie-eval: how good is a drafter, in the numbers serving cares about.
+//!
+//! This crate holds the teacher-forced validation of eagle3.md §3 ([`loss`]): the training
+//! objective and its per-step accuracy and acceptance rate, evaluated on captured shards without
+//! updating weights. [`batch`] turns shard samples into padded [`aerie_model::TttBatch`]es and is
+//! shared with training.
+#![deny(missing_docs)]
+
+pub mod batch;
+mod error;
+pub mod loss;
+
+pub use error::{Error, Result};

@@ -1,0 +1,188 @@
+//! Export a drafter to the SGLang or the vLLM/speculators dialect (eagle3.md §5), and verify the
+//! result by reading it back.
+//!
+//! Serving engines give no error for a drafter with a renamed key, a dropped `d2t` or aux ids in
+//! the wrong convention: the only symptom is an accept length near 1. So the exporter loads and
+//! validates the source, refuses what the destination engine cannot run, writes atomically, then
+//! reloads the output through the same loader an import would use and compares every tensor byte
+//! for byte with what it meant to write, and the config field by field.
+
+use std::path::{Path, PathBuf};
+
+use aerie_model::checkpoint::io::WeightFiles;
+use aerie_model::checkpoint::{
+    self, Dialect, DrafterCheckpoint, Dtype, SaveOptions, config, keys, load_drafter_with_notes, planned_tensors,
+    save_drafter,
+};
+use aerie_model::{AuxConvention, DrafterConfig};
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+/// What to export besides the dialect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportOptions {
+    /// The target model (directory, or a safetensors file with its embedding): supplies the
+    /// embedding and the layer count when the source lacks them.
+    pub target: Option<PathBuf>,
+    /// Float dtype to write; `None` keeps the source's (bit-identical).
+    pub dtype: Option<Dtype>,
+    /// Ship `embed_tokens.weight` (engines take it from the target; default off).
+    pub include_embedding: bool,
+    /// Replace an existing non-empty output directory.
+    pub overwrite: bool,
+}
+
+/// One tensor as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExportedTensor {
+    /// Key in the output file.
+    pub key: String,
+    /// Stored dtype.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+/// What an export wrote. Returned only after the read-back check passed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExportReport {
+    /// Source directory.
+    pub src: PathBuf,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Dialect of the source.
+    pub from: Dialect,
+    /// Dialect written.
+    pub to: Dialect,
+    /// `torch_dtype` written.
+    pub dtype: Dtype,
+    /// Aux layer ids as written into the config.
+    pub aux_layer_ids: Vec<usize>,
+    /// Their convention (output-of-layer for SGLang, input-of-layer for speculators).
+    pub aux_convention: AuxConvention,
+    /// Every tensor written, sorted by key.
+    pub tensors: Vec<ExportedTensor>,
+    /// Total tensor bytes.
+    pub bytes: u64,
+    /// Whether `embed_tokens.weight` was written.
+    pub embedding_included: bool,
+    /// Defaults and repairs applied on load (t2d derived, embedding from the target, ...).
+    pub notes: Vec<String>,
+}
+
+/// Export the drafter in `src` to `out` in dialect `to`, then verify the written directory.
+///
+/// Fails, naming the file and the problem, when the source does not validate, when the
+/// destination cannot run the drafter (`norm_before_residual` to SGLang), when `out` is
+/// non-empty without `overwrite`, or when the read-back differs from what was meant.
+pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Result<ExportReport> {
+    let loaded = load_drafter_with_notes(src, opts.target.as_deref())?;
+    let ckpt = &loaded.checkpoint;
+    if to == Dialect::Sglang && ckpt.config.norm_before_residual {
+        return Err(aerie_model::Error::Unsupported {
+            path: src.join("config.json"),
+            message: "this drafter uses norm_before_residual=true (the residual is \
+                      hidden_norm(h)); SGLang's LlamaForCausalLMEagle3 has no such option and \
+                      would run it wrongly. Export it to the speculators dialect for vLLM."
+                .into(),
+        }
+        .into());
+    }
+    let save = SaveOptions {
+        dialect: to,
+        dtype: opts.dtype,
+        include_embedding: opts.include_embedding,
+        overwrite: opts.overwrite,
+    };
+    save_drafter(ckpt, out, &save)?;
+    let dtype = opts.dtype.unwrap_or(ckpt.weight_dtype);
+    let tensors = verify(ckpt, out, &save, dtype)?;
+    let aux = match to {
+        Dialect::Sglang => ckpt.config.aux_layers.output_of_layer(),
+        Dialect::Speculators => ckpt.config.aux_layers.input_of_layer(),
+    };
+    let bytes = tensors.iter().map(|t| (t.shape.iter().product::<usize>() * t.dtype.size()) as u64).sum();
+    Ok(ExportReport {
+        src: src.to_path_buf(),
+        out: out.to_path_buf(),
+        from: ckpt.dialect,
+        to,
+        dtype,
+        aux_layer_ids: aux,
+        aux_convention: match to {
+            Dialect::Sglang => AuxConvention::OutputOfLayer,
+            Dialect::Speculators => AuxConvention::InputOfLayer,
+        },
+        tensors,
+        bytes,
+        embedding_included: opts.include_embedding,
+        notes: loaded.notes,
+    })
+}
+
+/// Two configs that mean the same drafter (aux ids compared in one convention).
+fn config_differences(want: &DrafterConfig, got: &DrafterConfig) -> Vec<String> {
+    let mut p = Vec::new();
+    if want.aux_layers.output_of_layer() != got.aux_layers.output_of_layer() {
+        p.push(format!(
+            "aux layers read back as output of {:?}, expected {:?}",
+            got.aux_layers.output_of_layer(),
+            want.aux_layers.output_of_layer()
+        ));
+    }
+    let mut got = got.clone();
+    got.aux_layers = want.aux_layers.clone();
+    if got != *want {
+        p.push(format!("config read back as {got:?}, expected {want:?}"));
+    }
+    p
+}
+
+/// Read `out` back and compare it with what `save_drafter` meant to write.
+fn verify(ckpt: &DrafterCheckpoint, out: &Path, save: &SaveOptions, dtype: Dtype) -> Result<Vec<ExportedTensor>> {
+    let planned = planned_tensors(ckpt, save)?;
+    let mut problems = Vec::new();
+
+    // 1. The file holds exactly the planned keys, with the planned dtypes and shapes.
+    let headers = WeightFiles::open_dir(out)?.headers()?;
+    for key in planned.keys().filter(|k| !headers.contains_key(*k)) {
+        problems.push(format!("`{key}` was not written"));
+    }
+    for key in headers.keys().filter(|k| !planned.contains_key(*k)) {
+        problems.push(format!("`{key}` was written but not meant to be"));
+    }
+
+    // 2. The config parses back, in the right dialect, to the same drafter.
+    let cfg_path = out.join("config.json");
+    let parsed = config::read_config(&cfg_path, None)?;
+    if parsed.dialect != save.dialect {
+        problems.push(format!("config reads back as the {} dialect, expected {}", parsed.dialect, save.dialect));
+    }
+    if parsed.torch_dtype != Some(dtype) {
+        problems.push(format!("torch_dtype reads back as {:?}, expected {dtype}", parsed.torch_dtype));
+    }
+    if parsed.has_num_nextn_predict_layers {
+        problems.push("config sets num_nextn_predict_layers".into());
+    }
+    problems.extend(config_differences(&ckpt.config, &parsed.config));
+
+    // 3. The loader an import would use sees every tensor bit-identical to the plan.
+    let reloaded = checkpoint::load_drafter(out, None)?;
+    for (name, t) in &reloaded.tensors {
+        let key = keys::file_key(name, save.dialect);
+        match planned.get(&key) {
+            Some(want) if want.as_ref() == t => {}
+            Some(want) if want.dtype != t.dtype || want.shape != t.shape => problems.push(format!(
+                "`{key}` reads back as {} {:?}, expected {} {:?}",
+                t.dtype, t.shape, want.dtype, want.shape
+            )),
+            Some(_) => problems.push(format!("`{key}` reads back with different bytes")),
+            None => problems.push(format!("`{key}` (canonical `{name}`) reads back but was not planned")),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Error::Verify { path: out.to_path_buf(), problems });
+    }
+    Ok(headers.into_iter().map(|(key, h)| ExportedTensor { key, dtype: h.dtype, shape: h.shape }).collect())
+}

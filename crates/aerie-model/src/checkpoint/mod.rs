@@ -1,0 +1,262 @@
+//! Checkpoint I/O: drafter directories in both dialects, target heads and embeddings, and the one
+//! table of key renames (see [`keys`]).
+//!
+//! A drafter directory holds `config.json` plus `model.safetensors` (or shards and an index). In
+//! memory it is a [`DrafterCheckpoint`] whose tensors carry canonical (SGLang, unprefixed) names
+//! whatever the file used. [`load_drafter`] validates everything on the way in and
+//! [`save_drafter`] on the way out (serving engines do not: a wrong key or a broken d2t only
+//! shows as an accept length near 1).
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use aerie_model::checkpoint::{Dialect, SaveOptions, load_drafter, save_drafter};
+//!
+//! let ckpt = load_drafter(Path::new("drafter"), Some(Path::new("target-model")))?;
+//! let opts = SaveOptions { dialect: Dialect::Speculators, ..SaveOptions::default() };
+//! save_drafter(&ckpt, Path::new("drafter-vllm"), &opts)?;
+//! # Ok::<(), aerie_model::Error>(())
+//! ```
+
+pub mod config;
+pub mod io;
+pub mod keys;
+pub mod synthetic;
+pub mod target;
+pub mod tensors;
+pub mod validate;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use target::{TargetInfo, load_target_embedding, load_target_head, read_target_info, target_num_layers};
+pub use tensors::{Dtype, HostTensor, TensorMap};
+
+use crate::{DrafterConfig, Error, Result};
+
+/// The two on-disk conventions for EAGLE-3 drafters (eagle3.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    /// SGLang/SpecForge: `LlamaForCausalLMEagle3`, `midlayer.*`, output-of-layer aux ids.
+    Sglang,
+    /// vLLM/speculators: `Eagle3Speculator`, `layers.0.*`, input-of-layer aux ids.
+    Speculators,
+}
+
+impl Dialect {
+    /// Lower-case name (`sglang`, `speculators`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Sglang => "sglang",
+            Dialect::Speculators => "speculators",
+        }
+    }
+
+    /// Parse a user-facing name (`sglang`, `specforge`, `speculators`, `vllm`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "sglang" | "specforge" => Some(Dialect::Sglang),
+            "speculators" | "vllm" => Some(Dialect::Speculators),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Dialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A drafter in memory: config, canonical-named tensors, and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterCheckpoint {
+    /// The resolved config.
+    pub config: DrafterConfig,
+    /// The dialect it was read in (or is meant to be written in by default).
+    pub dialect: Dialect,
+    /// Dtype of the float weights (that of `fc.weight`); written as `torch_dtype`.
+    pub weight_dtype: Dtype,
+    /// Tensors under canonical names (see [`keys`]).
+    pub tensors: TensorMap,
+    /// The directory it was loaded from (empty for one built in memory).
+    pub dir: PathBuf,
+}
+
+/// How [`save_drafter`] writes a drafter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaveOptions {
+    /// Target dialect.
+    pub dialect: Dialect,
+    /// Float dtype to write; `None` keeps each tensor's dtype (bit-identical).
+    pub dtype: Option<Dtype>,
+    /// Write `embed_tokens.weight` too (serving engines take it from the target, so the default
+    /// leaves it out; it is the target's and large).
+    pub include_embedding: bool,
+    /// Replace an existing non-empty output directory.
+    pub overwrite: bool,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        Self { dialect: Dialect::Sglang, dtype: None, include_embedding: false, overwrite: false }
+    }
+}
+
+/// A loaded drafter plus what the loader did that the user should hear about.
+#[derive(Debug, Clone)]
+pub struct LoadedDrafter {
+    /// The checkpoint.
+    pub checkpoint: DrafterCheckpoint,
+    /// Defaults applied and repairs made (t2d derived from d2t, embedding taken from the
+    /// target, ...).
+    pub notes: Vec<String>,
+    /// Whether the config gave `target_hidden_size` explicitly.
+    pub target_hidden_size_explicit: bool,
+}
+
+/// Load and validate the drafter in `dir`. See [`load_drafter_with_notes`].
+pub fn load_drafter(dir: &Path, target: Option<&Path>) -> Result<DrafterCheckpoint> {
+    Ok(load_drafter_with_notes(dir, target)?.checkpoint)
+}
+
+/// Load the drafter in `dir` (either dialect, single or sharded, `midlayer.*` or `layers.0.*`,
+/// with or without `model.`), and validate it, reporting every problem at once.
+///
+/// `target` (a target model directory, or a safetensors file with its embedding) supplies
+/// `embed_tokens.weight` when the drafter lacks it, and the layer count when the config lacks
+/// aux ids. A `t2d` missing beside `d2t` is derived from it.
+pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<LoadedDrafter> {
+    if !dir.is_dir() {
+        return Err(Error::Config { path: dir.to_path_buf(), message: "not a directory".into() });
+    }
+    let cfg_path = dir.join("config.json");
+    let mut parsed = config::read_config(&cfg_path, None)?;
+    if !parsed.aux_ids_known
+        && let Some(t) = target.filter(|t| t.is_dir())
+    {
+        parsed = config::read_config(&cfg_path, Some(target_num_layers(t)?))?;
+    }
+    let cfg = parsed.resolved(&cfg_path)?;
+    let mut notes = parsed.notes.clone();
+    let mut problems: Vec<String> = Vec::new();
+    if let Some(n) = parsed.num_hidden_layers.filter(|&n| n != 1) {
+        problems.push(format!("config: num_hidden_layers is {n}; an EAGLE-3 drafter has exactly 1 layer"));
+    }
+
+    let files = io::WeightFiles::open_dir(dir)?;
+    let mut tensors = TensorMap::new();
+    let mut origin: BTreeMap<String, String> = BTreeMap::new();
+    for (key, t) in files.load_all()? {
+        let name = keys::canonical_name(&key);
+        if let Some(prev) = origin.insert(name.clone(), key.clone()) {
+            problems.push(format!("file keys `{prev}` and `{key}` both name `{name}`"));
+        }
+        tensors.insert(name, t);
+    }
+
+    if !tensors.contains_key(keys::EMBED)
+        && let Some(t) = target
+    {
+        tensors.insert(keys::EMBED.into(), load_target_embedding(t)?);
+        notes.push(format!("embed_tokens.weight taken from the target {}", t.display()));
+    }
+    if !tensors.contains_key(keys::T2D)
+        && let Some(d2t) = tensors.get(keys::D2T).filter(|t| t.dtype == Dtype::I64)
+    {
+        let t2d = validate::derive_t2d(&d2t.to_i64(keys::D2T)?, cfg.vocab_size);
+        tensors.insert(keys::T2D.into(), HostTensor::from_bool(vec![t2d.len()], &t2d));
+        notes.push("t2d absent: derived from d2t".into());
+    }
+
+    let weight_dtype = match tensors.get(keys::FC).map(|t| t.dtype).filter(|d| d.is_float()) {
+        Some(d) => d,
+        None => parsed.torch_dtype.filter(|d| d.is_float()).unwrap_or(Dtype::F32),
+    };
+    if let Some(td) = parsed.torch_dtype
+        && td != weight_dtype
+    {
+        notes.push(format!("config says torch_dtype {td} but the weights are {weight_dtype}"));
+    }
+    let checks = validate::validate(&cfg, &tensors, parsed.target_hidden_size_explicit);
+    problems.extend(checks.into_iter().map(|p| p.message));
+    if !problems.is_empty() {
+        return Err(Error::Invalid { path: dir.to_path_buf(), problems });
+    }
+    Ok(LoadedDrafter {
+        checkpoint: DrafterCheckpoint {
+            config: cfg,
+            dialect: parsed.dialect,
+            weight_dtype,
+            tensors,
+            dir: dir.to_path_buf(),
+        },
+        notes,
+        target_hidden_size_explicit: parsed.target_hidden_size_explicit,
+    })
+}
+
+/// The tensors [`save_drafter`] writes for `ckpt` under `opts`: file keys of the dialect, floats
+/// cast to `opts.dtype`, the embedding only when asked, `t2d` derived when only `d2t` is held.
+/// Exporters compare what they read back against this.
+pub fn planned_tensors<'a>(
+    ckpt: &'a DrafterCheckpoint,
+    opts: &SaveOptions,
+) -> Result<BTreeMap<String, Cow<'a, HostTensor>>> {
+    let unsupported = |message: String| Error::Unsupported { path: ckpt.dir.clone(), message };
+    if let Some(d) = opts.dtype.filter(|d| !d.is_float()) {
+        return Err(unsupported(format!("cannot write weights as {d}: choose F32, BF16 or F16")));
+    }
+    if opts.include_embedding && !ckpt.tensors.contains_key(keys::EMBED) {
+        return Err(unsupported(
+            "the embedding was asked for but the checkpoint has none: give the target model to \
+             take it from"
+                .into(),
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for (name, t) in &ckpt.tensors {
+        if name == keys::EMBED && !opts.include_embedding {
+            continue;
+        }
+        let t = match opts.dtype {
+            Some(d) if t.dtype.is_float() && t.dtype != d => Cow::Owned(t.cast_float(name, d)?),
+            _ => Cow::Borrowed(t),
+        };
+        out.insert(keys::file_key(name, opts.dialect), t);
+    }
+    if !ckpt.tensors.contains_key(keys::T2D)
+        && let Some(d2t) = ckpt.tensors.get(keys::D2T)
+    {
+        let t2d = validate::derive_t2d(&d2t.to_i64(keys::D2T)?, ckpt.config.vocab_size);
+        let t = HostTensor::from_bool(vec![t2d.len()], &t2d);
+        out.insert(keys::file_key(keys::T2D, opts.dialect), Cow::Owned(t));
+    }
+    Ok(out)
+}
+
+/// Validate `ckpt` and write it to the directory `out` as `config.json` + `model.safetensors`,
+/// atomically (a temporary directory renamed into place). Refuses what the target engine cannot
+/// run, e.g. `norm_before_residual` in the SGLang dialect.
+pub fn save_drafter(ckpt: &DrafterCheckpoint, out: &Path, opts: &SaveOptions) -> Result<()> {
+    let problems = validate::validate(&ckpt.config, &ckpt.tensors, true);
+    if !problems.is_empty() {
+        return Err(Error::Invalid {
+            path: ckpt.dir.clone(),
+            problems: problems.into_iter().map(|p| p.message).collect(),
+        });
+    }
+    let dtype = opts.dtype.unwrap_or(ckpt.weight_dtype);
+    let cfg_json = config::to_json(&ckpt.config, opts.dialect, dtype, &out.join("config.json"))?;
+    let mut text = serde_json::to_string_pretty(&cfg_json).expect("JSON values always serialize");
+    text.push('\n');
+    let planned = planned_tensors(ckpt, opts)?;
+    io::write_dir_atomic(out, opts.overwrite, |tmp| {
+        let cfg_file = tmp.join("config.json");
+        std::fs::write(&cfg_file, &text).map_err(|e| Error::io(&cfg_file, e))?;
+        io::write_safetensors(&tmp.join(io::SINGLE_FILE), planned.iter().map(|(k, t)| (k.as_str(), t.as_ref())))
+    })
+}

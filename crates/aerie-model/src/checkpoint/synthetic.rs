@@ -1,0 +1,93 @@
+//! Deterministic synthetic drafters: a valid checkpoint (every tensor, a d2t/t2d map obeying
+//! eagle3.md §4) built from a seed, for tests, smoke runs and examples that must not depend on
+//! downloaded weights. Values are small pseudo-random numbers, not a trained model.
+
+use std::path::PathBuf;
+
+use super::tensors::{Dtype, HostTensor, TensorMap};
+use super::{Dialect, DrafterCheckpoint, keys, validate};
+use crate::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
+
+/// splitmix64: tiny, seedable, good enough for test weights.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// A scaled-down drafter shape that exercises every path a Kimi-sized one does (GQA, head_dim
+/// != H/nH, reduced vocab): H 64, 4 heads of 32 with 2 KV heads, I 96, V 512, Vd 64, aux
+/// [1, 4, 6] output-of-layer of a 10-layer target.
+pub fn tiny_config() -> DrafterConfig {
+    DrafterConfig {
+        hidden_size: 64,
+        target_hidden_size: 64,
+        intermediate_size: 96,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        rms_norm_eps: 1e-5,
+        rope: RopeConfig { theta: 10000.0, scaling: RopeScaling::Default },
+        max_position_embeddings: 4096,
+        vocab_size: 512,
+        draft_vocab_size: 64,
+        aux_layers: AuxLayers { ids: vec![1, 4, 6], convention: AuxConvention::OutputOfLayer },
+        fc_norm: false,
+        norm_output: false,
+        norm_before_residual: false,
+        target_name_or_path: Some("synthetic/tiny-target".into()),
+    }
+}
+
+/// A valid d2t/t2d pair: `vd` distinct target ids out of `v`, chosen by `seed`, ascending.
+pub fn vocab_map(v: usize, vd: usize, seed: u64) -> (Vec<i64>, Vec<bool>) {
+    let mut rng = Rng(seed);
+    let mut ids: Vec<usize> = (0..v).collect();
+    for i in 0..vd.min(v) {
+        let j = i + (rng.next() % (v - i) as u64) as usize;
+        ids.swap(i, j);
+    }
+    let mut chosen: Vec<usize> = ids[..vd.min(v)].to_vec();
+    chosen.sort_unstable();
+    let d2t: Vec<i64> = chosen.iter().enumerate().map(|(i, &id)| id as i64 - i as i64).collect();
+    (d2t.clone(), validate::derive_t2d(&d2t, v))
+}
+
+/// A complete drafter for `cfg` with float weights in `dtype` (embedding included, d2t/t2d
+/// included when the vocab is reduced). Norm weights are near 1, everything else near 0.
+pub fn random_drafter(cfg: &DrafterConfig, dtype: Dtype, seed: u64) -> DrafterCheckpoint {
+    let mut rng = Rng(seed);
+    let mut tensors = TensorMap::new();
+    for e in validate::expected_tensors(cfg) {
+        if e.kind != validate::ElemKind::Float {
+            continue;
+        }
+        let n: usize = e.shape.iter().product();
+        let is_norm = e.shape.len() == 1;
+        let values: Vec<f32> =
+            (0..n).map(|_| if is_norm { 1.0 + 0.1 * rng.unit() } else { 0.05 * rng.unit() }).collect();
+        tensors.insert(e.name, HostTensor::from_f32(e.shape, &values, dtype));
+    }
+    if cfg.draft_vocab_size < cfg.vocab_size {
+        let (d2t, t2d) = vocab_map(cfg.vocab_size, cfg.draft_vocab_size, seed ^ 0xD27);
+        tensors.insert(keys::D2T.into(), HostTensor::from_i64(vec![d2t.len()], &d2t));
+        tensors.insert(keys::T2D.into(), HostTensor::from_bool(vec![t2d.len()], &t2d));
+    }
+    DrafterCheckpoint {
+        config: cfg.clone(),
+        dialect: Dialect::Sglang,
+        weight_dtype: dtype,
+        tensors,
+        dir: PathBuf::new(),
+    }
+}

@@ -1,0 +1,229 @@
+//! The resolved drafter configuration: one struct that every aerie stage uses, whichever dialect
+//! (SGLang/SpecForge `LlamaForCausalLMEagle3` or speculators `eagle3`) the `config.json` was
+//! written in. Parsing and writing the dialects lives in [`crate::checkpoint::config`]; this
+//! module only holds the meaning (eagle3.md §1–2).
+
+use serde::{Deserialize, Serialize};
+
+/// Which numbering the aux-layer ids follow (eagle3.md §2). Mixing them up gives no error, only a
+/// low accept length, so every id list in aerie carries its convention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuxConvention {
+    /// "Output of layer i" (SpecForge, SGLang `eagle_config`): HF `output_hidden_states[i+1]`.
+    OutputOfLayer,
+    /// "Input of layer i" (vLLM, speculators, EAGLE repo): HF `output_hidden_states[i]`.
+    InputOfLayer,
+}
+
+/// Target layers whose pre-norm residual stream the drafter consumes, low → high.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuxLayers {
+    /// Layer ids in [`AuxLayers::convention`].
+    pub ids: Vec<usize>,
+    /// The numbering `ids` follow.
+    pub convention: AuxConvention,
+}
+
+impl AuxLayers {
+    /// Ids in the output-of-layer convention (SGLang exports).
+    pub fn output_of_layer(&self) -> Vec<usize> {
+        match self.convention {
+            AuxConvention::OutputOfLayer => self.ids.clone(),
+            AuxConvention::InputOfLayer => self.ids.iter().map(|&i| i.saturating_sub(1)).collect(),
+        }
+    }
+
+    /// Ids in the input-of-layer convention (speculators/vLLM exports).
+    pub fn input_of_layer(&self) -> Vec<usize> {
+        match self.convention {
+            AuxConvention::OutputOfLayer => self.ids.iter().map(|&i| i + 1).collect(),
+            AuxConvention::InputOfLayer => self.ids.clone(),
+        }
+    }
+
+    /// The defaults of eagle3.md §2 for a target with `num_layers` decoder layers, in the
+    /// output-of-layer convention: `[1, N/2 - 1, N - 4]`.
+    pub fn default_for_target(num_layers: usize) -> Self {
+        Self {
+            ids: vec![1, (num_layers / 2).saturating_sub(1), num_layers.saturating_sub(4)],
+            convention: AuxConvention::OutputOfLayer,
+        }
+    }
+}
+
+/// RoPE frequency scaling as HF `rope_scaling` / `rope_parameters` describe it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    Default,
+    /// Positions divided by `factor`.
+    Linear {
+        /// Scale factor.
+        factor: f64,
+    },
+    /// Llama-3.1 frequency-band scaling.
+    Llama3 {
+        /// Scale factor.
+        factor: f64,
+        /// Low-frequency factor (HF default 1).
+        low_freq_factor: f64,
+        /// High-frequency factor (HF default 4).
+        high_freq_factor: f64,
+        /// Context length the base model was trained on.
+        original_max_position_embeddings: usize,
+    },
+    /// YaRN (NTK-by-parts with attention temperature).
+    Yarn {
+        /// Scale factor.
+        factor: f64,
+        /// Context length the base model was trained on.
+        original_max_position_embeddings: usize,
+        /// HF default 32.
+        beta_fast: f64,
+        /// HF default 1.
+        beta_slow: f64,
+        /// Attention factor; HF default `0.1 * ln(factor) + 1`.
+        attention_factor: Option<f64>,
+        /// mscale / mscale_all_dim (DeepSeek-style); HF defaults absent.
+        mscale: Option<f64>,
+        /// See `mscale`.
+        mscale_all_dim: Option<f64>,
+    },
+}
+
+/// Rotary position embedding parameters, from the DRAFTER's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RopeConfig {
+    /// Base of the frequencies (`rope_theta`, default 10000).
+    pub theta: f64,
+    /// Frequency scaling.
+    pub scaling: RopeScaling,
+}
+
+impl Default for RopeConfig {
+    fn default() -> Self {
+        Self { theta: 10000.0, scaling: RopeScaling::Default }
+    }
+}
+
+/// Everything that determines an EAGLE-3 drafter's shapes and math (eagle3.md §1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrafterConfig {
+    /// H: the drafter's hidden size.
+    pub hidden_size: usize,
+    /// Ht: the target's hidden size (width of one aux feature and of the final hidden state).
+    pub target_hidden_size: usize,
+    /// I: SwiGLU width.
+    pub intermediate_size: usize,
+    /// nH.
+    pub num_attention_heads: usize,
+    /// nKV (GQA when < nH).
+    pub num_key_value_heads: usize,
+    /// d; may differ from H / nH.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE.
+    pub rope: RopeConfig,
+    /// Context the drafter is configured for; must cover the served context.
+    pub max_position_embeddings: usize,
+    /// V: the TARGET vocabulary (embedding rows, t2d length).
+    pub vocab_size: usize,
+    /// Vd: the draft vocabulary (lm_head rows, d2t length).
+    pub draft_vocab_size: usize,
+    /// Target layers consumed.
+    pub aux_layers: AuxLayers,
+    /// EAGLE-3.1: per-feature RMSNorm (`fc_norm.{i}.weight`) on each aux feature before `fc`.
+    pub fc_norm: bool,
+    /// EAGLE-3.1: the next draft step consumes the post-final-norm state instead of the pre-norm one.
+    pub norm_output: bool,
+    /// vLLM's `norm_before_residual`: the residual is `hidden_norm(h)` rather than `h`. SGLang
+    /// and SpecForge drafters use `false`.
+    pub norm_before_residual: bool,
+    /// Target model the drafter was trained for (`name_or_path`), when known.
+    pub target_name_or_path: Option<String>,
+}
+
+impl DrafterConfig {
+    /// A: number of aux features.
+    pub fn num_aux(&self) -> usize {
+        self.aux_layers.ids.len()
+    }
+
+    /// Grouped-query ratio nH / nKV.
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads.max(1)
+    }
+
+    /// Check the shape relations the forward relies on; returns a message per problem.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
+            p.push(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            p.push(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if self.draft_vocab_size > self.vocab_size {
+            p.push(format!(
+                "draft_vocab_size {} exceeds the target vocab_size {}",
+                self.draft_vocab_size, self.vocab_size
+            ));
+        }
+        if self.aux_layers.ids.is_empty() {
+            p.push("no aux layer ids".into());
+        }
+        p
+    }
+
+    /// A SmolLM2-135M-sized drafter (H 576, 9 heads / 3 KV of 64, I 1536, V 49152, Vd 8192,
+    /// 30-layer target), the shape the CPU quickstart and benchmarks use.
+    pub fn smollm2_135m(draft_vocab_size: usize) -> Self {
+        Self {
+            hidden_size: 576,
+            target_hidden_size: 576,
+            intermediate_size: 1536,
+            num_attention_heads: 9,
+            num_key_value_heads: 3,
+            head_dim: 64,
+            rms_norm_eps: 1e-5,
+            rope: RopeConfig { theta: 100000.0, scaling: RopeScaling::Default },
+            max_position_embeddings: 8192,
+            vocab_size: 49152,
+            draft_vocab_size,
+            aux_layers: AuxLayers::default_for_target(30),
+            fc_norm: false,
+            norm_output: false,
+            norm_before_residual: false,
+            target_name_or_path: Some("HuggingFaceTB/SmolLM2-135M-Instruct".into()),
+        }
+    }
+
+    /// The AQ-MedAI Kimi-K2 drafter's shape (H 7168, 64 heads of 128, I 18432, V 163840,
+    /// Vd 32000, aux [1, 29, 57] output-of-layer; kimi-k25.md).
+    pub fn kimi_k2_aq_medai() -> Self {
+        Self {
+            hidden_size: 7168,
+            target_hidden_size: 7168,
+            intermediate_size: 18432,
+            num_attention_heads: 64,
+            num_key_value_heads: 64,
+            head_dim: 128,
+            rms_norm_eps: 1e-5,
+            rope: RopeConfig { theta: 50000.0, scaling: RopeScaling::Default },
+            max_position_embeddings: 262144,
+            vocab_size: 163840,
+            draft_vocab_size: 32000,
+            aux_layers: AuxLayers { ids: vec![1, 29, 57], convention: AuxConvention::OutputOfLayer },
+            fc_norm: false,
+            norm_output: false,
+            norm_before_residual: false,
+            target_name_or_path: Some("moonshotai/Kimi-K2-Instruct".into()),
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! The EAGLE-3 drafter (`LlamaForCausalLMEagle3`; EAGLE-3, arXiv 2503.01840), mirroring SGLang's
+//! `srt/models/llama_eagle3.py` and SpecForge's `modeling/draft/llama3_eagle.py`: one Llama
+//! decoder layer whose attention input is `cat(input_layernorm(emb), hidden_norm(h))`, fed by
+//! `fc` over the concatenated target aux features, with its own head over the draft vocabulary.
+//!
+//! Field paths reproduce the canonical checkpoint keys (`fc.weight`, `midlayer.self_attn.q_proj.weight`, ...).
+
+use burn::module::Module;
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData, activation::softmax, backend::Backend};
+
+use crate::checkpoint::{Dtype, HostTensor, TensorMap};
+use crate::layers::{Linear, Mlp, RmsNorm, upcast};
+use crate::rope::{self, Rotary};
+use crate::vocab::VocabMap;
+use crate::{DrafterConfig, Error, Result};
+
+/// Keys and values the unrolled draft steps attend to: the step-0 pass (causal over positions)
+/// and, per later step, one "diagonal" key/value at each position (eagle3.md §3).
+#[derive(Debug, Clone)]
+pub struct TttCache<B: Backend> {
+    /// Step-0 keys/values `[B, nKV, L, d]`.
+    prefix: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// Keys/values of steps 1..k, each `[B, nKV, L, d]`.
+    diagonal: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
+impl<B: Backend> Default for TttCache<B> {
+    fn default() -> Self {
+        Self { prefix: None, diagonal: Vec::new() }
+    }
+}
+
+impl<B: Backend> TttCache<B> {
+    /// Number of steps cached.
+    pub fn steps(&self) -> usize {
+        self.prefix.iter().count() + self.diagonal.len()
+    }
+}
+
+/// `[B, nKV, L, d]` → `[B, nKV, g·L, d]`, the whole block repeated g times along dim 2 (row
+/// `r·L + t` holds position t), matching the grouped query layout. Written with `cat`, whose
+/// backward burn 0.21 gets right (`repeat_dim`'s backward is wrong there, see tests/ttt.rs).
+fn tile<B: Backend>(x: Tensor<B, 4>, g: usize) -> Tensor<B, 4> {
+    if g == 1 { x } else { Tensor::cat(vec![x; g], 2) }
+}
+
+/// Grouped-query self-attention of the drafter layer, input width 2H.
+#[derive(Module, Debug)]
+pub struct Eagle3Attention<B: Backend> {
+    /// `[nH*d, 2H]`.
+    pub q_proj: Linear<B>,
+    /// `[nKV*d, 2H]`.
+    pub k_proj: Linear<B>,
+    /// `[nKV*d, 2H]`.
+    pub v_proj: Linear<B>,
+    /// `[H, nH*d]`.
+    pub o_proj: Linear<B>,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl<B: Backend> Eagle3Attention<B> {
+    fn heads(&self, x: Tensor<B, 3>, n: usize) -> Tensor<B, 4> {
+        let [b, l, _] = x.dims();
+        x.reshape([b, l, n, self.head_dim]).swap_dims(1, 2)
+    }
+
+    /// One TTT step over all positions: new queries at RoPE positions `t + k` (tables given),
+    /// attending causally to the step-0 keys and to the diagonal keys of steps 1..k.
+    ///
+    /// GQA without materialising repeated keys: queries `[B, nH, L, d]` are viewed as
+    /// `[B, nKV, g·L, d]` (HF's `repeat_kv` maps query head j to kv head j / g).
+    pub fn forward_ttt(
+        &self,
+        x: Tensor<B, 3>,
+        cos: &Tensor<B, 2>,
+        sin: &Tensor<B, 2>,
+        causal: &Tensor<B, 4, Bool>,
+        cache: &mut TttCache<B>,
+    ) -> Tensor<B, 3> {
+        let [b, l, _] = x.dims();
+        let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let g = nh / nkv;
+        let q = rope::apply(self.heads(self.q_proj.forward(x.clone()), nh), cos, sin);
+        let k = rope::apply(self.heads(self.k_proj.forward(x.clone()), nkv), cos, sin);
+        let v = self.heads(self.v_proj.forward(x), nkv);
+        match cache.prefix {
+            None => cache.prefix = Some((k, v)),
+            Some(_) => cache.diagonal.push((k, v)),
+        }
+        let (k0, v0) = cache.prefix.clone().expect("prefix set above");
+        let q = q.reshape([b, nkv, g * l, d]).mul_scalar(1.0 / (d as f64).sqrt());
+        let dtype = q.dtype();
+
+        // Scores against the step-0 keys (causal), then one diagonal score per later step.
+        let mut scores = vec![q.clone().matmul(k0.swap_dims(2, 3)).mask_fill(causal.clone(), f32::NEG_INFINITY)];
+        for (kd, _) in &cache.diagonal {
+            scores.push((q.clone() * tile(kd.clone(), g)).sum_dim(3));
+        }
+        let n_diag = cache.diagonal.len();
+        let weights = softmax(upcast(Tensor::cat(scores, 3)), 3).cast(dtype);
+        let mut out = weights.clone().narrow(3, 0, l).matmul(v0);
+        for (j, (_, vd)) in cache.diagonal.iter().enumerate() {
+            out = out + weights.clone().narrow(3, l + j, 1) * tile(vd.clone(), g);
+        }
+        debug_assert_eq!(weights.dims()[3], l + n_diag);
+        let out = out.reshape([b, nh, l, d]).swap_dims(1, 2).reshape([b, l, nh * d]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// The single decoder layer (`midlayer`).
+#[derive(Module, Debug)]
+pub struct Eagle3Layer<B: Backend> {
+    /// RMSNorm on the token embedding.
+    pub input_layernorm: RmsNorm<B>,
+    /// RMSNorm on the incoming hidden stream.
+    pub hidden_norm: RmsNorm<B>,
+    /// Attention over `cat(emb, h)`.
+    pub self_attn: Eagle3Attention<B>,
+    /// RMSNorm before the MLP.
+    pub post_attention_layernorm: RmsNorm<B>,
+    /// SwiGLU.
+    pub mlp: Mlp<B>,
+    norm_before_residual: bool,
+}
+
+impl<B: Backend> Eagle3Layer<B> {
+    /// `h' = r + o(attn(cat(ln(emb), hn(h))))`, then the MLP block; returns the pre-norm state.
+    pub fn forward_ttt(
+        &self,
+        emb: Tensor<B, 3>,
+        hidden: Tensor<B, 3>,
+        cos: &Tensor<B, 2>,
+        sin: &Tensor<B, 2>,
+        causal: &Tensor<B, 4, Bool>,
+        cache: &mut TttCache<B>,
+    ) -> Tensor<B, 3> {
+        let normed = self.hidden_norm.forward(hidden.clone());
+        let residual = if self.norm_before_residual { normed.clone() } else { hidden };
+        let x = Tensor::cat(vec![self.input_layernorm.forward(emb), normed], 2);
+        let h = residual + self.self_attn.forward_ttt(x, cos, sin, causal, cache);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+/// An EAGLE-3 drafter with its frozen target embedding and vocabulary map.
+#[derive(Module, Debug)]
+pub struct Drafter<B: Backend> {
+    /// The target's input embedding `[V, H]`; a constant (frozen, not saved with the drafter).
+    pub embed_tokens: Tensor<B, 2>,
+    /// `[H, A·Ht]`.
+    pub fc: Linear<B>,
+    /// EAGLE-3.1 per-feature norms (empty unless `fc_norm`).
+    pub fc_norm: Vec<RmsNorm<B>>,
+    /// The decoder layer.
+    pub midlayer: Eagle3Layer<B>,
+    /// Final norm before the head.
+    pub norm: RmsNorm<B>,
+    /// `[Vd, H]`.
+    pub lm_head: Linear<B>,
+    #[module(skip)]
+    config: DrafterConfig,
+    #[module(skip)]
+    vocab: VocabMap,
+    #[module(skip)]
+    rotary: Rotary,
+}
+
+/// Canonical names of the trainable tensors for `config` (everything but the embedding and the
+/// vocab map), in a stable order.
+pub fn trainable_keys(config: &DrafterConfig) -> Vec<String> {
+    let mut keys = vec!["fc.weight".to_string()];
+    if config.fc_norm {
+        keys.extend((0..config.num_aux()).map(|i| format!("fc_norm.{i}.weight")));
+    }
+    for k in [
+        "input_layernorm", "hidden_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    ] {
+        keys.push(format!("midlayer.{k}.weight"));
+    }
+    keys.push("norm.weight".into());
+    keys.push("lm_head.weight".into());
+    keys
+}
+
+fn host_to_tensor<B: Backend, const D: usize>(
+    name: &str,
+    t: &HostTensor,
+    shape: [usize; D],
+    device: &B::Device,
+    dtype: DType,
+) -> Result<Tensor<B, D>> {
+    if t.shape != shape {
+        return Err(Error::Shape(format!("`{name}` has shape {:?}, expected {:?}", t.shape, shape)));
+    }
+    Ok(Tensor::<B, D>::from_data(TensorData::new(t.to_f32(name)?, shape), device).cast(dtype))
+}
+
+fn tensor_to_host<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: Dtype) -> HostTensor {
+    let shape = t.dims().to_vec();
+    let values: Vec<f32> = t.cast(DType::F32).into_data().into_vec().expect("f32 tensor data");
+    HostTensor::from_f32(shape, &values, dtype)
+}
+
+impl<B: Backend> Drafter<B> {
+    /// Build from canonical tensors (see [`crate::checkpoint`]); `embed_tokens.weight` must be
+    /// present (from the checkpoint or the target). Weights are held as f32 (the master copy;
+    /// half-precision compute casts inside the forward).
+    pub fn from_tensors(config: &DrafterConfig, tensors: &TensorMap, device: &B::Device) -> Result<Self> {
+        Self::from_tensors_as(config, tensors, device, DType::F32)
+    }
+
+    /// [`Self::from_tensors`] holding the weights as `dtype` (f64 for finite-difference checks).
+    pub fn from_tensors_as(
+        config: &DrafterConfig,
+        tensors: &TensorMap,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let c = config;
+        let problems = c.problems();
+        if !problems.is_empty() {
+            return Err(Error::Shape(problems.join("; ")));
+        }
+        let get = |name: &str| {
+            tensors.get(name).ok_or_else(|| Error::Shape(format!("missing tensor `{name}`")))
+        };
+        let (h, ht, i, d) = (c.hidden_size, c.target_hidden_size, c.intermediate_size, c.head_dim);
+        let (nh, nkv, a) = (c.num_attention_heads, c.num_key_value_heads, c.num_aux());
+        let lin = |name: &str, out: usize, inp: usize| -> Result<Linear<B>> {
+            Ok(Linear::new(host_to_tensor(name, get(name)?, [out, inp], device, dtype)?))
+        };
+        let norm = |name: &str, n: usize| -> Result<RmsNorm<B>> {
+            Ok(RmsNorm::new(host_to_tensor(name, get(name)?, [n], device, dtype)?, c.rms_norm_eps))
+        };
+        let vocab = match tensors.get("d2t") {
+            Some(t) => VocabMap::from_d2t(&t.to_i64("d2t")?, c.vocab_size),
+            None if c.draft_vocab_size == c.vocab_size => Ok(VocabMap::identity(c.vocab_size)),
+            None => Err("reduced draft vocab without d2t".to_string()),
+        }
+        .map_err(|m| Error::Shape(format!("d2t: {m}")))?;
+        if vocab.draft_vocab_size() != c.draft_vocab_size {
+            return Err(Error::Shape(format!(
+                "d2t has {} entries, draft_vocab_size is {}",
+                vocab.draft_vocab_size(),
+                c.draft_vocab_size
+            )));
+        }
+        let fc_norm = if c.fc_norm {
+            (0..a).map(|k| norm(&format!("fc_norm.{k}.weight"), ht)).collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            embed_tokens: host_to_tensor("embed_tokens.weight", get("embed_tokens.weight")?, [c.vocab_size, h], device, dtype)?,
+            fc: lin("fc.weight", h, a * ht)?,
+            fc_norm,
+            midlayer: Eagle3Layer {
+                input_layernorm: norm("midlayer.input_layernorm.weight", h)?,
+                hidden_norm: norm("midlayer.hidden_norm.weight", h)?,
+                self_attn: Eagle3Attention {
+                    q_proj: lin("midlayer.self_attn.q_proj.weight", nh * d, 2 * h)?,
+                    k_proj: lin("midlayer.self_attn.k_proj.weight", nkv * d, 2 * h)?,
+                    v_proj: lin("midlayer.self_attn.v_proj.weight", nkv * d, 2 * h)?,
+                    o_proj: lin("midlayer.self_attn.o_proj.weight", h, nh * d)?,
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: d,
+                },
+                post_attention_layernorm: norm("midlayer.post_attention_layernorm.weight", h)?,
+                mlp: Mlp {
+                    gate_proj: lin("midlayer.mlp.gate_proj.weight", i, h)?,
+                    up_proj: lin("midlayer.mlp.up_proj.weight", i, h)?,
+                    down_proj: lin("midlayer.mlp.down_proj.weight", h, i)?,
+                },
+                norm_before_residual: c.norm_before_residual,
+            },
+            norm: norm("norm.weight", h)?,
+            lm_head: lin("lm_head.weight", c.draft_vocab_size, h)?,
+            config: c.clone(),
+            vocab: vocab,
+            rotary: Rotary::new(&c.rope, d),
+        })
+    }
+
+    /// The trainable tensors plus `d2t`/`t2d`, stored as `dtype` (the embedding is not included:
+    /// serving engines take it from the target).
+    pub fn to_tensors(&self, dtype: Dtype) -> TensorMap {
+        let mut map = TensorMap::new();
+        let mut put = |name: &str, t: HostTensor| {
+            map.insert(name.to_string(), t);
+        };
+        put("fc.weight", tensor_to_host(self.fc.weight.val(), dtype));
+        for (k, n) in self.fc_norm.iter().enumerate() {
+            put(&format!("fc_norm.{k}.weight"), tensor_to_host(n.weight.val(), dtype));
+        }
+        let m = &self.midlayer;
+        put("midlayer.input_layernorm.weight", tensor_to_host(m.input_layernorm.weight.val(), dtype));
+        put("midlayer.hidden_norm.weight", tensor_to_host(m.hidden_norm.weight.val(), dtype));
+        put("midlayer.self_attn.q_proj.weight", tensor_to_host(m.self_attn.q_proj.weight.val(), dtype));
+        put("midlayer.self_attn.k_proj.weight", tensor_to_host(m.self_attn.k_proj.weight.val(), dtype));
+        put("midlayer.self_attn.v_proj.weight", tensor_to_host(m.self_attn.v_proj.weight.val(), dtype));
+        put("midlayer.self_attn.o_proj.weight", tensor_to_host(m.self_attn.o_proj.weight.val(), dtype));
+        put(
+            "midlayer.post_attention_layernorm.weight",
+            tensor_to_host(m.post_attention_layernorm.weight.val(), dtype),
+        );
+        put("midlayer.mlp.gate_proj.weight", tensor_to_host(m.mlp.gate_proj.weight.val(), dtype));
+        put("midlayer.mlp.up_proj.weight", tensor_to_host(m.mlp.up_proj.weight.val(), dtype));
+        put("midlayer.mlp.down_proj.weight", tensor_to_host(m.mlp.down_proj.weight.val(), dtype));
+        put("norm.weight", tensor_to_host(self.norm.weight.val(), dtype));
+        put("lm_head.weight", tensor_to_host(self.lm_head.weight.val(), dtype));
+        let vd = self.vocab.draft_vocab_size();
+        put("d2t", HostTensor::from_i64(vec![vd], self.vocab.d2t()));
+        put("t2d", HostTensor::from_bool(vec![self.vocab.vocab_size()], self.vocab.t2d()));
+        map
+    }
+
+    /// The configuration this drafter was built from.
+    pub fn config(&self) -> &DrafterConfig {
+        &self.config
+    }
+
+    /// The draft ↔ target vocabulary map.
+    pub fn vocab(&self) -> &VocabMap {
+        &self.vocab
+    }
+
+    /// RoPE tables of this drafter.
+    pub fn rotary(&self) -> &Rotary {
+        &self.rotary
+    }
+
+    /// Embed target token ids `[B, L]` with the frozen target embedding.
+    pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [b, l] = ids.dims();
+        let h = self.embed_tokens.dims()[1];
+        self.embed_tokens.clone().select(0, ids.reshape([b * l])).reshape([b, l, h])
+    }
+
+    /// Fuse the concatenated aux features `[B, L, A·Ht]` into the initial hidden stream
+    /// `[B, L, H]` (with the EAGLE-3.1 per-feature norms when configured).
+    pub fn fuse_aux(&self, aux: Tensor<B, 3>) -> Tensor<B, 3> {
+        if self.fc_norm.is_empty() {
+            return self.fc.forward(aux);
+        }
+        let ht = self.config.target_hidden_size;
+        let parts = self
+            .fc_norm
+            .iter()
+            .enumerate()
+            .map(|(k, n)| n.forward(aux.clone().narrow(2, k * ht, ht)))
+            .collect();
+        self.fc.forward(Tensor::cat(parts, 2))
+    }
+
+    /// Draft-vocabulary logits `lm_head(norm(h))`.
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.lm_head.forward(self.norm.forward(hidden))
+    }
+
+    /// The state the next draft step consumes: pre-norm `h`, or `norm(h)` with EAGLE-3.1's
+    /// `norm_output`.
+    pub fn carry(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        if self.config.norm_output { self.norm.forward(hidden) } else { hidden }
+    }
+}

@@ -1,0 +1,89 @@
+//! The building blocks of a Llama decoder layer with HF weight layouts: bias-free linear
+//! (`weight` stored `[out, in]` as in the checkpoint, not burn's `[in, out]`), RMSNorm computed
+//! in at least float32, and the SwiGLU MLP.
+
+use burn::module::{Module, Param};
+use burn::tensor::{DType, Tensor, activation::silu, backend::Backend};
+
+/// Cast half-precision activations up to f32 for reductions; f32/f64 stay as they are (f64 is
+/// used by the finite-difference gradient tests).
+pub(crate) fn upcast<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => x.cast(DType::F32),
+        _ => x,
+    }
+}
+
+/// `y = x Wᵀ`, no bias; `weight: [out, in]` exactly as HF/SGLang store it.
+#[derive(Module, Debug)]
+pub struct Linear<B: Backend> {
+    /// `[out, in]`.
+    pub weight: Param<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Linear<B> {
+    /// Wrap an `[out, in]` weight.
+    pub fn new(weight: Tensor<B, 2>) -> Self {
+        Self { weight: Param::from_tensor(weight) }
+    }
+
+    /// Apply to `[.., in]` (any leading dims).
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dims = x.dims();
+        let in_features = dims[D - 1];
+        let rows: usize = dims[..D - 1].iter().product();
+        let w = self.weight.val();
+        let [out_features, _] = w.dims();
+        let w = w.cast(x.dtype());
+        let y = x.reshape([rows, in_features]).matmul(w.transpose());
+        let mut out_dims = dims;
+        out_dims[D - 1] = out_features;
+        y.reshape(out_dims)
+    }
+}
+
+/// RMSNorm `w * x / sqrt(mean(x²) + eps)`, reduced in f32 whatever the activation dtype.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    /// `[H]`.
+    pub weight: Param<Tensor<B, 1>>,
+    /// Epsilon inside the square root.
+    pub eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    /// Wrap a `[H]` weight.
+    pub fn new(weight: Tensor<B, 1>, eps: f64) -> Self {
+        Self { weight: Param::from_tensor(weight), eps }
+    }
+
+    /// Normalise the last dimension.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let x = upcast(x);
+        let inv_rms = x.clone().square().mean_dim(D - 1).add_scalar(self.eps).sqrt().recip();
+        let w = self.weight.val().cast(x.dtype());
+        let mut shape = [1; D];
+        shape[D - 1] = w.dims()[0];
+        (x * inv_rms * w.reshape(shape)).cast(dtype)
+    }
+}
+
+/// SwiGLU: `down(silu(gate x) * up x)`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    /// `[I, H]`.
+    pub gate_proj: Linear<B>,
+    /// `[I, H]`.
+    pub up_proj: Linear<B>,
+    /// `[H, I]`.
+    pub down_proj: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    /// Apply to `[.., H]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}

@@ -1,0 +1,25 @@
+//! aerie-model: the EAGLE-3 drafter in burn, its configuration, and checkpoint I/O.
+//!
+//! The drafter follows `LlamaForCausalLMEagle3` (SGLang `llama_eagle3.py`, SpecForge
+//! `llama3_eagle.py`; EAGLE-3, arXiv 2503.01840). Everything is generic over the burn backend;
+//! the CPU default is burn-flex, and the `cuda` feature adds burn-cuda.
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+pub mod config;
+mod error;
+
+pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
+pub use error::{Error, Result};
+pub mod drafter;
+pub mod init;
+pub mod layers;
+pub mod rope;
+pub mod teacher;
+pub mod ttt;
+pub mod vocab;
+
+pub use drafter::Drafter;
+pub use teacher::{TargetHead, TeacherTargets};
+pub use ttt::{TttBatch, TttMetrics, TttOptions, TttSums, ttt_forward};
+pub use vocab::VocabMap;
