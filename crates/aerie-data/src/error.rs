@@ -131,34 +131,66 @@ pub enum Error {
         /// Values the buffer holds.
         found: usize,
     },
+    /// Chat data (ShareGPT JSON, JSONL, parquet) that cannot be read, at a named place.
+    #[error("{}: {at}: {message}", path.display())]
+    Input {
+        /// The input file.
+        path: PathBuf,
+        /// Where in it: `byte 1234 (record #17)`, `line 8`, `row 42`.
+        at: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A chat template that does not compile, or fails to render a conversation.
+    #[error("chat template `{template}`: {message}")]
+    Template {
+        /// The template's name (`chatml`, `tokenizer_config.json`, a file path).
+        template: String,
+        /// The engine's message, or the template's own `raise_exception` text.
+        message: String,
+    },
+    /// A tokenizer directory whose files are missing or unreadable.
+    #[error("{}: {message}", path.display())]
+    Tokenizer {
+        /// The tokenizer file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A parquet file that cannot be written or read back (prepared datasets, parquet inputs).
+    #[error("{}: {message}", path.display())]
+    Parquet {
+        /// The parquet file.
+        path: PathBuf,
+        /// The library's message, or the schema problem.
+        message: String,
+    },
+    /// A draft vocabulary (`d2t`/`t2d`) that cannot be built, or an existing one that breaks
+    /// the invariants of eagle3.md §4.
+    #[error("{}: {message}", path.display())]
+    Vocab {
+        /// The prepared dataset, drafter or vocab file concerned.
+        path: PathBuf,
+        /// What is wrong, with the numbers involved.
+        message: String,
+    },
+    /// Options of a data-preparation or vocabulary step that cannot work.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
 }
 
 impl Error {
     /// Attach a path to an I/O error.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.into(),
-            source,
-        }
+        Self::Io { path: path.into(), source }
     }
 
-    pub(crate) fn tensor(
-        path: impl Into<PathBuf>,
-        tensor: &str,
-        message: impl Into<String>,
-    ) -> Self {
-        Self::Tensor {
-            path: path.into(),
-            tensor: tensor.into(),
-            message: message.into(),
-        }
+    pub(crate) fn tensor(path: impl Into<PathBuf>, tensor: &str, message: impl Into<String>) -> Self {
+        Self::Tensor { path: path.into(), tensor: tensor.into(), message: message.into() }
     }
 
     pub(crate) fn manifest(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Self::Manifest {
-            path: path.into(),
-            message: message.into(),
-        }
+        Self::Manifest { path: path.into(), message: message.into() }
     }
 }
 
@@ -175,9 +207,6 @@ pub struct MetadataError {
 
 impl MetadataError {
     pub(crate) fn new(key: &str, message: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            message: message.into(),
-        }
+        Self { key: key.into(), message: message.into() }
     }
 }

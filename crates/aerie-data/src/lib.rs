@@ -53,7 +53,14 @@
 #[cfg(target_endian = "big")]
 compile_error!("aerie-data reads shards in place and supports little-endian targets only");
 
+mod arrowutil;
+pub mod conversation;
 mod error;
+pub mod prepare;
+pub mod readers;
 pub mod shard;
+pub mod template;
+pub mod tokenizer;
+pub mod vocab;
 
 pub use error::{Error, MetadataError, Result};

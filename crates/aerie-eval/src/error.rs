@@ -17,4 +17,33 @@ pub enum Error {
     /// The drafter and the data do not belong together.
     #[error("{0}")]
     Incompatible(String),
+    /// Filesystem error on a named path.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// An input file (costs TOML, accept JSON, prompts) that does not parse or makes no sense.
+    #[error("{path}: {message}")]
+    Input {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong, precisely.
+        message: String,
+    },
+    /// A serving engine that could not be reached or answered with an error.
+    #[error("{url}: {message}")]
+    Server {
+        /// The request URL.
+        url: String,
+        /// HTTP status, when one came back.
+        status: Option<u16>,
+        /// What happened, with the server's own message when it sent one.
+        message: String,
+    },
+    /// A report or plot that could not be written.
+    #[error("{0}")]
+    Report(String),
 }

@@ -9,5 +9,12 @@
 pub mod batch;
 mod error;
 pub mod loss;
+pub mod accept;
+pub mod verify;
+pub mod cost;
+pub mod measure;
+pub mod sglang;
+pub mod compare;
+pub mod plot;
 
 pub use error::{Error, Result};

@@ -160,16 +160,10 @@ impl InspectReport {
         self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
     }
 
-    /// Process exit code for the CLI: 0 clean, 2 with errors, 1 with warnings under `strict`
-    /// (warnings alone pass otherwise).
+    /// Process exit code for the CLI: 0 clean, 2 with errors; warnings count as errors only
+    /// under `strict`.
     pub fn exit_code(&self, strict: bool) -> i32 {
-        if self.errors() > 0 {
-            2
-        } else if strict && self.warnings() > 0 {
-            1
-        } else {
-            0
-        }
+        if self.errors() > 0 || (strict && self.warnings() > 0) { 2 } else { 0 }
     }
 }
 
@@ -186,8 +180,8 @@ impl Lints {
 
 /// Inspect the drafter in `dir`; `target` (a model directory, or a safetensors file with its
 /// embedding) enables the checks against the target. Reads the config, the tensor headers and
-/// `d2t`/`t2d` only. Errors only when the config cannot be read at all; everything else becomes
-/// a [`Finding`].
+/// `d2t`/`t2d` only. Errors only when a file cannot be read at all (the config, the target's
+/// config, a safetensors header); every problem with the contents becomes a [`Finding`].
 pub fn inspect(dir: &Path, target: Option<&Path>) -> Result<InspectReport> {
     let cfg_path = dir.join("config.json");
     let target_info = match target {

@@ -26,7 +26,10 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod assets;
 pub mod export;
+pub mod gguf;
+pub mod hf;
 pub mod inspect;
 
 pub use error::{Error, Result};

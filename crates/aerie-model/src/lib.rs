@@ -11,15 +11,18 @@ mod error;
 
 pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
 pub use error::{Error, Result};
+pub mod draft;
 pub mod drafter;
 pub mod init;
 pub mod layers;
 pub mod rope;
+pub mod target;
 pub mod teacher;
 pub mod ttt;
 pub mod vocab;
 
 pub use drafter::Drafter;
+pub use target::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel, TargetOutput};
 pub use teacher::{TargetHead, TeacherTargets};
 pub use ttt::{TttBatch, TttMetrics, TttOptions, TttSums, ttt_forward};
 pub use vocab::VocabMap;

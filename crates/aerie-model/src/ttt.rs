@@ -77,6 +77,11 @@ pub struct StepStats<B: Backend> {
     pub pm_count: Tensor<B, 1>,
     /// Σ_t pm·Σ_v min(pf_k, q) (differentiable).
     pub alpha_sum: Tensor<B, 1>,
+    /// Per position pm·CE(p_k, q) `[B, L]` (differentiable); `ce_sum` is its row sum.
+    pub ce_tok: Tensor<B, 2>,
+    /// Per position pm·Σ_v min(pf_k, q) `[B, L]` (differentiable); `alpha_sum` is its row sum.
+    /// Training objectives built on α per token (TV, LK) use it.
+    pub alpha_tok: Tensor<B, 2>,
 }
 
 /// Result of one TTT forward.
@@ -172,11 +177,11 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
         let logq = log_softmax(upcast(drafter.logits(out.clone())), 2);
         hidden = drafter.carry(out);
 
-        let ce_tok = (p_k.clone() * logq.clone()).sum_dim(2).neg().reshape([b, l]);
-        let ce_sum = (pm_k.clone() * ce_tok).sum_dim(1).reshape([b]);
+        let ce_tok = pm_k.clone() * (p_k.clone() * logq.clone()).sum_dim(2).neg().reshape([b, l]);
+        let ce_sum = ce_tok.clone().sum_dim(1).reshape([b]);
         let q = logq.clone().exp();
-        let alpha_tok = q.min_pair(pf_k).sum_dim(2).reshape([b, l]);
-        let alpha_sum = (pm_k.clone() * alpha_tok).sum_dim(1).reshape([b]);
+        let alpha_tok = pm_k.clone() * q.min_pair(pf_k).sum_dim(2).reshape([b, l]);
+        let alpha_sum = alpha_tok.clone().sum_dim(1).reshape([b]);
         let hit = logq.detach().argmax(2).equal(p_k.argmax(2)).float().cast(pm_k.dtype()).reshape([b, l]);
         let correct = (pm_k.clone() * hit).sum_dim(1).reshape([b]);
         let step_loss = ce_sum.clone().sum().mul_scalar(weight / positions.max(1) as f64);
@@ -190,6 +195,8 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
             m_count: m_k.sum_dim(1).reshape([b]),
             pm_count: pm_k.sum_dim(1).reshape([b]),
             alpha_sum,
+            ce_tok,
+            alpha_tok,
         });
     }
     Ok(TttOutput { loss: loss.expect("K >= 1"), steps, positions })

@@ -18,6 +18,9 @@ use crate::progress;
 pub enum EvalCommand {
     /// Teacher-forced validation: the training objective without weight updates.
     Loss(LossArgs),
+    /// Serving-mode acceptance: drafts from the drafter's own tokens, verified against the
+    /// target; τ, per-position rates, τ(k).
+    Accept(super::accept::AcceptArgs),
 }
 
 /// Arguments of `aerie eval loss`.
@@ -64,6 +67,7 @@ pub struct LossArgs {
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::Loss(args) => with_backend!(args.device, |B, dev| loss::<B>(&args, &dev)),
+        EvalCommand::Accept(args) => super::accept::run(args),
     }
 }
 

@@ -14,11 +14,7 @@ use super::metadata::FloatDtype;
 /// Append `input` to `out` as `dtype`. On a value that is not finite after conversion (a NaN
 /// from the engine, or an overflow of the f16 range) returns its index; `out` may then hold a
 /// partial append, which the caller truncates.
-pub(crate) fn encode_floats(
-    input: HiddenInput<'_>,
-    dtype: FloatDtype,
-    out: &mut Vec<u8>,
-) -> Result<(), usize> {
+pub(crate) fn encode_floats(input: HiddenInput<'_>, dtype: FloatDtype, out: &mut Vec<u8>) -> Result<(), usize> {
     fn put<T: Copy, const N: usize>(
         values: &[T],
         out: &mut Vec<u8>,
@@ -34,30 +30,18 @@ pub(crate) fn encode_floats(
     match (input, dtype) {
         (HiddenInput::F32(v), FloatDtype::F32) => put(v, out, |x| f32_ok(x).map(f32::to_le_bytes)),
         (HiddenInput::F32(v), FloatDtype::F16) => put(v, out, |x| to_f16(x).map(f16::to_le_bytes)),
-        (HiddenInput::F32(v), FloatDtype::BF16) => {
-            put(v, out, |x| to_bf16(x).map(bf16::to_le_bytes))
-        }
-        (HiddenInput::F16(v), FloatDtype::F16) => {
-            put(v, out, |x| x.is_finite().then(|| x.to_le_bytes()))
-        }
-        (HiddenInput::BF16(v), FloatDtype::BF16) => {
-            put(v, out, |x| x.is_finite().then(|| x.to_le_bytes()))
-        }
+        (HiddenInput::F32(v), FloatDtype::BF16) => put(v, out, |x| to_bf16(x).map(bf16::to_le_bytes)),
+        (HiddenInput::F16(v), FloatDtype::F16) => put(v, out, |x| x.is_finite().then(|| x.to_le_bytes())),
+        (HiddenInput::BF16(v), FloatDtype::BF16) => put(v, out, |x| x.is_finite().then(|| x.to_le_bytes())),
         (HiddenInput::F16(v), dtype) => encode_via_f32(v.iter().map(|x| x.to_f32()), dtype, out),
         (HiddenInput::BF16(v), dtype) => encode_via_f32(v.iter().map(|x| x.to_f32()), dtype, out),
     }
 }
 
-fn encode_via_f32(
-    values: impl Iterator<Item = f32>,
-    dtype: FloatDtype,
-    out: &mut Vec<u8>,
-) -> Result<(), usize> {
+fn encode_via_f32(values: impl Iterator<Item = f32>, dtype: FloatDtype, out: &mut Vec<u8>) -> Result<(), usize> {
     for (i, v) in values.enumerate() {
         let ok = match dtype {
-            FloatDtype::F32 => v
-                .is_finite()
-                .then(|| out.extend_from_slice(&v.to_le_bytes())),
+            FloatDtype::F32 => v.is_finite().then(|| out.extend_from_slice(&v.to_le_bytes())),
             FloatDtype::F16 => to_f16(v).map(|h| out.extend_from_slice(&h.to_le_bytes())),
             FloatDtype::BF16 => to_bf16(v).map(|h| out.extend_from_slice(&h.to_le_bytes())),
         };
@@ -111,12 +95,7 @@ pub(crate) fn decode_floats(bytes: &[u8], dtype: FloatDtype, out: &mut [f32]) {
 pub(crate) fn f32s(bytes: &[u8]) -> Cow<'_, [f32]> {
     match bytemuck::try_cast_slice::<u8, f32>(bytes) {
         Ok(values) => Cow::Borrowed(values),
-        Err(_) => Cow::Owned(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        ),
+        Err(_) => Cow::Owned(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
     }
 }
 
@@ -124,21 +103,13 @@ pub(crate) fn f32s(bytes: &[u8]) -> Cow<'_, [f32]> {
 pub(crate) fn i32s(bytes: &[u8]) -> Cow<'_, [i32]> {
     match bytemuck::try_cast_slice::<u8, i32>(bytes) {
         Ok(values) => Cow::Borrowed(values),
-        Err(_) => Cow::Owned(
-            bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        ),
+        Err(_) => Cow::Owned(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
     }
 }
 
 /// `bytes` as i64 values (always copied: only offsets and ids, read once at open).
 pub(crate) fn i64s(bytes: &[u8]) -> Vec<i64> {
-    bytes
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-        .collect()
+    bytes.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()
 }
 
 /// Little-endian bytes of an i32 slice.
@@ -156,12 +127,7 @@ mod tests {
         let halfway = 1.0 + 2f32.powi(-8);
         let above = 1.0 + 2f32.powi(-8) + 2f32.powi(-20);
         let mut out = Vec::new();
-        encode_floats(
-            HiddenInput::F32(&[halfway, above]),
-            FloatDtype::BF16,
-            &mut out,
-        )
-        .unwrap();
+        encode_floats(HiddenInput::F32(&[halfway, above]), FloatDtype::BF16, &mut out).unwrap();
         let mut back = [0f32; 2];
         decode_floats(&out, FloatDtype::BF16, &mut back);
         assert_eq!(back, [1.0, 1.0 + 2f32.powi(-7)]);
@@ -171,20 +137,11 @@ mod tests {
     fn non_finite_values_are_reported_by_index() {
         let mut out = Vec::new();
         let values = [1.0, f32::NAN];
-        assert_eq!(
-            encode_floats(HiddenInput::F32(&values), FloatDtype::F32, &mut out),
-            Err(1)
-        );
+        assert_eq!(encode_floats(HiddenInput::F32(&values), FloatDtype::F32, &mut out), Err(1));
         let big = [0.5, 1.0, 70_000.0];
-        assert_eq!(
-            encode_floats(HiddenInput::F32(&big), FloatDtype::F16, &mut out),
-            Err(2)
-        );
+        assert_eq!(encode_floats(HiddenInput::F32(&big), FloatDtype::F16, &mut out), Err(2));
         let bf = [bf16::from_f32(2.0), bf16::INFINITY];
-        assert_eq!(
-            encode_floats(HiddenInput::BF16(&bf), FloatDtype::F32, &mut out),
-            Err(1)
-        );
+        assert_eq!(encode_floats(HiddenInput::BF16(&bf), FloatDtype::F32, &mut out), Err(1));
     }
 
     #[test]
@@ -192,11 +149,7 @@ mod tests {
         let values = [0.0f32, -1.5, 3.25, 1e-3];
         let as_bf16: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
         let as_f16: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-        for input in [
-            HiddenInput::F32(&values),
-            HiddenInput::F16(&as_f16),
-            HiddenInput::BF16(&as_bf16),
-        ] {
+        for input in [HiddenInput::F32(&values), HiddenInput::F16(&as_f16), HiddenInput::BF16(&as_bf16)] {
             for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
                 let mut out = Vec::new();
                 encode_floats(input, dtype, &mut out).unwrap();
@@ -204,10 +157,7 @@ mod tests {
                 let mut back = [0f32; 4];
                 decode_floats(&out, dtype, &mut back);
                 for (b, v) in back.iter().zip(values) {
-                    assert!(
-                        (b - v).abs() <= v.abs() * 1e-2,
-                        "{input:?} {dtype}: {b} vs {v}"
-                    );
+                    assert!((b - v).abs() <= v.abs() * 1e-2, "{input:?} {dtype}: {b} vs {v}");
                 }
             }
         }

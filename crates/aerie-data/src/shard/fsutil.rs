@@ -48,15 +48,10 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
 /// renamed over `path`, then the directory fsynced so the rename itself survives a crash.
 pub(crate) fn write_atomic(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!("{TMP_PREFIX}{name}"));
     let result = fill(&tmp).and_then(|()| {
-        File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(&tmp, e))?;
+        File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
         fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
         sync_dir(dir)
     });
@@ -78,9 +73,7 @@ pub(crate) fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(dir, e))?;
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
     }
     #[cfg(not(unix))]
     let _ = dir;
@@ -101,11 +94,7 @@ pub fn sha256_file(path: impl AsRef<Path>) -> Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// An exclusive lock on a dataset directory, released on drop.
@@ -145,14 +134,7 @@ mod tests {
         assert!(!is_shard_file_name("shard-.safetensors"));
         assert!(!is_shard_file_name(".tmp-shard-00001.safetensors"));
         assert!(is_plain_file_name("shard-00001.safetensors"));
-        for bad in [
-            "../x.safetensors",
-            "a/b",
-            "..",
-            "",
-            ".tmp-shard-1.safetensors",
-            "manifest.json",
-        ] {
+        for bad in ["../x.safetensors", "a/b", "..", "", ".tmp-shard-1.safetensors", "manifest.json"] {
             assert!(!is_plain_file_name(bad), "{bad}");
         }
     }

@@ -87,19 +87,8 @@ pub struct SampleRef<'a> {
 
 impl<'a> SampleRef<'a> {
     /// A sample with no teacher and no id yet.
-    pub fn new(
-        input_ids: &'a [i32],
-        loss_mask: &'a [u8],
-        aux_hidden: impl Into<HiddenInput<'a>>,
-    ) -> Self {
-        Self {
-            input_ids,
-            loss_mask,
-            aux_hidden: aux_hidden.into(),
-            final_hidden: None,
-            topk: None,
-            sample_id: None,
-        }
+    pub fn new(input_ids: &'a [i32], loss_mask: &'a [u8], aux_hidden: impl Into<HiddenInput<'a>>) -> Self {
+        Self { input_ids, loss_mask, aux_hidden: aux_hidden.into(), final_hidden: None, topk: None, sample_id: None }
     }
 
     /// Attach the final hidden state.

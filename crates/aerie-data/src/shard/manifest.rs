@@ -46,13 +46,7 @@ pub struct Manifest {
 impl Manifest {
     /// An empty manifest for a new dataset.
     pub fn new(metadata: &ShardMetadata) -> Self {
-        Self {
-            format: FORMAT.into(),
-            shards: Vec::new(),
-            samples: 0,
-            tokens: 0,
-            metadata: metadata.to_map(),
-        }
+        Self { format: FORMAT.into(), shards: Vec::new(), samples: 0, tokens: 0, metadata: metadata.to_map() }
     }
 
     /// Masked tokens over all shards.
@@ -65,23 +59,20 @@ impl Manifest {
     pub fn read(dir: impl AsRef<Path>) -> Result<(Self, ShardMetadata)> {
         let path = dir.as_ref().join(MANIFEST_FILE);
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let value: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::manifest(&path, format!("not valid JSON: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| Error::manifest(&path, format!("not valid JSON: {e}")))?;
         // The format first, so a future major version says so instead of failing on a field.
         match value.get("format").and_then(|f| f.as_str()) {
             Some(format) => metadata::check_format(format, &path)?,
             None => return Err(Error::manifest(&path, "no `format` string")),
         }
-        let manifest: Manifest = serde_json::from_value(value)
-            .map_err(|e| Error::manifest(&path, format!("unexpected structure: {e}")))?;
+        let manifest: Manifest =
+            serde_json::from_value(value).map_err(|e| Error::manifest(&path, format!("unexpected structure: {e}")))?;
         if let Some(format) = manifest.metadata.get("format") {
             metadata::check_format(format, &path)?;
         }
-        let metadata =
-            ShardMetadata::from_map(&manifest.metadata).map_err(|source| Error::Metadata {
-                path: path.clone(),
-                source,
-            })?;
+        let metadata = ShardMetadata::from_map(&manifest.metadata)
+            .map_err(|source| Error::Metadata { path: path.clone(), source })?;
         manifest.check(&path)?;
         Ok((manifest, metadata))
     }
@@ -112,8 +103,15 @@ impl Manifest {
                 )));
             }
         }
-        let samples: u64 = self.shards.iter().map(|s| s.samples).sum();
-        let tokens: u64 = self.shards.iter().map(|s| s.tokens).sum();
+        // Checked: the numbers come from a file, and must not panic on overflow.
+        let total = |field: fn(&ShardEntry) -> u64| {
+            self.shards
+                .iter()
+                .try_fold(0u64, |sum, s| sum.checked_add(field(s)))
+                .ok_or_else(|| Error::manifest(path, "totals overflow"))
+        };
+        let samples = total(|s| s.samples)?;
+        let tokens = total(|s| s.tokens)?;
         if samples != self.samples || tokens != self.tokens {
             return Err(Error::manifest(
                 path,
@@ -129,8 +127,8 @@ impl Manifest {
     /// Write `dir/manifest.json` atomically.
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join(MANIFEST_FILE);
-        let mut json = serde_json::to_vec_pretty(self)
-            .map_err(|e| Error::manifest(&path, format!("cannot serialise: {e}")))?;
+        let mut json =
+            serde_json::to_vec_pretty(self).map_err(|e| Error::manifest(&path, format!("cannot serialise: {e}")))?;
         json.push(b'\n');
         fsutil::write_bytes_atomic(&path, &json)
     }

@@ -31,11 +31,7 @@ pub(crate) fn check_format(format: &str, path: &Path) -> Result<()> {
     if format_is_supported(format) {
         Ok(())
     } else {
-        Err(Error::UnsupportedFormat {
-            path: path.into(),
-            found: format.into(),
-            expected: FORMAT,
-        })
+        Err(Error::UnsupportedFormat { path: path.into(), found: format.into(), expected: FORMAT })
     }
 }
 
@@ -135,10 +131,7 @@ impl FromStr for FloatDtype {
             "f32" => Ok(FloatDtype::F32),
             "f16" => Ok(FloatDtype::F16),
             "bf16" => Ok(FloatDtype::BF16),
-            other => Err(MetadataError::new(
-                "dtype",
-                format!("`{other}` is not one of `f32`, `f16`, `bf16`"),
-            )),
+            other => Err(MetadataError::new("dtype", format!("`{other}` is not one of `f32`, `f16`, `bf16`"))),
         }
     }
 }
@@ -190,12 +183,8 @@ impl FromStr for Teacher {
     type Err = MetadataError;
 
     fn from_str(s: &str) -> std::result::Result<Self, MetadataError> {
-        let bad = || {
-            MetadataError::new(
-                "teacher",
-                format!("`{s}` is not `final-hidden`, `topk:K` or `final-hidden+topk:K`"),
-            )
-        };
+        let bad =
+            || MetadataError::new("teacher", format!("`{s}` is not `final-hidden`, `topk:K` or `final-hidden+topk:K`"));
         // Canonical decimal only (`topk:08` would compare unequal to `topk:8` as a string).
         let parse_k = |text: &str| match text.parse::<usize>() {
             Ok(k) if k > 0 && k.to_string() == text => Ok(k),
@@ -219,10 +208,7 @@ impl FromStr for Teacher {
 ///
 /// Serialises as the string→string map stored in `__metadata__` and in the manifest.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(
-    try_from = "BTreeMap<String, String>",
-    into = "BTreeMap<String, String>"
-)]
+#[serde(try_from = "BTreeMap<String, String>", into = "BTreeMap<String, String>")]
 pub struct ShardMetadata {
     /// The target's `name_or_path`.
     pub target: String,
@@ -308,38 +294,26 @@ impl ShardMetadata {
         if self.aux_layer_ids.windows(2).any(|w| w[0] >= w[1]) {
             return Err(err(
                 "aux_layer_ids",
-                format!(
-                    "{:?} is not strictly increasing (low → high)",
-                    self.aux_layer_ids
-                ),
+                format!("{:?} is not strictly increasing (low → high)", self.aux_layer_ids),
             ));
         }
-        if let Some(&id) = self
-            .aux_layer_ids
-            .iter()
-            .find(|&&id| id >= self.target_num_layers)
-        {
+        if let Some(&id) = self.aux_layer_ids.iter().find(|&&id| id >= self.target_num_layers) {
             return Err(err(
                 "aux_layer_ids",
-                format!(
-                    "layer {id} does not exist in a target with {} layers",
-                    self.target_num_layers
-                ),
+                format!("layer {id} does not exist in a target with {} layers", self.target_num_layers),
             ));
         }
         if self.hidden_size == 0 {
             return Err(err("hidden_size", "must be positive"));
         }
+        // Row sizes in bytes must be computable (8 = the widest element) without overflow.
+        if self.aux_layer_ids.len().checked_mul(self.hidden_size).and_then(|w| w.checked_mul(8)).is_none() {
+            return Err(err("hidden_size", "is too large"));
+        }
         let digest_ok = self.tokenizer_digest.len() == 64
-            && self
-                .tokenizer_digest
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            && self.tokenizer_digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !digest_ok {
-            return Err(err(
-                "tokenizer_digest",
-                format!("`{}` is not a lowercase hex sha256", self.tokenizer_digest),
-            ));
+            return Err(err("tokenizer_digest", format!("`{}` is not a lowercase hex sha256", self.tokenizer_digest)));
         }
         if self.chat_template.is_empty() {
             return Err(err("chat_template", "is empty (write `none` for raw text)"));
@@ -347,10 +321,7 @@ impl ShardMetadata {
         if let Some(k) = self.teacher.topk()
             && (k == 0 || k > self.target_vocab_size)
         {
-            return Err(err(
-                "teacher",
-                format!("K = {k} is outside 1..=target_vocab_size"),
-            ));
+            return Err(err("teacher", format!("K = {k} is outside 1..=target_vocab_size")));
         }
         if let Some(key) = self.extra.keys().find(|k| KEYS.contains(&k.as_str())) {
             return Err(err(key, "standard key given again in `extra`"));
@@ -385,31 +356,18 @@ impl ShardMetadata {
     /// Parse and [`validate`](Self::validate) the wire form. `format` must be present and of
     /// the supported major version; unknown keys land in [`ShardMetadata::extra`].
     pub fn from_map(map: &BTreeMap<String, String>) -> std::result::Result<Self, MetadataError> {
-        let get = |key: &str| {
-            map.get(key)
-                .map(String::as_str)
-                .ok_or_else(|| MetadataError::new(key, "missing"))
-        };
+        let get = |key: &str| map.get(key).map(String::as_str).ok_or_else(|| MetadataError::new(key, "missing"));
         let number = |key: &str| -> std::result::Result<usize, MetadataError> {
             let value = get(key)?;
-            value
-                .parse::<usize>()
-                .map_err(|_| MetadataError::new(key, format!("`{value}` is not an integer")))
+            value.parse::<usize>().map_err(|_| MetadataError::new(key, format!("`{value}` is not an integer")))
         };
         let format = get("format")?;
         if !format_is_supported(format) {
-            return Err(MetadataError::new(
-                "format",
-                format!("`{format}` is not {FORMAT}"),
-            ));
+            return Err(MetadataError::new("format", format!("`{format}` is not {FORMAT}")));
         }
         let ids = get("aux_layer_ids")?;
-        let aux_layer_ids = serde_json::from_str::<Vec<usize>>(ids).map_err(|_| {
-            MetadataError::new(
-                "aux_layer_ids",
-                format!("`{ids}` is not a JSON list of layer ids"),
-            )
-        })?;
+        let aux_layer_ids = serde_json::from_str::<Vec<usize>>(ids)
+            .map_err(|_| MetadataError::new("aux_layer_ids", format!("`{ids}` is not a JSON list of layer ids")))?;
         let metadata = ShardMetadata {
             target: get("target")?.into(),
             target_num_layers: number("target_num_layers")?,
@@ -499,12 +457,7 @@ pub(crate) mod tests {
         let m = sample_metadata();
         let mut map = m.to_map();
         map.insert("aux_layer_ids".into(), "[1, 15, 28]".into());
-        assert!(
-            ShardMetadata::from_map(&map)
-                .unwrap()
-                .differences(&m)
-                .is_empty()
-        );
+        assert!(ShardMetadata::from_map(&map).unwrap().differences(&m).is_empty());
     }
 
     #[test]
@@ -518,21 +471,10 @@ pub(crate) mod tests {
 
     #[test]
     fn teacher_spellings() {
-        for t in [
-            Teacher::FinalHidden,
-            Teacher::TopK { k: 8 },
-            Teacher::Both { k: 64 },
-        ] {
+        for t in [Teacher::FinalHidden, Teacher::TopK { k: 8 }, Teacher::Both { k: 64 }] {
             assert_eq!(t.to_string().parse::<Teacher>().unwrap(), t);
         }
-        for bad in [
-            "topk:0",
-            "topk:",
-            "topk:+3",
-            "topk:03",
-            "both",
-            "final_hidden",
-        ] {
+        for bad in ["topk:0", "topk:", "topk:+3", "topk:03", "both", "final_hidden"] {
             assert!(bad.parse::<Teacher>().is_err(), "{bad}");
         }
     }
@@ -562,9 +504,6 @@ pub(crate) mod tests {
         assert_eq!(ShardMetadata::from_map(&map).unwrap_err().key, "created_by");
         map.insert("created_by".into(), "x".into());
         map.insert("hidden_size".into(), "4k".into());
-        assert_eq!(
-            ShardMetadata::from_map(&map).unwrap_err().key,
-            "hidden_size"
-        );
+        assert_eq!(ShardMetadata::from_map(&map).unwrap_err().key, "hidden_size");
     }
 }

@@ -11,6 +11,7 @@
 mod checks;
 mod codec;
 mod fsutil;
+mod header;
 mod input;
 mod manifest;
 mod metadata;
@@ -22,9 +23,7 @@ mod writer;
 pub use fsutil::{MANIFEST_FILE, sha256_file, shard_file_name};
 pub use input::{HiddenInput, SampleRef, TopKRef};
 pub use manifest::{Manifest, ShardEntry};
-pub use metadata::{
-    AuxConvention, FORMAT, FORMAT_MAJOR, FloatDtype, ShardMetadata, Teacher, format_is_supported,
-};
+pub use metadata::{AuxConvention, FORMAT, FORMAT_MAJOR, FloatDtype, ShardMetadata, Teacher, format_is_supported};
 pub use reader::{Samples, ShardDataset};
 pub use verify::VerifyReport;
 pub use view::{HiddenRows, SampleView, TopKView};
@@ -32,20 +31,20 @@ pub use writer::{ResumeInfo, ShardWriter, ShardWriterOptions};
 
 /// Tensor names inside a shard, as the format fixes them.
 pub mod names {
-    /// int32 [T]: token ids.
+    /// int32 `[T]`: token ids.
     pub const INPUT_IDS: &str = "input_ids";
-    /// uint8 [T]: 1 on tokens to train on.
+    /// uint8 `[T]`: 1 on tokens to train on.
     pub const LOSS_MASK: &str = "loss_mask";
-    /// int64 [N+1]: sample i is tokens `offsets[i]..offsets[i+1]`.
+    /// int64 `[N+1]`: sample i is tokens `offsets[i]..offsets[i+1]`.
     pub const SAMPLE_OFFSETS: &str = "sample_offsets";
-    /// float [T, A*Ht]: captured residual streams, low → high.
+    /// float `[T, A*Ht]`: captured residual streams, low → high.
     pub const AUX_HIDDEN: &str = "aux_hidden";
-    /// float [T, Ht]: the target's post-final-norm state.
+    /// float `[T, Ht]`: the target's post-final-norm state.
     pub const FINAL_HIDDEN: &str = "final_hidden";
-    /// int32 [T, K]: top-k target token ids.
+    /// int32 `[T, K]`: top-k target token ids.
     pub const TOPK_IDS: &str = "teacher_topk_ids";
-    /// f16/f32 [T, K]: their log-probs over the full target vocabulary, descending.
+    /// f16/f32 `[T, K]`: their log-probs over the full target vocabulary, descending.
     pub const TOPK_LOGPROBS: &str = "teacher_topk_logprobs";
-    /// int64 [N]: source sample ids.
+    /// int64 `[N]`: source sample ids.
     pub const SAMPLE_IDS: &str = "sample_ids";
 }

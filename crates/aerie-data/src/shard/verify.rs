@@ -39,11 +39,7 @@ impl ShardDataset {
             if let Some(expected) = &entry.sha256 {
                 let found = fsutil::sha256_file(path)?;
                 if !found.eq_ignore_ascii_case(expected) {
-                    return Err(Error::Checksum {
-                        path: path.clone(),
-                        expected: expected.clone(),
-                        found,
-                    });
+                    return Err(Error::Checksum { path: path.clone(), expected: expected.clone(), found });
                 }
                 report.checksums += 1;
             }
@@ -54,17 +50,12 @@ impl ShardDataset {
                 return Err(Error::tensor(
                     path,
                     names::LOSS_MASK,
-                    format!(
-                        "has {masked} ones but manifest.json lists {} masked tokens",
-                        entry.masked_tokens
-                    ),
+                    format!("has {masked} ones but manifest.json lists {} masked tokens", entry.masked_tokens),
                 ));
             }
             let ids = codec::i32s(&map[shard.input_ids.clone()]);
-            checks::token_ids(names::INPUT_IDS, &ids, vocab)
-                .map_err(|m| Error::tensor(path, names::INPUT_IDS, m))?;
-            if let (Some((ids, logprobs)), Some(dtype)) = (&shard.topk, self.layout.logprobs_dtype)
-            {
+            checks::token_ids(names::INPUT_IDS, &ids, vocab).map_err(|m| Error::tensor(path, names::INPUT_IDS, m))?;
+            if let (Some((ids, logprobs)), Some(dtype)) = (&shard.topk, self.layout.logprobs_dtype) {
                 let ids = codec::i32s(&map[ids.clone()]);
                 let mut values = vec![0f32; ids.len()];
                 codec::decode_floats(&map[logprobs.clone()], dtype, &mut values);
@@ -72,22 +63,10 @@ impl ShardDataset {
                     .map_err(|(tensor, m)| Error::tensor(path, tensor, m))?;
             }
             let aux = &map[shard.aux_hidden.clone()];
-            finite(
-                path,
-                names::AUX_HIDDEN,
-                aux,
-                self.layout.aux_width,
-                self.layout.dtype,
-            )?;
+            finite(path, names::AUX_HIDDEN, aux, self.layout.aux_width, self.layout.dtype)?;
             if let Some(range) = &shard.final_hidden {
                 let bytes = &map[range.clone()];
-                finite(
-                    path,
-                    names::FINAL_HIDDEN,
-                    bytes,
-                    self.layout.hidden_size,
-                    self.layout.dtype,
-                )?;
+                finite(path, names::FINAL_HIDDEN, bytes, self.layout.hidden_size, self.layout.dtype)?;
             }
             report.shards += 1;
             report.samples += entry.samples;
@@ -99,13 +78,7 @@ impl ShardDataset {
 }
 
 /// Every value of a [T, width] float tensor is finite.
-fn finite(
-    path: &std::path::Path,
-    tensor: &str,
-    bytes: &[u8],
-    width: usize,
-    dtype: super::FloatDtype,
-) -> Result<()> {
+fn finite(path: &std::path::Path, tensor: &str, bytes: &[u8], width: usize, dtype: super::FloatDtype) -> Result<()> {
     let chunk_bytes = ROWS_PER_CHUNK * width * dtype.size();
     let mut buf = Vec::new();
     for (c, chunk) in bytes.chunks(chunk_bytes).enumerate() {
@@ -113,11 +86,7 @@ fn finite(
         codec::decode_floats(chunk, dtype, &mut buf);
         if let Some(i) = buf.iter().position(|v| !v.is_finite()) {
             let row = c * ROWS_PER_CHUNK + i / width;
-            return Err(Error::tensor(
-                path,
-                tensor,
-                format!("[{row}, {}] = {} is not finite", i % width, buf[i]),
-            ));
+            return Err(Error::tensor(path, tensor, format!("[{row}, {}] = {} is not finite", i % width, buf[i])));
         }
     }
     Ok(())

@@ -5,6 +5,7 @@
 //! step is the dominant cost of a data loader at Ht = 7168.
 
 use std::borrow::Cow;
+use std::fmt;
 use std::ops::Range;
 use std::path::Path;
 
@@ -14,7 +15,7 @@ use super::reader::{Layout, Shard};
 use crate::{Error, Result};
 
 /// One sample: `len()` tokens of every tensor, borrowed from the dataset.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct SampleView<'a> {
     pub(crate) shard: &'a Shard,
     pub(crate) layout: &'a Layout,
@@ -77,39 +78,26 @@ impl<'a> SampleView<'a> {
     /// The captured residual streams, [len, A*Ht], layers concatenated low → high.
     pub fn aux_hidden(&self) -> HiddenRows<'a> {
         let (width, dtype) = (self.layout.aux_width, self.layout.dtype);
-        HiddenRows {
-            bytes: self.rows(&self.shard.aux_hidden, width, dtype.size()),
-            dtype,
-            width,
-        }
+        HiddenRows { bytes: self.rows(&self.shard.aux_hidden, width, dtype.size()), dtype, width }
     }
 
     /// The target's post-final-norm state, [len, Ht], when the teacher includes it.
     pub fn final_hidden(&self) -> Option<HiddenRows<'a>> {
         let range = self.shard.final_hidden.as_ref()?;
         let (width, dtype) = (self.layout.hidden_size, self.layout.dtype);
-        Some(HiddenRows {
-            bytes: self.rows(range, width, dtype.size()),
-            dtype,
-            width,
-        })
+        Some(HiddenRows { bytes: self.rows(range, width, dtype.size()), dtype, width })
     }
 
     /// The target's top-k next-token log-probs, [len, K], when the teacher includes them.
     pub fn topk(&self) -> Option<TopKView<'a>> {
         let (ids, logprobs) = self.shard.topk.as_ref()?;
         let (k, dtype) = (self.layout.k, self.layout.logprobs_dtype?);
-        Some(TopKView {
-            ids: self.rows(ids, k, 4),
-            logprobs: self.rows(logprobs, k, dtype.size()),
-            dtype,
-            k,
-        })
+        Some(TopKView { ids: self.rows(ids, k, 4), logprobs: self.rows(logprobs, k, dtype.size()), dtype, k })
     }
 }
 
 /// Row-major float rows in their storage dtype.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct HiddenRows<'a> {
     bytes: &'a [u8],
     dtype: FloatDtype,
@@ -160,11 +148,7 @@ impl<'a> HiddenRows<'a> {
     pub fn decode_into(&self, out: &mut [f32]) -> Result<()> {
         let expected = self.rows() * self.width;
         if out.len() != expected {
-            return Err(Error::BufferLength {
-                what: "hidden rows",
-                expected,
-                found: out.len(),
-            });
+            return Err(Error::BufferLength { what: "hidden rows", expected, found: out.len() });
         }
         codec::decode_floats(self.bytes, self.dtype, out);
         Ok(())
@@ -176,16 +160,13 @@ impl<'a> HiddenRows<'a> {
             return None;
         }
         let row = self.width * self.dtype.size();
-        Some(HiddenRows {
-            bytes: &self.bytes[range.start * row..range.end * row],
-            ..*self
-        })
+        Some(HiddenRows { bytes: &self.bytes[range.start * row..range.end * row], ..*self })
     }
 }
 
 /// Top-k teacher rows: K ids and K log-probs (over the full target vocabulary, descending) per
 /// token.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct TopKView<'a> {
     ids: &'a [u8],
     logprobs: &'a [u8],
@@ -235,13 +216,41 @@ impl<'a> TopKView<'a> {
     pub fn decode_logprobs_into(&self, out: &mut [f32]) -> Result<()> {
         let expected = self.rows() * self.k;
         if out.len() != expected {
-            return Err(Error::BufferLength {
-                what: "top-k log-probs",
-                expected,
-                found: out.len(),
-            });
+            return Err(Error::BufferLength { what: "top-k log-probs", expected, found: out.len() });
         }
         codec::decode_floats(self.logprobs, self.dtype, out);
         Ok(())
+    }
+}
+
+// Hand-written so that debug output shows shapes, not megabytes of element bytes.
+impl fmt::Debug for SampleView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SampleView")
+            .field("index", &self.index)
+            .field("shard", &self.shard.path)
+            .field("sample_id", &self.sample_id())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl fmt::Debug for HiddenRows<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HiddenRows")
+            .field("rows", &self.rows())
+            .field("width", &self.width)
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl fmt::Debug for TopKView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopKView")
+            .field("rows", &self.rows())
+            .field("k", &self.k)
+            .field("logprobs_dtype", &self.dtype)
+            .finish()
     }
 }

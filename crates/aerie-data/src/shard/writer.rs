@@ -35,10 +35,7 @@ pub struct ShardWriterOptions {
 impl Default for ShardWriterOptions {
     /// 65 536 tokens (1.5 GiB per shard for Ht = 4096, three bf16 layers), with checksums.
     fn default() -> Self {
-        Self {
-            shard_tokens: 65_536,
-            checksums: true,
-        }
+        Self { shard_tokens: 65_536, checksums: true }
     }
 }
 
@@ -66,7 +63,6 @@ pub struct ResumeInfo {
 }
 
 /// The shard being filled.
-#[derive(Debug)]
 struct Pending {
     input_ids: Vec<u8>,
     loss_mask: Vec<u8>,
@@ -106,7 +102,6 @@ impl Pending {
 /// Appends samples to a shard dataset directory. One writer per directory at a time (it holds a
 /// lock file). Call [`ShardWriter::finish`] at the end: dropping the writer discards the shard
 /// being filled, exactly as a crash would.
-#[derive(Debug)]
 pub struct ShardWriter {
     dir: PathBuf,
     metadata: ShardMetadata,
@@ -126,23 +121,14 @@ impl ShardWriter {
     /// Start a new dataset in `dir` (created if missing). Refuses a directory that already holds
     /// a manifest or shard files. An empty manifest is written at once, so the dataset can be
     /// resumed even before its first shard closes.
-    pub fn create(
-        dir: impl AsRef<Path>,
-        metadata: ShardMetadata,
-        options: ShardWriterOptions,
-    ) -> Result<Self> {
+    pub fn create(dir: impl AsRef<Path>, metadata: ShardMetadata, options: ShardWriterOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         options.validate()?;
-        metadata.validate().map_err(|source| Error::Metadata {
-            path: dir.clone(),
-            source,
-        })?;
+        metadata.validate().map_err(|source| Error::Metadata { path: dir.clone(), source })?;
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let lock = DirLock::acquire(&dir)?;
-        let occupied = dir.join(MANIFEST_FILE).exists()
-            || list_dir(&dir)?
-                .iter()
-                .any(|name| fsutil::is_shard_file_name(name));
+        let occupied =
+            dir.join(MANIFEST_FILE).exists() || list_dir(&dir)?.iter().any(|name| fsutil::is_shard_file_name(name));
         if occupied {
             return Err(Error::AlreadyExists { path: dir });
         }
@@ -164,10 +150,7 @@ impl ShardWriter {
     /// Reopen an existing dataset to append to it. Temp files and shard files the manifest does
     /// not list are deleted (they are what a crash leaves behind); the listed shards are fully
     /// validated, as [`ShardDataset::open`] does. New shards use the dataset's metadata.
-    pub fn resume(
-        dir: impl AsRef<Path>,
-        options: ShardWriterOptions,
-    ) -> Result<(Self, ResumeInfo)> {
+    pub fn resume(dir: impl AsRef<Path>, options: ShardWriterOptions) -> Result<(Self, ResumeInfo)> {
         let dir = dir.as_ref().to_path_buf();
         options.validate()?;
         let manifest_path = dir.join(MANIFEST_FILE);
@@ -180,8 +163,8 @@ impl ShardWriter {
         let listed: HashSet<&str> = manifest.shards.iter().map(|s| s.file.as_str()).collect();
         let mut removed = Vec::new();
         for name in list_dir(&dir)? {
-            let stale = name.starts_with(TMP_PREFIX)
-                || (fsutil::is_shard_file_name(&name) && !listed.contains(name.as_str()));
+            let stale =
+                name.starts_with(TMP_PREFIX) || (fsutil::is_shard_file_name(&name) && !listed.contains(name.as_str()));
             if stale {
                 let path = dir.join(&name);
                 fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
@@ -232,17 +215,10 @@ impl ShardWriter {
             return Ok((Self::create(dir, metadata, options)?, None));
         }
         let (writer, info) = Self::resume(dir, options)?;
-        let requested = ShardMetadata {
-            created_by: writer.metadata.created_by.clone(),
-            ..metadata
-        };
+        let requested = ShardMetadata { created_by: writer.metadata.created_by.clone(), ..metadata };
         let differences = requested.differences(&writer.metadata);
         if !differences.is_empty() {
-            return Err(Error::MetadataMismatch {
-                path: dir.into(),
-                reference: dir.join(MANIFEST_FILE),
-                differences,
-            });
+            return Err(Error::MetadataMismatch { path: dir.into(), reference: dir.join(MANIFEST_FILE), differences });
         }
         Ok((writer, Some(info)))
     }
@@ -278,16 +254,13 @@ impl ShardWriter {
         self.ids.contains(&id)
     }
 
-    /// Append one sample. It is checked entirely first (lengths, teacher tensors, ids in the
-    /// vocabulary, a 0/1 mask, finite hidden values, descending log-probs); on error nothing is
-    /// written and the writer is unchanged.
+    /// Append one sample. It is checked entirely (lengths, teacher tensors, ids in the
+    /// vocabulary, a 0/1 mask, finite hidden values after conversion, descending log-probs); a
+    /// refused sample leaves no trace in the dataset. (Closing the previous, full shard may
+    /// already have happened: that only commits earlier samples.)
     pub fn push(&mut self, sample: SampleRef<'_>) -> Result<()> {
         let index = self.samples_written();
-        let fail = |message: String| Error::Sample {
-            index,
-            sample_id: sample.sample_id,
-            message,
-        };
+        let fail = |message: String| Error::Sample { index, sample_id: sample.sample_id, message };
         let masked = self.check(&sample).map_err(fail)?;
         let t = sample.input_ids.len();
         if self.pending.tokens() > 0 && self.pending.tokens() + t > self.options.shard_tokens {
@@ -308,41 +281,22 @@ impl ShardWriter {
             return Err("has no tokens".into());
         }
         if s.loss_mask.len() != t {
-            return Err(format!(
-                "loss_mask has {} entries but input_ids has {t}",
-                s.loss_mask.len()
-            ));
+            return Err(format!("loss_mask has {} entries but input_ids has {t}", s.loss_mask.len()));
         }
         let masked = checks::loss_mask(s.loss_mask)?;
         checks::token_ids(names::INPUT_IDS, s.input_ids, m.target_vocab_size)?;
         let expect_len = |name: &str, len: usize, width: usize, why: &str| {
-            if len == t * width {
+            if t.checked_mul(width) == Some(len) {
                 Ok(())
             } else {
-                Err(format!(
-                    "{name} has {len} values, expected {t} tokens × {width} ({why})"
-                ))
+                Err(format!("{name} has {len} values, expected {t} tokens × {width} ({why})"))
             }
         };
-        let aux_why = format!(
-            "{} layers × hidden_size {}",
-            m.aux_layer_ids.len(),
-            m.hidden_size
-        );
-        expect_len(
-            names::AUX_HIDDEN,
-            s.aux_hidden.len(),
-            m.aux_width(),
-            &aux_why,
-        )?;
+        let aux_why = format!("{} layers × hidden_size {}", m.aux_layer_ids.len(), m.hidden_size);
+        expect_len(names::AUX_HIDDEN, s.aux_hidden.len(), m.aux_width(), &aux_why)?;
         let teacher = m.teacher;
         match (&s.final_hidden, teacher.has_final_hidden()) {
-            (Some(rows), true) => expect_len(
-                names::FINAL_HIDDEN,
-                rows.len(),
-                m.hidden_size,
-                "hidden_size",
-            )?,
+            (Some(rows), true) => expect_len(names::FINAL_HIDDEN, rows.len(), m.hidden_size, "hidden_size")?,
             (None, true) => return Err(format!("final_hidden missing (teacher `{teacher}`)")),
             (Some(_), false) => {
                 return Err(format!("final_hidden given but the teacher is `{teacher}`"));
@@ -354,14 +308,11 @@ impl ShardWriter {
                 let why = format!("teacher `{teacher}`");
                 expect_len(names::TOPK_IDS, topk.ids.len(), k, &why)?;
                 expect_len(names::TOPK_LOGPROBS, topk.logprobs.len(), k, &why)?;
-                checks::topk(topk.ids, topk.logprobs, k, m.target_vocab_size)
-                    .map_err(|(_, message)| message)?;
+                checks::topk(topk.ids, topk.logprobs, k, m.target_vocab_size).map_err(|(_, message)| message)?;
             }
             (None, Some(_)) => return Err(format!("top-k teacher missing (teacher `{teacher}`)")),
             (Some(_), None) => {
-                return Err(format!(
-                    "top-k teacher given but the teacher is `{teacher}`"
-                ));
+                return Err(format!("top-k teacher given but the teacher is `{teacher}`"));
             }
             (None, None) => {}
         }
@@ -371,9 +322,7 @@ impl ShardWriter {
                 return Err("has a sample_id but earlier samples do not".into());
             }
             (_, Some(id)) if self.ids.contains(&id) => {
-                return Err(format!(
-                    "sample id {id} was already written to this dataset"
-                ));
+                return Err(format!("sample id {id} was already written to this dataset"));
             }
             _ => {}
         }
@@ -386,11 +335,7 @@ impl ShardWriter {
         let p = &mut self.pending;
         let marks = (p.aux_hidden.len(), p.final_hidden.len());
         let not_finite = |name: &str, i: usize, width: usize| {
-            format!(
-                "{name}[{}, {}] is not finite as {dtype}",
-                i / width,
-                i % width
-            )
+            format!("{name}[{}, {}] is not finite as {dtype}", i / width, i % width)
         };
         let aux_width = self.metadata.aux_width();
         let mut result = codec::encode_floats(s.aux_hidden, dtype, &mut p.aux_hidden)
@@ -408,8 +353,7 @@ impl ShardWriter {
         p.loss_mask.extend_from_slice(s.loss_mask);
         if let Some(topk) = s.topk {
             p.topk_ids.extend_from_slice(codec::i32_bytes(topk.ids));
-            p.topk_logprobs
-                .extend(topk.logprobs.iter().flat_map(|v| v.to_le_bytes()));
+            p.topk_logprobs.extend(topk.logprobs.iter().flat_map(|v| v.to_le_bytes()));
         }
         let end = p.tokens() + s.input_ids.len();
         p.offsets.push(end as i64);
@@ -434,71 +378,31 @@ impl ShardWriter {
         let (t, n) = (p.tokens(), p.samples());
         let m = &self.metadata;
         let mut tensors = vec![
-            (
-                names::INPUT_IDS,
-                Raw::new(Dtype::I32, vec![t], &p.input_ids),
-            ),
+            (names::INPUT_IDS, Raw::new(Dtype::I32, vec![t], &p.input_ids)),
             (names::LOSS_MASK, Raw::new(Dtype::U8, vec![t], &p.loss_mask)),
-            (
-                names::SAMPLE_OFFSETS,
-                Raw::new(Dtype::I64, vec![n + 1], bytemuck::cast_slice(&p.offsets)),
-            ),
-            (
-                names::AUX_HIDDEN,
-                Raw::new(
-                    m.dtype.to_safetensors(),
-                    vec![t, m.aux_width()],
-                    &p.aux_hidden,
-                ),
-            ),
+            (names::SAMPLE_OFFSETS, Raw::new(Dtype::I64, vec![n + 1], bytemuck::cast_slice(&p.offsets))),
+            (names::AUX_HIDDEN, Raw::new(m.dtype.to_safetensors(), vec![t, m.aux_width()], &p.aux_hidden)),
         ];
         if m.teacher.has_final_hidden() {
-            let raw = Raw::new(
-                m.dtype.to_safetensors(),
-                vec![t, m.hidden_size],
-                &p.final_hidden,
-            );
+            let raw = Raw::new(m.dtype.to_safetensors(), vec![t, m.hidden_size], &p.final_hidden);
             tensors.push((names::FINAL_HIDDEN, raw));
         }
         if let Some(k) = m.teacher.topk() {
-            tensors.push((
-                names::TOPK_IDS,
-                Raw::new(Dtype::I32, vec![t, k], &p.topk_ids),
-            ));
-            tensors.push((
-                names::TOPK_LOGPROBS,
-                Raw::new(Dtype::F32, vec![t, k], &p.topk_logprobs),
-            ));
+            tensors.push((names::TOPK_IDS, Raw::new(Dtype::I32, vec![t, k], &p.topk_ids)));
+            tensors.push((names::TOPK_LOGPROBS, Raw::new(Dtype::F32, vec![t, k], &p.topk_logprobs)));
         }
         if !p.sample_ids.is_empty() {
-            tensors.push((
-                names::SAMPLE_IDS,
-                Raw::new(Dtype::I64, vec![n], bytemuck::cast_slice(&p.sample_ids)),
-            ));
+            tensors.push((names::SAMPLE_IDS, Raw::new(Dtype::I64, vec![n], bytemuck::cast_slice(&p.sample_ids))));
         }
         let info: HashMap<String, String> = m.to_map().into_iter().collect();
         fsutil::write_atomic(&path, |tmp| {
-            safetensors::serialize_to_file(tensors, Some(info), tmp).map_err(|e| {
-                Error::Safetensors {
-                    path: tmp.into(),
-                    message: e.to_string(),
-                }
-            })
+            safetensors::serialize_to_file(tensors, Some(info), tmp)
+                .map_err(|e| Error::Safetensors { path: tmp.into(), message: e.to_string() })
         })?;
-        let sha256 = if self.options.checksums {
-            Some(fsutil::sha256_file(&path)?)
-        } else {
-            None
-        };
+        let sha256 = if self.options.checksums { Some(fsutil::sha256_file(&path)?) } else { None };
 
         let mut manifest = self.manifest.clone();
-        manifest.shards.push(ShardEntry {
-            file,
-            samples: n as u64,
-            tokens: t as u64,
-            masked_tokens: p.masked,
-            sha256,
-        });
+        manifest.shards.push(ShardEntry { file, samples: n as u64, tokens: t as u64, masked_tokens: p.masked, sha256 });
         manifest.samples += n as u64;
         manifest.tokens += t as u64;
         // Until this rename lands the new shard is unlisted: a crash here loses its samples
@@ -519,15 +423,24 @@ impl ShardWriter {
     }
 }
 
+impl std::fmt::Debug for ShardWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardWriter")
+            .field("dir", &self.dir)
+            .field("committed_shards", &self.manifest.shards.len())
+            .field("committed_samples", &self.manifest.samples)
+            .field("pending_samples", &self.pending.samples())
+            .field("pending_tokens", &self.pending.tokens())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Names in `dir` (lossy UTF-8; non-UTF-8 names cannot be ours anyway).
 fn list_dir(dir: &Path) -> Result<Vec<String>> {
     let entries = fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
     entries
-        .map(|entry| {
-            entry
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .map_err(|e| Error::io(dir, e))
-        })
+        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()).map_err(|e| Error::io(dir, e)))
         .collect()
 }
 

@@ -76,9 +76,12 @@ pub fn ramp(shape: Vec<usize>, dtype: Dtype) -> HostTensor {
     HostTensor::from_f32(shape, &v, dtype)
 }
 
+/// One entry of [`write_sparse_safetensors`]: key, dtype, shape, and the bytes if stored.
+pub type SparseEntry = (String, Dtype, Vec<usize>, Option<Vec<u8>>);
+
 /// Write a safetensors file whose header declares every entry at full size, but store data only
 /// for entries that carry bytes; the rest is a hole in a sparse file (no disk, no RAM).
-pub fn write_sparse_safetensors(path: &Path, entries: &[(String, Dtype, Vec<usize>, Option<Vec<u8>>)]) {
+pub fn write_sparse_safetensors(path: &Path, entries: &[SparseEntry]) {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut offset = 0usize;

@@ -147,7 +147,7 @@ fn warnings_fail_only_when_strict() {
     let (dir, target) = setup(tmp.path(), &tiny(), |c| c["max_position_embeddings"] = json!(1024));
     let r = inspect(&dir, Some(&target)).unwrap();
     assert_eq!(codes(&r), vec![(Severity::Warning, "max-position-below-target".to_string())]);
-    assert_eq!((r.exit_code(false), r.exit_code(true)), (0, 1));
+    assert_eq!((r.exit_code(false), r.exit_code(true)), (0, 2));
 }
 
 #[test]

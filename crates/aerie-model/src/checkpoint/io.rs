@@ -309,7 +309,22 @@ pub fn write_safetensors<'a, K: AsRef<str>>(
     safetensors::serialize_to_file(tensors.iter().map(|(k, t)| (k.as_ref(), StView(t))), Some(meta), tmp.path())
         .map_err(|e| st_err(tmp.path(), format!("cannot write: {e}")))?;
     File::open(tmp.path()).and_then(|f| f.sync_all()).map_err(|e| Error::io(tmp.path(), e))?;
+    set_public_mode(tmp.path(), false)?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+/// Temporary files and directories are created private (0600/0700); a published checkpoint must
+/// be readable by the serving engine's user, like any file written with the default umask.
+fn set_public_mode(path: &Path, dir: bool) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if dir { 0o755 } else { 0o644 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(path, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = (path, dir);
     Ok(())
 }
 
@@ -364,6 +379,7 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
         .tempdir_in(parent)
         .map_err(|e| Error::io(parent, e))?;
     fill(tmp.path())?;
+    set_public_mode(tmp.path(), true)?;
     if replace_full {
         let old = tempfile::Builder::new()
             .prefix(&format!(".{name}.old-"))
@@ -415,6 +431,11 @@ mod tests {
         let text = String::from_utf8_lossy(&bytes[8..200]);
         assert!(text.contains(r#""__metadata__":{"format":"pt"}"#), "{text}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644);
+        }
     }
 
     #[test]
@@ -456,6 +477,11 @@ mod tests {
             write_dir_atomic(&out, ow, |d| std::fs::write(d.join("config.json"), "{}").map_err(|e| Error::io(d, e)))
         };
         write(false).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o755);
+        }
         let e = write(false).unwrap_err().to_string();
         assert!(e.contains("not empty"), "{e}");
         write(true).unwrap();

@@ -244,10 +244,9 @@ pub fn planned_tensors<'a>(
 pub fn save_drafter(ckpt: &DrafterCheckpoint, out: &Path, opts: &SaveOptions) -> Result<()> {
     let problems = validate::validate(&ckpt.config, &ckpt.tensors, true);
     if !problems.is_empty() {
-        return Err(Error::Invalid {
-            path: ckpt.dir.clone(),
-            problems: problems.into_iter().map(|p| p.message).collect(),
-        });
+        // Name the source when there is one, else the output being written.
+        let path = if ckpt.dir.as_os_str().is_empty() { out.to_path_buf() } else { ckpt.dir.clone() };
+        return Err(Error::Invalid { path, problems: problems.into_iter().map(|p| p.message).collect() });
     }
     let dtype = opts.dtype.unwrap_or(ckpt.weight_dtype);
     let cfg_json = config::to_json(&ckpt.config, opts.dialect, dtype, &out.join("config.json"))?;
@@ -259,4 +258,30 @@ pub fn save_drafter(ckpt: &DrafterCheckpoint, out: &Path, opts: &SaveOptions) ->
         std::fs::write(&cfg_file, &text).map_err(|e| Error::io(&cfg_file, e))?;
         io::write_safetensors(&tmp.join(io::SINGLE_FILE), planned.iter().map(|(k, t)| (k.as_str(), t.as_ref())))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_refuses_invalid_or_unwritable_checkpoints_and_writes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let mut ckpt = synthetic::random_drafter(&synthetic::tiny_config(), Dtype::BF16, 1);
+        ckpt.tensors.remove(keys::LM_HEAD);
+        let e = save_drafter(&ckpt, &out, &SaveOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("out: invalid checkpoint") && e.contains("missing tensor `lm_head.weight`"), "{e}");
+        let ckpt = synthetic::random_drafter(&synthetic::tiny_config(), Dtype::BF16, 1);
+        let opts = SaveOptions { dtype: Some(Dtype::I64), ..SaveOptions::default() };
+        let e = save_drafter(&ckpt, &out, &opts).unwrap_err().to_string();
+        assert!(e.contains("cannot write weights as I64"), "{e}");
+        assert!(!out.exists());
+        // A valid one round-trips through load, embedding left out by default.
+        save_drafter(&ckpt, &out, &SaveOptions::default()).unwrap();
+        let back = load_drafter(&out, None).unwrap();
+        assert!(!back.tensors.contains_key(keys::EMBED));
+        assert_eq!(back.tensors.len(), ckpt.tensors.len() - 1);
+        assert_eq!((back.config, back.dialect, back.weight_dtype), (ckpt.config, Dialect::Sglang, Dtype::BF16));
+    }
 }

@@ -136,7 +136,7 @@ pub fn check_layout(
                         cfg.draft_vocab_size.saturating_sub(1)
                     ),
                 ));
-            } else if e.required && !(e.name.starts_with("fc_norm.") && !aux_known) {
+            } else if e.required && (aux_known || !e.name.starts_with("fc_norm.")) {
                 p.push(Problem::new(
                     "missing-key",
                     format!("missing tensor `{}` (expected shape {:?} = {})", e.name, e.shape, e.rule),
@@ -196,7 +196,7 @@ fn check_fc(cfg: &DrafterConfig, shape: &[usize], target_hidden_explicit: bool) 
     if a == 0 || fin == a * ht {
         return p;
     }
-    if !target_hidden_explicit && fin % a == 0 {
+    if !target_hidden_explicit && fin.is_multiple_of(a) {
         p.push(Problem::new(
             "hidden-mismatch",
             format!(
@@ -207,7 +207,7 @@ fn check_fc(cfg: &DrafterConfig, shape: &[usize], target_hidden_explicit: bool) 
             ),
         ));
     } else {
-        let implied = if fin % ht == 0 {
+        let implied = if fin.is_multiple_of(ht) {
             format!("{} aux features", fin / ht)
         } else {
             "no whole number of aux features".to_string()
@@ -232,43 +232,39 @@ pub fn check_vocab_map(v: usize, vd: usize, d2t: Option<&[i64]>, t2d: Option<&[b
     let mut p = Vec::new();
     let bad = |m: String| Problem::new("d2t-invariant", m);
     let mapped: Option<Vec<i64>> = d2t.map(|d| d.iter().enumerate().map(|(i, &o)| i as i64 + o).collect());
-    if let Some(mapped) = &mapped {
-        if mapped.len() == vd {
-            let out: Vec<usize> = (0..vd).filter(|&i| mapped[i] < 0 || mapped[i] >= v as i64).collect();
-            if let Some(&i) = out.first() {
-                p.push(bad(format!(
-                    "`d2t` maps {} draft id(s) outside the target vocab 0..{v}, first: draft id {i} -> {}",
-                    out.len(),
-                    mapped[i]
-                )));
-            }
-            if let Some(i) = (1..vd).find(|&i| mapped[i] <= mapped[i - 1]) {
-                p.push(bad(format!(
-                    "`d2t` target ids are not strictly ascending: draft id {} -> {}, draft id {i} -> {}",
-                    i - 1,
-                    mapped[i - 1],
-                    mapped[i]
-                )));
-            }
+    if let Some(mapped) = mapped.as_ref().filter(|m| m.len() == vd) {
+        let out: Vec<usize> = (0..vd).filter(|&i| mapped[i] < 0 || mapped[i] >= v as i64).collect();
+        if let Some(&i) = out.first() {
+            p.push(bad(format!(
+                "`d2t` maps {} draft id(s) outside the target vocab 0..{v}, first: draft id {i} -> {}",
+                out.len(),
+                mapped[i]
+            )));
+        }
+        if let Some(i) = (1..vd).find(|&i| mapped[i] <= mapped[i - 1]) {
+            p.push(bad(format!(
+                "`d2t` target ids are not strictly ascending: draft id {} -> {}, draft id {i} -> {}",
+                i - 1,
+                mapped[i - 1],
+                mapped[i]
+            )));
         }
     }
-    if let Some(t2d) = t2d {
-        if t2d.len() == v {
-            let on: Vec<i64> = (0..v).filter(|&i| t2d[i]).map(|i| i as i64).collect();
-            if on.len() != vd {
-                p.push(bad(format!("`t2d` marks {} target ids, expected draft_vocab_size {vd}", on.len())));
-            }
-            if let Some(mapped) = &mapped
-                && mapped.len() == vd
-                && on.len() == vd
-                && let Some(i) = (0..vd).find(|&i| on[i] != mapped[i])
-            {
-                p.push(bad(format!(
-                    "`t2d` and `d2t` disagree: draft id {i} maps to target id {} but the {i}-th id \
+    if let Some(t2d) = t2d.filter(|t| t.len() == v) {
+        let on: Vec<i64> = (0..v).filter(|&i| t2d[i]).map(|i| i as i64).collect();
+        if on.len() != vd {
+            p.push(bad(format!("`t2d` marks {} target ids, expected draft_vocab_size {vd}", on.len())));
+        }
+        if let Some(mapped) = &mapped
+            && mapped.len() == vd
+            && on.len() == vd
+            && let Some(i) = (0..vd).find(|&i| on[i] != mapped[i])
+        {
+            p.push(bad(format!(
+                "`t2d` and `d2t` disagree: draft id {i} maps to target id {} but the {i}-th id \
                      marked in t2d is {}",
-                    mapped[i], on[i]
-                )));
-            }
+                mapped[i], on[i]
+            )));
         }
     }
     p

@@ -1,18 +1,15 @@
 //! Crash safety: an interrupted capture leaves only complete shards and a manifest naming them;
 //! resuming deletes the leftovers, reports what is done, and appends without corrupting data.
 
-mod common;
-
+use super::common::*;
 use aerie_data::Error;
 use aerie_data::shard::{FloatDtype, ShardDataset, ShardWriter, Teacher};
-use common::*;
 
 const TEACHER: Teacher = Teacher::Both { k: 2 };
 
 /// Push `all` until the writer has closed two shards and holds a partial third, then "crash".
 fn interrupted_capture(dir: &std::path::Path, all: &[Sample]) -> u64 {
-    let mut writer =
-        ShardWriter::create(dir, metadata(FloatDtype::BF16, TEACHER), options(10)).unwrap();
+    let mut writer = ShardWriter::create(dir, metadata(FloatDtype::BF16, TEACHER), options(10)).unwrap();
     for s in all {
         writer.push(s.as_ref()).unwrap();
         if writer.manifest().shards.len() == 2 && writer.pending_tokens() > 0 {
@@ -20,10 +17,7 @@ fn interrupted_capture(dir: &std::path::Path, all: &[Sample]) -> u64 {
         }
     }
     let committed = writer.manifest().samples;
-    assert!(
-        writer.samples_written() > committed,
-        "a shard was being filled"
-    );
+    assert!(writer.samples_written() > committed, "a shard was being filled");
     drop(writer); // the pending shard is lost, as in a crash
     committed
 }
@@ -37,11 +31,7 @@ fn resume_after_a_crash_ignores_leftovers_and_completes() {
     // What a crash can leave: a half-written temp shard, a complete shard whose manifest update
     // never happened, and a temp manifest.
     std::fs::write(dir.join(".tmp-shard-00002.safetensors"), b"half a shard").unwrap();
-    std::fs::copy(
-        dir.join("shard-00000.safetensors"),
-        dir.join("shard-00002.safetensors"),
-    )
-    .unwrap();
+    std::fs::copy(dir.join("shard-00000.safetensors"), dir.join("shard-00002.safetensors")).unwrap();
     std::fs::write(dir.join(".tmp-manifest.json"), b"{\"format\":").unwrap();
     // Readers never look at unlisted files.
     let before = ShardDataset::open(dir.path()).unwrap();
@@ -51,20 +41,10 @@ fn resume_after_a_crash_ignores_leftovers_and_completes() {
     let (mut writer, info) = ShardWriter::resume(dir.path(), options(10)).unwrap();
     assert_eq!(info.shards, 2);
     assert_eq!(info.samples, committed);
-    let mut removed: Vec<String> = info
-        .removed
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
+    let mut removed: Vec<String> =
+        info.removed.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     removed.sort();
-    assert_eq!(
-        removed,
-        [
-            ".tmp-manifest.json",
-            ".tmp-shard-00002.safetensors",
-            "shard-00002.safetensors"
-        ]
-    );
+    assert_eq!(removed, [".tmp-manifest.json", ".tmp-shard-00002.safetensors", "shard-00002.safetensors"]);
     for s in &all {
         let id = s.sample_id.unwrap();
         let done = (id - 1000) < committed as i64;
@@ -96,8 +76,7 @@ fn resume_after_a_crash_ignores_leftovers_and_completes() {
 fn a_crash_before_the_first_shard_resumes_empty() {
     let dir = TempDir::new("resume-empty");
     let all = samples(0, &[3, 3], TEACHER);
-    let mut writer =
-        ShardWriter::create(dir.path(), metadata(FloatDtype::F32, TEACHER), options(100)).unwrap();
+    let mut writer = ShardWriter::create(dir.path(), metadata(FloatDtype::F32, TEACHER), options(100)).unwrap();
     writer.push(all[0].as_ref()).unwrap();
     drop(writer);
     let (mut writer, info) = ShardWriter::resume(dir.path(), options(100)).unwrap();
@@ -113,25 +92,10 @@ fn a_crash_before_the_first_shard_resumes_empty() {
 fn resumed_writers_refuse_repeated_ids_and_mixed_id_use() {
     let dir = TempDir::new("resume-ids");
     let all = samples(0, &[3, 3], TEACHER);
-    write(
-        dir.path(),
-        metadata(FloatDtype::F32, TEACHER),
-        &all[..1],
-        100,
-    );
+    write(dir.path(), metadata(FloatDtype::F32, TEACHER), &all[..1], 100);
     let (mut writer, _) = ShardWriter::resume(dir.path(), options(100)).unwrap();
     let err = writer.push(all[0].as_ref()).unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            Error::Sample {
-                index: 1,
-                sample_id: Some(0),
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(&err, Error::Sample { index: 1, sample_id: Some(0), .. }), "{err}");
     assert!(err.to_string().contains("already written"), "{err}");
     let mut anonymous = all[1].clone();
     anonymous.sample_id = None;
@@ -146,27 +110,20 @@ fn open_or_create_checks_metadata_but_not_created_by() {
     let dir = TempDir::new("open-or-create");
     let meta = metadata(FloatDtype::BF16, TEACHER);
     let all = samples(0, &[3, 4, 5], TEACHER);
-    let (mut writer, info) =
-        ShardWriter::open_or_create(dir.path(), meta.clone(), options(4)).unwrap();
+    let (mut writer, info) = ShardWriter::open_or_create(dir.path(), meta.clone(), options(4)).unwrap();
     assert!(info.is_none());
     writer.push(all[0].as_ref()).unwrap();
     writer.push(all[1].as_ref()).unwrap();
     drop(writer);
 
-    let newer = aerie_data::shard::ShardMetadata {
-        created_by: "a newer build".into(),
-        ..meta.clone()
-    };
+    let newer = aerie_data::shard::ShardMetadata { created_by: "a newer build".into(), ..meta.clone() };
     let (mut writer, info) = ShardWriter::open_or_create(dir.path(), newer, options(4)).unwrap();
     assert_eq!(info.unwrap().samples, 2);
     assert_eq!(writer.metadata().created_by, "aerie-data tests");
     writer.push(all[2].as_ref()).unwrap();
     writer.finish().unwrap();
 
-    let other = aerie_data::shard::ShardMetadata {
-        hidden_size: 8,
-        ..meta
-    };
+    let other = aerie_data::shard::ShardMetadata { hidden_size: 8, ..meta };
     let err = ShardWriter::open_or_create(dir.path(), other, options(4)).unwrap_err();
     match &err {
         Error::MetadataMismatch { differences, .. } => {
@@ -197,8 +154,5 @@ fn one_writer_per_directory() {
 fn resume_needs_a_dataset() {
     let dir = TempDir::new("resume-nothing");
     let err = ShardWriter::resume(dir.path(), options(4)).unwrap_err();
-    assert!(
-        matches!(&err, Error::Io { path, .. } if path.ends_with("manifest.json")),
-        "{err}"
-    );
+    assert!(matches!(&err, Error::Io { path, .. } if path.ends_with("manifest.json")), "{err}");
 }

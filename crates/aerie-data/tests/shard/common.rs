@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use aerie_data::shard::{
-    AuxConvention, FloatDtype, Manifest, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions,
-    Teacher,
+    AuxConvention, FloatDtype, Manifest, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
 use safetensors::{Dtype, View};
 
@@ -20,8 +19,7 @@ impl TempDir {
     pub fn new(name: &str) -> Self {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("aerie-data-{name}-{}-{n}", std::process::id()));
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("aerie-data-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
         Self(path)
@@ -77,38 +75,20 @@ pub struct Sample {
 
 impl Sample {
     pub fn new(seed: u64, len: usize, teacher: Teacher) -> Self {
-        let mut state = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
         let value = |x: u32| (x % 20_000) as f32 / 1000.0 - 10.0;
         let input_ids = (0..len).map(|_| (next() % VOCAB as u32) as i32).collect();
         let loss_mask = (0..len).map(|i| u8::from(i % 3 != 0)).collect();
         let aux = (0..len * LAYERS * HIDDEN).map(|_| value(next())).collect();
-        let final_hidden = teacher
-            .has_final_hidden()
-            .then(|| (0..len * HIDDEN).map(|_| value(next())).collect());
+        let final_hidden = teacher.has_final_hidden().then(|| (0..len * HIDDEN).map(|_| value(next())).collect());
         let k = teacher.topk().unwrap_or(0);
-        let topk_ids = (0..len * k)
-            .map(|_| (next() % VOCAB as u32) as i32)
-            .collect();
-        let topk_logprobs = (0..len)
-            .flat_map(|_| (0..k).map(|j| -0.5 * j as f32 - 0.01))
-            .collect();
-        Self {
-            input_ids,
-            loss_mask,
-            aux,
-            final_hidden,
-            topk_ids,
-            topk_logprobs,
-            sample_id: Some(seed as i64),
-        }
+        let topk_ids = (0..len * k).map(|_| (next() % VOCAB as u32) as i32).collect();
+        let topk_logprobs = (0..len).flat_map(|_| (0..k).map(|j| -0.5 * j as f32 - 0.01)).collect();
+        Self { input_ids, loss_mask, aux, final_hidden, topk_ids, topk_logprobs, sample_id: Some(seed as i64) }
     }
 
     pub fn as_ref(&self) -> SampleRef<'_> {
@@ -130,17 +110,11 @@ impl Sample {
 
 /// Samples with ids `first..first + lens.len()` and the given lengths.
 pub fn samples(first: u64, lens: &[usize], teacher: Teacher) -> Vec<Sample> {
-    lens.iter()
-        .enumerate()
-        .map(|(i, &len)| Sample::new(first + i as u64, len, teacher))
-        .collect()
+    lens.iter().enumerate().map(|(i, &len)| Sample::new(first + i as u64, len, teacher)).collect()
 }
 
 pub fn options(shard_tokens: usize) -> ShardWriterOptions {
-    ShardWriterOptions {
-        shard_tokens,
-        ..ShardWriterOptions::default()
-    }
+    ShardWriterOptions { shard_tokens, ..ShardWriterOptions::default() }
 }
 
 pub fn write(dir: &Path, meta: ShardMetadata, samples: &[Sample], shard_tokens: usize) -> Manifest {
@@ -196,11 +170,7 @@ pub fn rewrite_shard(path: &Path, edit: impl FnOnce(&mut Tensors, &mut Meta)) {
         .tensors()
         .into_iter()
         .map(|(name, t)| {
-            let owned = Owned {
-                dtype: t.dtype(),
-                shape: t.shape().to_vec(),
-                data: t.data().to_vec(),
-            };
+            let owned = Owned { dtype: t.dtype(), shape: t.shape().to_vec(), data: t.data().to_vec() };
             (name, owned)
         })
         .collect();
@@ -212,8 +182,7 @@ pub fn rewrite_shard(path: &Path, edit: impl FnOnce(&mut Tensors, &mut Meta)) {
 /// Let `edit` change `manifest.json`.
 pub fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("manifest.json");
-    let mut value: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     edit(&mut value);
     std::fs::write(&path, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
 }

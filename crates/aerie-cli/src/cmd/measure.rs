@@ -1,0 +1,167 @@
+//! `aerie measure`: τ, acceptance by position, tokens/s, inter-token latency and the implied
+//! cycle cost of a running SGLang server; against a plain server, T_d for a costs file.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use aerie_eval::cost::{Costs, Provenance};
+use aerie_eval::measure::{MeasureOptions, MeasureReport, costs_from_report, measure};
+use aerie_eval::sglang::{Endpoint, load_prompts};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use crate::progress;
+
+/// Arguments of `aerie measure`.
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// Server base URL, e.g. http://127.0.0.1:30000.
+    #[arg(long)]
+    pub server: String,
+    /// JSONL prompts: MT-Bench (`turns`, first turn used), `{"prompt": ...}` or `{"messages": [...]}`.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    /// Use only the first N prompts.
+    #[arg(long)]
+    pub max_prompts: Option<usize>,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Tokens per request (greedy, temperature 0).
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Name of this measurement (stored in the report and the costs file).
+    #[arg(long, default_value = "")]
+    pub label: String,
+    /// `generate` (/generate, raw text) or `chat` (/v1/chat/completions, the server's template).
+    #[arg(long, default_value = "chat")]
+    pub endpoint: Endpoint,
+    /// `model` field of chat requests.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Do not stream: no per-token timing (ITL, T_d and the cycle then include prefill).
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Fail unless the server speculates (meta_info carries spec_verify_ct).
+    #[arg(long)]
+    pub expect_spec: bool,
+    /// Whole-request timeout, seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
+    /// Retries per request on connection errors, timeouts, 429 and 5xx (with backoff).
+    #[arg(long, default_value_t = 2)]
+    pub retries: usize,
+    /// Costs file to write (plain server: T_d) or extend (speculative server: cycle_ms.k).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Provenance: where this was measured (machine, engine, flags).
+    #[arg(long, default_value = "")]
+    pub measured_where: String,
+    /// Provenance: who measured.
+    #[arg(long, default_value = "aerie measure")]
+    pub by: String,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Today as YYYY-MM-DD (UTC), from the system clock.
+fn today() -> String {
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Run `aerie measure`.
+pub fn run(args: MeasureArgs) -> Result<()> {
+    let mut prompts = load_prompts(&args.prompts)?;
+    if let Some(n) = args.max_prompts {
+        prompts.truncate(n.max(1));
+    }
+    let opts = MeasureOptions {
+        server: args.server.clone(),
+        endpoint: args.endpoint,
+        concurrency: args.concurrency,
+        max_new_tokens: args.max_new_tokens,
+        stream: !args.no_stream,
+        expect_speculation: args.expect_spec,
+        timeout: Duration::from_secs(args.timeout_s.max(1)),
+        retries: args.retries,
+        backoff: Duration::from_millis(500),
+        label: args.label.clone(),
+        model: args.model.clone(),
+    };
+    let pb = progress::bar(prompts.len() as u64, "measure", "requests");
+    let result = measure(&prompts, &opts, &|done, _| pb.set_position(done as u64));
+    pb.finish_and_clear();
+    let report = result.with_context(|| format!("measuring {}", args.server))?;
+    if let Some(out) = &args.out {
+        write_costs(&args, &report, out)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+        if let Some(out) = &args.out {
+            println!("costs      written to {}", out.display());
+        }
+    }
+    Ok(())
+}
+
+fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Result<()> {
+    let existing = if out.exists() { Some(Costs::load(out).context("reading the costs file to extend")?) } else { None };
+    if existing.is_some() && !report.speculative {
+        bail!("{}: already exists; a plain-server run starts a new costs file (remove it or pick another path)", out.display());
+    }
+    let measured_where = if args.measured_where.is_empty() {
+        format!("{} ({} endpoint, concurrency {}, {} new tokens)", args.server, args.endpoint.path(), args.concurrency, args.max_new_tokens)
+    } else {
+        args.measured_where.clone()
+    };
+    let provenance = Provenance { measured_where, when: today(), by: args.by.clone(), ..Default::default() };
+    let costs = costs_from_report(report, existing, provenance)?;
+    std::fs::write(out, costs.to_toml()?).with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
+
+fn print_report(r: &MeasureReport) {
+    let opt = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |x| format!("{x:.d$}"));
+    println!("server     {} ({}), {} requests, concurrency {}", r.server, r.endpoint.path(), r.requests, r.concurrency);
+    println!("output     {} tokens in {:.2} s: {:.1} tok/s (server), {:.1} tok/s per request", r.completion_tokens, r.wall_s, r.output_tokens_per_s, r.request_tokens_per_s);
+    println!("latency    TTFT {} ms, ITL {} ms", opt(r.ttft_ms, 1), opt(r.itl_ms, 2));
+    if r.speculative {
+        println!("τ          {} (Σ completion / Σ verify), {} from the histogram", opt(r.tau, 3), opt(r.tau_from_histogram, 3));
+        if let (Some(a), Some(u)) = (&r.accept_rate_conditional, &r.accept_rate_unconditional) {
+            println!("position   α_i (conditional)   r_i (unconditional)");
+            for (i, (a, u)) in a.iter().zip(u).enumerate() {
+                println!("{:<10} {:<19.4} {:.4}", i + 1, a, u);
+            }
+        }
+        println!("cycle      {} ms per draft+verify (implied)", opt(r.implied_cycle_ms, 2));
+    } else {
+        println!("speculation none: T_d {} ms per decode step", opt(r.t_d_ms, 2));
+    }
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn today_is_a_date() {
+        let t = super::today();
+        assert_eq!(t.len(), 10);
+        assert!(t.starts_with("20"));
+    }
+}

@@ -1,0 +1,83 @@
+//! `aerie project`: an acceptance curve (from `eval accept` or `measure`) through a costs file
+//! (eagle3.md §7): S(k), projected tokens/s, break-even τ, best k, and the verify cost at which
+//! the drafter stops paying.
+
+use std::path::PathBuf;
+
+use aerie_eval::cost::{Costs, CycleSource, Projection, load_curve, project};
+use anyhow::{Context, Result};
+use clap::Args;
+
+/// Arguments of `aerie project`.
+#[derive(Debug, Args)]
+pub struct ProjectArgs {
+    /// The --json output of `aerie eval accept` or `aerie measure` (its `curve`).
+    #[arg(long)]
+    pub accept: PathBuf,
+    /// Costs file (configs/costs/*.toml).
+    #[arg(long)]
+    pub costs: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `aerie project`.
+pub fn run(args: ProjectArgs) -> Result<()> {
+    let curve = load_curve(&args.accept).context("reading the acceptance curve")?;
+    let costs = Costs::load(&args.costs).context("reading the costs file")?;
+    let p = project(&curve, &costs);
+    if args.json {
+        println!("{}", serde_json::to_string(&p)?);
+    } else {
+        print_projection(&p);
+    }
+    Ok(())
+}
+
+/// The human rendering of a projection.
+pub fn print_projection(p: &Projection) {
+    println!("costs      {} (T_d {} ms: {:.1} tok/s without speculation)", p.costs, p.t_d_ms, p.baseline_tokens_per_s);
+    println!("k  tokens  τ(k)    cycle ms        S       tok/s   break-even τ  margin   max cycle  max verify");
+    for r in &p.rows {
+        let src = match r.cycle_source {
+            CycleSource::Measured => "measured",
+            CycleSource::Model => "model",
+        };
+        println!(
+            "{:<2} {:<7} {:<7.3} {:<7.2} {:<8} {:<7.3} {:<7.1} {:<13.3} {:<+8.3} {:<10.2} {}",
+            r.k,
+            r.verify_tokens,
+            r.tau,
+            r.cycle_ms,
+            src,
+            r.speedup,
+            r.tokens_per_s,
+            r.break_even_tau,
+            r.margin_tau,
+            r.max_cycle_ms,
+            r.max_verify_ms.map_or("–".into(), |v| format!("{v:.2}"))
+        );
+    }
+    for s in &p.skipped {
+        println!("skipped    {s}");
+    }
+    match p.rows.iter().find(|r| Some(r.k) == p.best_k) {
+        Some(b) if p.pays => println!(
+            "best k     {} : {:.1}% faster than plain decoding (τ {:.3} vs break-even {:.3})",
+            b.k,
+            100.0 * (b.speedup - 1.0),
+            b.tau,
+            b.break_even_tau
+        ),
+        Some(b) => println!(
+            "best k     {} : still {:.1}% SLOWER than plain decoding; needs τ {:.3} (has {:.3}) or a cycle under {:.2} ms",
+            b.k,
+            100.0 * (1.0 - b.speedup),
+            b.break_even_tau,
+            b.tau,
+            b.max_cycle_ms
+        ),
+        None => println!("no k of the curve has a cycle cost in this costs file"),
+    }
+}

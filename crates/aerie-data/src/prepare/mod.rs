@@ -1,0 +1,347 @@
+//! `aerie data prepare`, library part: read chat data, normalise it, render it with the chat
+//! template, tokenise it with its loss mask, and write a prepared dataset:
+//!
+//! ```text
+//! PREPARED/
+//!   train.parquet   input_ids list<int32>, loss_mask list<uint8>, source_id string, sample_id int64
+//!   eval.parquet    same columns (when an eval fraction is set)
+//!   report.json     format "aerie-prepared/1", options, counts per drop/trim reason, tokens,
+//!                   masked tokens, length histogram, the target vocab size
+//! ```
+//!
+//! Everything streams: records are read, encoded and appended one at a time, and each split's
+//! parquet file is written in record batches with bounded row groups, so memory stays flat on
+//! inputs of any size. Files appear under their final names only once complete (temp file,
+//! fsync, rename). The split of a sample is a pure function of its source id (sha256), so
+//! re-running on grown data keeps every earlier conversation in the split it was in, and
+//! duplicates of one id never straddle train and eval. `sample_id` is the record's position in
+//! the input.
+
+mod dataset;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::conversation::{DropReason, NormalizeOptions, NormalizeReport, normalize};
+use crate::readers::{ConversationReader, ProgressUnit, ReadOptions, ReadReport};
+use crate::template::{ChatEncoder, ChatTemplate, EncodeOptions, TemplateChoice};
+use crate::tokenizer::TokenizerFiles;
+use crate::{Error, Result};
+
+pub use dataset::{PreparedDataset, PreparedSample, PreparedSamples};
+pub(crate) use writer::write_bytes_atomic as write_atomic;
+pub use writer::{columns, schema};
+
+/// The `format` of `report.json`.
+pub const PREPARED_FORMAT: &str = "aerie-prepared/1";
+/// The report's file name.
+pub const REPORT_FILE: &str = "report.json";
+/// The training split.
+pub const TRAIN: &str = "train";
+/// The held-out split.
+pub const EVAL: &str = "eval";
+/// Rejection messages kept verbatim in the report.
+const MAX_EXAMPLES: usize = 10;
+
+/// Options of [`prepare`].
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// Chat data: ShareGPT JSON, JSONL, or parquet (file or directory).
+    pub data: PathBuf,
+    /// Tokenizer directory (or its `tokenizer.json`).
+    pub tokenizer: PathBuf,
+    /// Output directory.
+    pub out: PathBuf,
+    /// The chat template.
+    pub template: TemplateChoice,
+    /// Input layout and strictness.
+    pub read: ReadOptions,
+    /// Normalisation rules.
+    pub normalize: NormalizeOptions,
+    /// Truncation, system prompt, template variables.
+    pub encode: EncodeOptions,
+    /// Stop after this many kept samples.
+    pub max_samples: Option<u64>,
+    /// Share of samples (by source-id hash) that go to `eval.parquet`; 0 writes no eval split.
+    pub eval_fraction: f64,
+    /// Replace an existing prepared dataset in `out`.
+    pub overwrite: bool,
+    /// Target vocabulary size to record; default: the tokenizer directory's
+    /// ([`TokenizerFiles::vocab_size`]).
+    pub vocab_size: Option<usize>,
+}
+
+impl PrepareOptions {
+    /// Options with the defaults: auto template, max length 2048, no eval split.
+    pub fn new(data: impl Into<PathBuf>, tokenizer: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Self {
+        Self {
+            data: data.into(),
+            tokenizer: tokenizer.into(),
+            out: out.into(),
+            template: TemplateChoice::Auto,
+            read: ReadOptions::default(),
+            normalize: NormalizeOptions::default(),
+            encode: EncodeOptions { max_length: Some(2048), ..EncodeOptions::default() },
+            max_samples: None,
+            eval_fraction: 0.0,
+            overwrite: false,
+            vocab_size: None,
+        }
+    }
+}
+
+/// Totals of one split.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitStats {
+    /// File name inside the dataset directory.
+    pub file: String,
+    /// Samples.
+    pub samples: u64,
+    /// Tokens.
+    pub tokens: u64,
+    /// Tokens under the loss mask.
+    pub masked_tokens: u64,
+}
+
+/// Samples whose length is in `(previous bucket's max_tokens, max_tokens]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LengthBucket {
+    /// Upper bound (inclusive) of the bucket.
+    pub max_tokens: u64,
+    /// Samples in it.
+    pub samples: u64,
+}
+
+/// What [`prepare`] did; saved as `report.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrepareReport {
+    /// [`PREPARED_FORMAT`].
+    pub format: String,
+    /// The input.
+    pub data: PathBuf,
+    /// The tokenizer directory.
+    pub tokenizer: PathBuf,
+    /// sha256 of `tokenizer.json`.
+    pub tokenizer_digest: String,
+    /// Target vocabulary size V.
+    pub vocab_size: usize,
+    /// The template's name.
+    pub template: String,
+    /// sha256 of the template source.
+    pub template_digest: String,
+    /// Truncation length.
+    pub max_length: Option<usize>,
+    /// Share of source ids sent to eval.
+    pub eval_fraction: f64,
+    /// System prompt injected, if any.
+    pub system_prompt: Option<String>,
+    /// What the reader met (truncation, malformed records).
+    pub read: ReadReport,
+    /// Conversations kept, dropped and trimmed per reason (malformed records included).
+    pub conversations: NormalizeReport,
+    /// The first few rejection messages (template errors and the like).
+    pub rejection_examples: Vec<String>,
+    /// Per split.
+    pub splits: BTreeMap<String, SplitStats>,
+    /// Samples written.
+    pub samples: u64,
+    /// Tokens written.
+    pub tokens: u64,
+    /// Tokens under the loss mask.
+    pub masked_tokens: u64,
+    /// Sample lengths in power-of-two buckets from 64 up.
+    pub length_histogram: Vec<LengthBucket>,
+}
+
+/// Progress of a running [`prepare`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareProgress {
+    /// Input consumed, in `unit`.
+    pub done: u64,
+    /// Input size, in `unit`.
+    pub total: u64,
+    /// Bytes (JSON) or rows (parquet).
+    pub unit: ProgressUnit,
+    /// Records read.
+    pub records: u64,
+    /// Samples written.
+    pub samples: u64,
+}
+
+/// Which split a source id belongs to: eval when the first 8 bytes of sha256(id), as a
+/// fraction of 2^64, are below `eval_fraction`.
+pub fn split_of(source_id: &str, eval_fraction: f64) -> &'static str {
+    if eval_fraction <= 0.0 {
+        return TRAIN;
+    }
+    let h = Sha256::digest(source_id.as_bytes());
+    let x = u64::from_be_bytes(h[..8].try_into().expect("8 bytes"));
+    if (x as f64) < eval_fraction * 2f64.powi(64) { EVAL } else { TRAIN }
+}
+
+fn bucket_of(len: u64) -> u64 {
+    len.max(64).next_power_of_two()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn check_options(opts: &PrepareOptions) -> Result<()> {
+    if !(0.0..1.0).contains(&opts.eval_fraction) {
+        return Err(Error::InvalidOption(format!("eval fraction {} is not in [0, 1)", opts.eval_fraction)));
+    }
+    if opts.max_samples == Some(0) {
+        return Err(Error::InvalidOption("max_samples must be at least 1".into()));
+    }
+    std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
+    let existing: Vec<_> = [REPORT_FILE, "train.parquet", "eval.parquet"]
+        .iter()
+        .map(|f| opts.out.join(f))
+        .filter(|p| p.exists())
+        .collect();
+    if !existing.is_empty() && !opts.overwrite {
+        return Err(Error::InvalidOption(format!(
+            "{} already holds a prepared dataset ({}); choose another directory or overwrite it",
+            opts.out.display(),
+            existing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Prepare `opts.data` into `opts.out`; `progress` is called every few records.
+pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)) -> Result<PrepareReport> {
+    check_options(opts)?;
+    let tok = TokenizerFiles::load(&opts.tokenizer)?;
+    let template = ChatTemplate::resolve(&opts.template, &tok)?;
+    let encoder = ChatEncoder::new(&template, &tok.tokenizer, opts.encode.clone())?;
+    let vocab_size = opts.vocab_size.unwrap_or_else(|| tok.vocab_size());
+    let mut reader = ConversationReader::open(&opts.data, &opts.read)?;
+    let metadata = vec![
+        ("aerie.format".to_owned(), PREPARED_FORMAT.to_owned()),
+        ("aerie.tokenizer_digest".to_owned(), tok.digest.clone()),
+        ("aerie.template".to_owned(), template.name().to_owned()),
+        ("aerie.vocab_size".to_owned(), vocab_size.to_string()),
+    ];
+    let mut split_names = vec![TRAIN];
+    if opts.eval_fraction > 0.0 {
+        split_names.push(EVAL);
+    }
+    let mut writers = BTreeMap::new();
+    for name in &split_names {
+        let path = opts.out.join(format!("{name}.parquet"));
+        writers.insert(*name, writer::SplitWriter::create(&path, &metadata)?);
+    }
+    let mut conversations = NormalizeReport::default();
+    let mut examples = Vec::new();
+    let mut histogram: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut samples = 0u64;
+    let mut last_report = 0u64;
+    while let Some(raw) = reader.next() {
+        let raw = raw?;
+        conversations.count_roles(&raw);
+        let index = raw.index;
+        let normalized = match normalize(raw, &opts.normalize) {
+            Ok(n) => n,
+            Err(reason) => {
+                conversations.drop(reason);
+                continue;
+            }
+        };
+        let conv = normalized.conversation;
+        let sample = match encoder.encode(&conv)? {
+            Ok(s) => s,
+            Err(rejected) => {
+                conversations.drop(rejected.reason);
+                if examples.len() < MAX_EXAMPLES {
+                    examples.push(format!("{} ({:?}): {}", conv.id, rejected.reason, rejected.message));
+                }
+                continue;
+            }
+        };
+        let mut trims = normalized.trims;
+        trims.extend(sample.trims.iter().copied());
+        conversations.keep(&trims);
+        let split = split_of(&conv.id, opts.eval_fraction);
+        let w = writers.get_mut(split).expect("split writer exists");
+        w.push(&sample.input_ids, &sample.loss_mask, &conv.id, index as i64)?;
+        *histogram.entry(bucket_of(sample.input_ids.len() as u64)).or_default() += 1;
+        samples += 1;
+        let records = reader.report().records;
+        if records - last_report >= 64 {
+            last_report = records;
+            let (done, total, unit) = reader.progress();
+            progress(&PrepareProgress { done, total, unit, records, samples });
+        }
+        if opts.max_samples.is_some_and(|m| samples >= m) {
+            break;
+        }
+    }
+    let (done, total, unit) = reader.progress();
+    let read = reader.into_report();
+    progress(&PrepareProgress { done, total, unit, records: read.records, samples });
+    for _ in 0..read.malformed {
+        conversations.drop(DropReason::Malformed);
+    }
+    if samples == 0 {
+        return Err(Error::Input {
+            path: opts.data.clone(),
+            at: format!("{} records", read.records),
+            message: format!(
+                "no sample kept; dropped per reason: {}{}",
+                serde_json::to_string(&conversations.dropped).unwrap_or_default(),
+                examples.first().map(|e| format!("; first rejection: {e}")).unwrap_or_default()
+            ),
+        });
+    }
+    let mut splits = BTreeMap::new();
+    for (name, w) in writers {
+        splits.insert(name.to_owned(), w.finish()?);
+    }
+    if opts.eval_fraction <= 0.0 {
+        let stale = opts.out.join("eval.parquet");
+        if stale.exists() {
+            std::fs::remove_file(&stale).map_err(|e| Error::io(&stale, e))?;
+        }
+    }
+    let max_bucket = histogram.keys().max().copied().unwrap_or(64);
+    let mut length_histogram = Vec::new();
+    let mut b = 64;
+    while b <= max_bucket {
+        length_histogram.push(LengthBucket { max_tokens: b, samples: histogram.get(&b).copied().unwrap_or(0) });
+        b *= 2;
+    }
+    let report = PrepareReport {
+        format: PREPARED_FORMAT.into(),
+        data: opts.data.clone(),
+        tokenizer: tok.dir.clone(),
+        tokenizer_digest: tok.digest.clone(),
+        vocab_size,
+        template: template.name().to_owned(),
+        template_digest: hex(&Sha256::digest(template.source().as_bytes())),
+        max_length: opts.encode.max_length,
+        eval_fraction: opts.eval_fraction,
+        system_prompt: opts.encode.system_prompt.clone(),
+        read,
+        conversations,
+        rejection_examples: examples,
+        samples,
+        tokens: splits.values().map(|s| s.tokens).sum(),
+        masked_tokens: splits.values().map(|s| s.masked_tokens).sum(),
+        splits,
+        length_histogram,
+    };
+    let json = serde_json::to_vec_pretty(&report).map_err(|e| Error::InvalidOption(e.to_string()))?;
+    writer::write_bytes_atomic(&opts.out.join(REPORT_FILE), &json)?;
+    Ok(report)
+}
+
+/// Whether `dir` holds a prepared dataset (a `report.json`).
+pub fn is_prepared_dir(dir: &Path) -> bool {
+    dir.join(REPORT_FILE).is_file()
+}

@@ -1,0 +1,199 @@
+//! The JSON shape of one conversation record, shared by the ShareGPT-array and JSONL readers:
+//! a `conversations` (ShareGPT) or `messages` (OpenAI) list of `{from, value}` or
+//! `{role, content}` turns, and an optional `id` (string or number). Unknown keys are ignored.
+//! Content may be a string, `null` (empty) or a list of OpenAI content parts, whose `text`
+//! parts are concatenated.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::conversation::{RawConversation, RawTurn};
+
+#[derive(Deserialize)]
+struct RecordDe {
+    #[serde(default)]
+    id: Option<Id>,
+    #[serde(default)]
+    conversations: Option<Vec<TurnDe>>,
+    #[serde(default)]
+    messages: Option<Vec<TurnDe>>,
+}
+
+#[derive(Deserialize)]
+struct TurnDe {
+    #[serde(default)]
+    from: Option<String>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    value: Option<Content>,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+/// Why a record could not be parsed.
+#[derive(Debug)]
+pub(crate) enum RecordError {
+    /// Not JSON, or not of the record's shape (serde's message has the line/column inside the
+    /// record).
+    Json(serde_json::Error),
+    /// Neither list is present.
+    NoTurns,
+}
+
+impl RecordError {
+    /// Whether the JSON simply ends too early (a cut file).
+    pub(crate) fn is_eof(&self) -> bool {
+        matches!(self, RecordError::Json(e) if e.is_eof())
+    }
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::Json(e) => write!(f, "{e}"),
+            RecordError::NoTurns => f.write_str("no `conversations` or `messages` list"),
+        }
+    }
+}
+
+/// Parse one record from JSON bytes.
+pub(crate) fn parse_record(bytes: &[u8], index: u64) -> Result<RawConversation, RecordError> {
+    let rec: RecordDe = serde_json::from_slice(bytes).map_err(RecordError::Json)?;
+    let turns = match (rec.conversations, rec.messages) {
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => return Err(RecordError::NoTurns),
+    };
+    Ok(RawConversation {
+        id: rec.id.map(|i| i.0),
+        index,
+        turns: turns
+            .into_iter()
+            .map(|t| RawTurn {
+                role: t.from.or(t.role).unwrap_or_default(),
+                content: t.value.or(t.content).map(|c| c.0).unwrap_or_default(),
+            })
+            .collect(),
+    })
+}
+
+/// An id: a JSON string or number, kept as text.
+struct Id(String);
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Id;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or number id")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Id, E> {
+                Ok(Id(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Id, E> {
+                Ok(Id(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Id, E> {
+                Ok(Id(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Id, E> {
+                Ok(Id(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Id, E> {
+                Ok(Id(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Turn content: a string, `null`, or a list of content parts (`{"type": "text", "text": ..}`
+/// or plain strings), concatenated.
+struct Content(String);
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, null, or a list of content parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+                Ok(Content(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Content, E> {
+                Ok(Content(v))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
+                Ok(Content(String::new()))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Content, E> {
+                Ok(Content(String::new()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+                let mut text = String::new();
+                while let Some(part) = seq.next_element::<Part>()? {
+                    text.push_str(&part.0);
+                }
+                Ok(Content(text))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One content part: its text, or nothing for non-text parts (images, audio).
+struct Part(String);
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Part;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a content part")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Part, E> {
+                Ok(Part(v.to_owned()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Part, A::Error> {
+                let mut text = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "text" {
+                        text = map.next_value::<Option<String>>()?;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(Part(text.unwrap_or_default()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_dialects_and_content_shapes() {
+        let r = parse_record(
+            br#"{"id": 7, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, "b"]}, {"role": "assistant", "content": null}]}"#,
+            3,
+        )
+        .unwrap();
+        assert_eq!(r.id.as_deref(), Some("7"));
+        assert_eq!(r.turns[0].content, "ab");
+        assert_eq!(r.turns[1].content, "");
+        let r = parse_record(br#"{"conversations": [{"from": "gpt", "value": "x", "extra": 1}]}"#, 0).unwrap();
+        assert_eq!((r.id, r.turns[0].role.as_str()), (None, "gpt"));
+        assert!(parse_record(br#"{"id": "x"}"#, 0).unwrap_err().to_string().contains("conversations"));
+        assert!(parse_record(br#"{"conversations": [{"#, 0).unwrap_err().is_eof());
+        assert!(parse_record(br#"{"conversations": 5}"#, 0).is_err());
+    }
+}

@@ -1,0 +1,267 @@
+//! Token ids and the loss mask of a conversation: 1 on every assistant turn's content and its
+//! end-of-turn token, 0 elsewhere (eagle3.md §3 trains on those positions only).
+//!
+//! # How assistant spans are found
+//!
+//! No byte offsets of any template are assumed. For each assistant message `i` the template
+//! renders twice more: the prefix `messages[..i]` with `add_generation_prompt=true` (text `P_i`,
+//! ending where the model starts to answer) and `messages[..=i]` without it (text `Q_i`, ending
+//! after the turn's closing markup). Both must be prefixes of the full render `R`; then the
+//! assistant span is `R[len(P_i)..len(Q_i)]`. Templates that rewrite earlier turns depending
+//! on what follows (prefix-unstable ones) are detected here: the conversation is cut before the
+//! first assistant turn for which the check fails ([`TrimReason::TemplateNotPrefixStable`]), or
+//! dropped if that is the first one.
+//!
+//! `R` is tokenised once (no special tokens added: the template carries them, as in
+//! `apply_chat_template(tokenize=True)`), with byte offsets. A token belongs to a span when its
+//! byte range overlaps it; a merge across a span edge (rare: templates put a newline or a
+//! special token there) thus counts toward the assistant side. Inside the span, tokens after
+//! the span's last special token (the end-of-turn token: `<|im_end|>`, `<|eot_id|>`) are not
+//! trained on, so the newline ChatML puts after `<|im_end|>` stays out of the mask. A span with
+//! no special token is trained on up to its last non-whitespace token.
+//!
+//! # Truncation
+//!
+//! Samples longer than `max_length` tokens keep their first `max_length` tokens (the head: the
+//! system prompt and first turns), counted as [`TrimReason::TruncatedToMaxLength`]; a sample
+//! left with no masked token is dropped ([`DropReason::NoMaskedTokens`]).
+
+use std::collections::{BTreeMap, HashSet};
+
+use tokenizers::Tokenizer;
+
+use super::ChatTemplate;
+use crate::conversation::{Conversation, DropReason, Role, TrimReason};
+use crate::{Error, Result};
+
+/// Options of [`ChatEncoder`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// Keep at most this many tokens (the head).
+    pub max_length: Option<usize>,
+    /// Put this system prompt in front of conversations that have none.
+    pub system_prompt: Option<String>,
+    /// With `system_prompt`: also replace existing system prompts.
+    pub replace_system_prompt: bool,
+    /// Extra template variables (transformers' `**kwargs`), as JSON.
+    pub template_kwargs: BTreeMap<String, serde_json::Value>,
+}
+
+/// A tokenised conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedSample {
+    /// Token ids.
+    pub input_ids: Vec<u32>,
+    /// 1 on assistant content and end-of-turn tokens.
+    pub loss_mask: Vec<u8>,
+    /// What was changed ([`TrimReason::TruncatedToMaxLength`], prefix-stability cuts).
+    pub trims: Vec<TrimReason>,
+    /// Assistant turns whose span was located (before truncation).
+    pub assistant_turns: usize,
+}
+
+impl EncodedSample {
+    /// Number of masked tokens.
+    pub fn masked_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|&&m| m != 0).count()
+    }
+}
+
+/// Why a conversation yields no sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// The counted reason.
+    pub reason: DropReason,
+    /// Details (the template's message).
+    pub message: String,
+}
+
+/// Renders conversations with a template and tokenises them with their loss mask.
+pub struct ChatEncoder<'a> {
+    template: &'a ChatTemplate,
+    tokenizer: &'a Tokenizer,
+    special_ids: HashSet<u32>,
+    opts: EncodeOptions,
+}
+
+impl std::fmt::Debug for ChatEncoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatEncoder")
+            .field("template", &self.template.name())
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Outcome of locating assistant spans in one render.
+enum Spans {
+    Found(Vec<(usize, usize)>),
+    /// Assistant message `index` is the first whose prefix renders are not prefixes of the
+    /// full render.
+    Unstable {
+        index: usize,
+    },
+}
+
+impl<'a> ChatEncoder<'a> {
+    /// An encoder; `tokenizer` should have truncation and padding off (as
+    /// [`crate::tokenizer::TokenizerFiles`] loads it).
+    pub fn new(template: &'a ChatTemplate, tokenizer: &'a Tokenizer, opts: EncodeOptions) -> Result<Self> {
+        if opts.max_length == Some(0) {
+            return Err(Error::InvalidOption("max_length must be at least 1".into()));
+        }
+        let special_ids =
+            tokenizer.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        Ok(Self { template, tokenizer, special_ids, opts })
+    }
+
+    fn render(
+        &self,
+        messages: &[crate::conversation::Message],
+        generation_prompt: bool,
+    ) -> std::result::Result<String, Rejected> {
+        self.template.render_with(messages, generation_prompt, &self.opts.template_kwargs).map_err(|e| Rejected {
+            reason: DropReason::TemplateError,
+            message: match e {
+                Error::Template { message, .. } => message,
+                other => other.to_string(),
+            },
+        })
+    }
+
+    /// Render and tokenise `conv`. `Ok(Err(_))` is a conversation that yields no sample (counted
+    /// by its reason); `Err(_)` is a tokenizer failure.
+    pub fn encode(&self, conv: &Conversation) -> Result<std::result::Result<EncodedSample, Rejected>> {
+        let mut messages = conv.messages.clone();
+        if let Some(prompt) = &self.opts.system_prompt {
+            let mut c = Conversation { id: String::new(), messages };
+            c.inject_system_prompt(prompt, self.opts.replace_system_prompt);
+            messages = c.messages;
+        }
+        let mut trims = Vec::new();
+        loop {
+            let full = match self.render(&messages, false) {
+                Ok(s) => s,
+                Err(r) => return Ok(Err(r)),
+            };
+            let enc = self.tokenizer.encode(full.as_str(), false).map_err(|e| Error::Tokenizer {
+                path: "tokenizer.json".into(),
+                message: format!("cannot encode conversation `{}`: {e}", conv.id),
+            })?;
+            let offsets = enc.get_offsets();
+            let limit = self.opts.max_length.unwrap_or(usize::MAX);
+            let cut_byte = if enc.len() > limit { offsets[limit].0 } else { full.len() };
+            let spans = match self.assistant_spans(&messages, &full, cut_byte) {
+                Ok(s) => s,
+                Err(r) => return Ok(Err(r)),
+            };
+            let spans = match spans {
+                Spans::Found(s) => s,
+                Spans::Unstable { index } => {
+                    let prev = messages[..index].iter().rposition(|m| m.role == Role::Assistant);
+                    match prev {
+                        Some(p) => {
+                            messages.truncate(p + 1);
+                            trims.push(TrimReason::TemplateNotPrefixStable);
+                            continue;
+                        }
+                        None => {
+                            return Ok(Err(Rejected {
+                                reason: DropReason::TemplateNotPrefixStable,
+                                message: format!(
+                                    "rendering the conversation up to assistant turn {index} is \
+                                     not a prefix of rendering all of it"
+                                ),
+                            }));
+                        }
+                    }
+                }
+            };
+            let ids = enc.get_ids();
+            let mut mask = vec![0u8; ids.len()];
+            self.mask_spans(&spans, ids, offsets, &full, &mut mask);
+            let mut input_ids = ids.to_vec();
+            if input_ids.len() > limit {
+                input_ids.truncate(limit);
+                mask.truncate(limit);
+                trims.push(TrimReason::TruncatedToMaxLength);
+            }
+            let sample = EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns: spans.len() };
+            if sample.masked_tokens() == 0 {
+                return Ok(Err(Rejected {
+                    reason: DropReason::NoMaskedTokens,
+                    message: format!("no assistant token within the first {} tokens", sample.input_ids.len()),
+                }));
+            }
+            return Ok(Ok(sample));
+        }
+    }
+
+    /// Byte spans of the assistant turns in `full`, up to the first one starting at or after
+    /// `cut_byte` (invisible after truncation).
+    fn assistant_spans(
+        &self,
+        messages: &[crate::conversation::Message],
+        full: &str,
+        cut_byte: usize,
+    ) -> std::result::Result<Spans, Rejected> {
+        let mut spans = Vec::new();
+        for (i, m) in messages.iter().enumerate() {
+            if m.role != Role::Assistant {
+                continue;
+            }
+            let prompt = self.render(&messages[..i], true)?;
+            if !full.starts_with(&prompt) {
+                return Ok(Spans::Unstable { index: i });
+            }
+            if prompt.len() >= cut_byte {
+                break;
+            }
+            let upto = self.render(&messages[..=i], false)?;
+            if !full.starts_with(&upto) || upto.len() < prompt.len() {
+                return Ok(Spans::Unstable { index: i });
+            }
+            spans.push((prompt.len(), upto.len()));
+        }
+        Ok(Spans::Found(spans))
+    }
+
+    /// Set `mask` on the tokens of each span, up to its last special token (or its last
+    /// non-whitespace token when it has none).
+    fn mask_spans(
+        &self,
+        spans: &[(usize, usize)],
+        ids: &[u32],
+        offsets: &[(usize, usize)],
+        full: &str,
+        mask: &mut [u8],
+    ) {
+        let overlaps = |(s, e): (usize, usize), (a, b): (usize, usize)| {
+            if s == e { a <= s && s < b } else { s < b && e > a }
+        };
+        let mut t = 0;
+        for &span in spans {
+            while t < ids.len() && offsets[t].1 <= span.0 && !overlaps(offsets[t], span) {
+                t += 1;
+            }
+            let first = t;
+            let mut last_special = None;
+            let mut last_text = None;
+            let mut j = first;
+            while j < ids.len() && overlaps(offsets[j], span) {
+                if self.special_ids.contains(&ids[j]) {
+                    last_special = Some(j);
+                }
+                let (s, e) = offsets[j];
+                if full.get(s..e).is_none_or(|text| !text.trim().is_empty()) {
+                    last_text = Some(j);
+                }
+                j += 1;
+            }
+            if let Some(end) = last_special.or(last_text) {
+                mask[first..=end].fill(1);
+            }
+            t = j;
+        }
+    }
+}

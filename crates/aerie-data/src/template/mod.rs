@@ -1,0 +1,259 @@
+//! Chat templates: a model's own Jinja template (from `tokenizer_config.json`,
+//! `chat_template.jinja` or `chat_template.json`) or a built-in one, rendered with minijinja the
+//! way transformers' `apply_chat_template` renders it, and [`ChatEncoder`], which turns a
+//! conversation into token ids plus the loss mask over assistant turns.
+//!
+//! Rendering matches transformers' Jinja environment: `trim_blocks` and `lstrip_blocks` on, loop
+//! controls (`break`/`continue`), the globals `raise_exception` and `strftime_now`, transformers'
+//! own `tojson` (`json.dumps`, not Jinja's HTML-safe one), Python string/dict methods
+//! (minijinja-contrib pycompat), Python printing of `None`/`True`/floats, and the context
+//! `messages`, `add_generation_prompt`, `tools=None`, `documents=None` plus the tokenizer's
+//! special-token strings (`bos_token`, `eos_token`, ...). transformers' `{% generation %}`
+//! markers are accepted and ignored.
+
+mod builtins;
+mod mask;
+mod python;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use minijinja::Value;
+use minijinja::syntax::SyntaxConfig;
+
+use crate::conversation::Message;
+use crate::tokenizer::TokenizerFiles;
+use crate::{Error, Result};
+
+pub use builtins::{BUILTINS, BuiltinTemplate};
+pub use mask::{ChatEncoder, EncodeOptions, EncodedSample, Rejected};
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// Which template to use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TemplateChoice {
+    /// The tokenizer's own template (its default one when it has several); an error when it
+    /// has none.
+    #[default]
+    Auto,
+    /// A built-in template.
+    Builtin(BuiltinTemplate),
+    /// A named template of the tokenizer's list (`tool_use`, ...).
+    Named(String),
+    /// A Jinja file.
+    File(PathBuf),
+}
+
+impl std::str::FromStr for TemplateChoice {
+    type Err = Error;
+
+    /// `auto`, a built-in name (`chatml`, `llama3`, `kimi-k2`), a path to a `.jinja` file (or any
+    /// existing file), or the name of one of the tokenizer's templates.
+    fn from_str(s: &str) -> Result<Self> {
+        if s.is_empty() {
+            return Err(Error::InvalidOption("empty template name".into()));
+        }
+        Ok(if s == "auto" {
+            TemplateChoice::Auto
+        } else if let Some(b) = BuiltinTemplate::from_name(s) {
+            TemplateChoice::Builtin(b)
+        } else if s.ends_with(".jinja") || Path::new(s).is_file() {
+            TemplateChoice::File(PathBuf::from(s))
+        } else {
+            TemplateChoice::Named(s.to_owned())
+        })
+    }
+}
+
+/// A compiled chat template and the special-token strings it is rendered with.
+pub struct ChatTemplate {
+    name: String,
+    source: String,
+    env: minijinja::Environment<'static>,
+    special_tokens: BTreeMap<String, Value>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("name", &self.name)
+            .field("special_tokens", &self.special_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Remove transformers' `{% generation %}` / `{% endgeneration %}` markers (an extension that
+/// only records assistant spans; it renders nothing).
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(i) = rest.find("{%") {
+        out.push_str(&rest[..i]);
+        let tag = &rest[i..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = tag[2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        if inner != "generation" && inner != "endgeneration" {
+            out.push_str(&tag[..end + 2]);
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+impl ChatTemplate {
+    /// Compile `source` under `name` (used in error messages).
+    pub fn from_source(name: impl Into<String>, source: impl Into<String>) -> Result<Self> {
+        let name = name.into();
+        let source = source.into();
+        let mut env = minijinja::Environment::new();
+        env.set_syntax(
+            SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .keep_trailing_newline(false)
+                .build()
+                .expect("default delimiters are valid"),
+        );
+        env.set_formatter(python::format_value);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", python::tojson);
+        env.add_function("raise_exception", python::raise_exception);
+        env.add_function("strftime_now", python::strftime_now);
+        env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(&source))
+            .map_err(|e| Error::Template { template: name.clone(), message: format!("does not compile: {e:#}") })?;
+        Ok(Self { name, source, env, special_tokens: BTreeMap::new() })
+    }
+
+    /// A built-in template with its own special-token strings.
+    pub fn builtin(which: BuiltinTemplate) -> Self {
+        let mut t = Self::from_source(which.name(), which.source()).expect("built-in templates compile");
+        for (k, v) in which.special_tokens() {
+            t.special_tokens.insert((*k).into(), Value::from(*v));
+        }
+        t
+    }
+
+    /// The template `choice` names, for the tokenizer in `tokenizer`. A model's own template is
+    /// rendered with the tokenizer's special-token strings.
+    pub fn resolve(choice: &TemplateChoice, tokenizer: &TokenizerFiles) -> Result<Self> {
+        let mut t = match choice {
+            TemplateChoice::Builtin(b) => return Ok(Self::builtin(*b)),
+            TemplateChoice::File(path) => {
+                let source = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                Self::from_source(path.display().to_string(), source)?
+            }
+            TemplateChoice::Auto => {
+                let (name, source) = tokenizer.chat_template(None)?.ok_or_else(|| Error::Template {
+                    template: "auto".into(),
+                    message: format!(
+                        "{} has no chat template (no `chat_template` in tokenizer_config.json, no \
+                         chat_template.jinja); choose one with --template ({} or a .jinja file)",
+                        tokenizer.dir.display(),
+                        BUILTINS.map(|b| b.name()).join(", ")
+                    ),
+                })?;
+                Self::from_source(name, source)?
+            }
+            TemplateChoice::Named(n) => {
+                let (name, source) = tokenizer.chat_template(Some(n))?.ok_or_else(|| Error::Template {
+                    template: n.clone(),
+                    message: format!(
+                        "not a built-in template ({}) and {} has no template of that name",
+                        BUILTINS.map(|b| b.name()).join(", "),
+                        tokenizer.dir.display()
+                    ),
+                })?;
+                Self::from_source(name, source)?
+            }
+        };
+        for (k, v) in tokenizer.special_tokens() {
+            t.special_tokens.insert(k, v);
+        }
+        Ok(t)
+    }
+
+    /// Set (or override) a special-token variable such as `bos_token`.
+    pub fn set_special_token(&mut self, name: &str, value: &str) {
+        self.special_tokens.insert(name.into(), Value::from(value));
+    }
+
+    /// The template's name: a built-in name, `tokenizer_config.json` (with the entry name when
+    /// the config lists several), or the file path.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Render `messages` as transformers' `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=...)` would.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, &BTreeMap::new())
+    }
+
+    /// [`Self::render`] with extra template variables (transformers' `**kwargs`, e.g. `tools`
+    /// or `enable_thinking`), given as JSON.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<String> {
+        let msgs: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from_pairs([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        let mut ctx: Vec<(&str, Value)> = self.special_tokens.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        ctx.push(("messages", Value::from(msgs)));
+        ctx.push(("tools", Value::from(())));
+        ctx.push(("documents", Value::from(())));
+        ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
+        for (k, v) in extra {
+            ctx.push((k.as_str(), python::json_to_value(v)));
+        }
+        let tmpl = self.env.get_template(TEMPLATE_NAME).expect("the template was added at construction");
+        tmpl.render(Value::from_pairs(ctx))
+            .map_err(|e| Error::Template { template: self.name.clone(), message: render_error_message(&e) })
+    }
+}
+
+/// The useful part of a render error: a template's own `raise_exception` text alone, anything
+/// else with the engine's location.
+fn render_error_message(e: &minijinja::Error) -> String {
+    match e.detail() {
+        Some(d) if d.starts_with(python::RAISED) => d.to_owned(),
+        _ => format!("{e:#}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_tags_are_stripped() {
+        let s = strip_generation_tags("a{% generation %}b{%- endgeneration -%}c{% if x %}d{% endif %}");
+        assert_eq!(s, "abc{% if x %}d{% endif %}");
+    }
+
+    #[test]
+    fn choice_parsing() {
+        assert_eq!("auto".parse::<TemplateChoice>().unwrap(), TemplateChoice::Auto);
+        assert_eq!("Kimi-K2".parse::<TemplateChoice>().unwrap(), TemplateChoice::Builtin(BuiltinTemplate::KimiK2));
+        assert_eq!("x.jinja".parse::<TemplateChoice>().unwrap(), TemplateChoice::File("x.jinja".into()));
+        assert_eq!("tool_use".parse::<TemplateChoice>().unwrap(), TemplateChoice::Named("tool_use".into()));
+    }
+}

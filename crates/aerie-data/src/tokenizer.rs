@@ -1,0 +1,172 @@
+//! A tokenizer directory as Hugging Face lays it out: `tokenizer.json` (the `tokenizers`
+//! pipeline), `tokenizer_config.json` (special-token strings, `chat_template` as one string or a
+//! list of named templates), optionally `chat_template.jinja` / `chat_template.json` (where
+//! recent transformers save the template) and `config.json` (the model's `vocab_size`, which may
+//! exceed the tokenizer's: embedding rows are padded).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use minijinja::Value;
+use serde_json::{Map, Value as Json};
+use tokenizers::Tokenizer;
+
+use crate::{Error, Result};
+
+/// The files of a tokenizer directory, loaded.
+pub struct TokenizerFiles {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The tokenizer, with any truncation or padding from `tokenizer.json` switched off.
+    pub tokenizer: Tokenizer,
+    /// `tokenizer_config.json`, empty when absent.
+    pub config: Map<String, Json>,
+    /// sha256 of `tokenizer.json`, hex.
+    pub digest: String,
+    /// Largest token id + 1, added tokens included.
+    pub tokenizer_vocab_size: usize,
+    /// `vocab_size` of `config.json` (or its `text_config`), when present.
+    pub model_vocab_size: Option<usize>,
+}
+
+impl std::fmt::Debug for TokenizerFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenizerFiles")
+            .field("dir", &self.dir)
+            .field("digest", &self.digest)
+            .field("tokenizer_vocab_size", &self.tokenizer_vocab_size)
+            .field("model_vocab_size", &self.model_vocab_size)
+            .finish_non_exhaustive()
+    }
+}
+
+fn tok_err(path: &Path, message: impl Into<String>) -> Error {
+    Error::Tokenizer { path: path.to_owned(), message: message.into() }
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).map(Some).map_err(|e| tok_err(path, format!("not valid JSON: {e}")))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// A special-token entry: a plain string, or transformers' serialised `AddedToken`
+/// (`{"content": "<s>", ...}`).
+fn token_string(v: &Json) -> Option<&str> {
+    match v {
+        Json::String(s) => Some(s),
+        Json::Object(o) => o.get("content").and_then(Json::as_str),
+        _ => None,
+    }
+}
+
+impl TokenizerFiles {
+    /// Load `path`: a directory holding `tokenizer.json`, or the `tokenizer.json` file itself.
+    pub fn load(path: &Path) -> Result<Self> {
+        let (dir, file) = if path.is_dir() {
+            (path.to_owned(), path.join("tokenizer.json"))
+        } else {
+            (path.parent().unwrap_or(Path::new(".")).to_owned(), path.to_owned())
+        };
+        if !file.is_file() {
+            return Err(tok_err(&file, "no tokenizer.json (a Hugging Face `tokenizers` file is needed)"));
+        }
+        let mut tokenizer = Tokenizer::from_file(&file).map_err(|e| tok_err(&file, format!("cannot load: {e}")))?;
+        tokenizer.with_truncation(None).map_err(|e| tok_err(&file, format!("cannot disable truncation: {e}")))?;
+        tokenizer.with_padding(None);
+        let digest = crate::shard::sha256_file(&file)?;
+        let tokenizer_vocab_size = tokenizer.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
+        let config = match read_json(&dir.join("tokenizer_config.json"))? {
+            Some(Json::Object(m)) => m,
+            Some(_) => {
+                return Err(tok_err(&dir.join("tokenizer_config.json"), "not a JSON object"));
+            }
+            None => Map::new(),
+        };
+        let model_vocab_size = read_json(&dir.join("config.json"))?.and_then(|c| {
+            c.get("vocab_size")
+                .or_else(|| c.get("text_config").and_then(|t| t.get("vocab_size")))
+                .and_then(Json::as_u64)
+                .map(|v| v as usize)
+        });
+        Ok(Self { dir, tokenizer, config, digest, tokenizer_vocab_size, model_vocab_size })
+    }
+
+    /// The target vocabulary size V: the model's `vocab_size` when `config.json` gives one
+    /// (never below the tokenizer's), else the tokenizer's.
+    pub fn vocab_size(&self) -> usize {
+        self.model_vocab_size.unwrap_or(0).max(self.tokenizer_vocab_size)
+    }
+
+    /// The special-token variables a template is rendered with: every `*_token` string of
+    /// `tokenizer_config.json` (`bos_token`, `eos_token`, `pad_token`, ...) and
+    /// `additional_special_tokens`, as transformers passes `special_tokens_map`.
+    pub fn special_tokens(&self) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        for (k, v) in &self.config {
+            if k.ends_with("_token") {
+                if let Some(s) = token_string(v) {
+                    out.insert(k.clone(), Value::from(s));
+                }
+            } else if k == "additional_special_tokens" {
+                if let Some(list) = v.as_array() {
+                    let items: Vec<Value> = list.iter().filter_map(token_string).map(Value::from).collect();
+                    out.insert(k.clone(), Value::from(items));
+                }
+            }
+        }
+        out
+    }
+
+    /// The chat template called `name` (`None`: the default one) as (label, source). Looked up
+    /// in `chat_template.jinja` (which transformers prefers when present), then
+    /// `tokenizer_config.json`'s `chat_template` (a string, or a list of `{name, template}`),
+    /// then `chat_template.json`.
+    pub fn chat_template(&self, name: Option<&str>) -> Result<Option<(String, String)>> {
+        let cfg_path = self.dir.join("tokenizer_config.json");
+        let mut sources: Vec<(String, Json)> = Vec::new();
+        let jinja = self.dir.join("chat_template.jinja");
+        if jinja.is_file() {
+            let text = std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?;
+            sources.push((jinja.display().to_string(), Json::String(text)));
+        }
+        if let Some(t) = self.config.get("chat_template") {
+            sources.push((cfg_path.display().to_string(), t.clone()));
+        }
+        let json = self.dir.join("chat_template.json");
+        if let Some(Json::Object(o)) = read_json(&json)? {
+            if let Some(t) = o.get("chat_template") {
+                sources.push((json.display().to_string(), t.clone()));
+            }
+        }
+        for (label, value) in sources {
+            match (&value, name) {
+                (Json::String(s), None | Some("default")) => return Ok(Some((label, s.clone()))),
+                (Json::String(_), Some(_)) => {}
+                (Json::Array(list), _) => {
+                    let want = name.unwrap_or("default");
+                    for entry in list {
+                        let n = entry.get("name").and_then(Json::as_str);
+                        let t = entry.get("template").and_then(Json::as_str);
+                        if let (Some(n), Some(t)) = (n, t) {
+                            if n == want {
+                                return Ok(Some((format!("{label} [{n}]"), t.to_owned())));
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    return Err(tok_err(
+                        Path::new(&label),
+                        "`chat_template` is neither a string nor a list of {name, template}",
+                    ));
+                }
+            }
+        }
+        Ok(None)
+    }
+}

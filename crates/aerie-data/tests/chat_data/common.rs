@@ -1,0 +1,131 @@
+//! Shared fixtures: a tiny byte-level BPE tokenizer written as `tokenizer.json` (GPT-2 byte
+//! alphabet, a few merges, the special tokens of ChatML, Llama 3 and Kimi), tokenizer
+//! directories with a chat template, and conversation builders.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use aerie_data::conversation::{Conversation, Message, Role};
+use serde_json::json;
+
+/// Special tokens of the test tokenizer, ids 256 + index.
+pub const SPECIALS: [&str; 13] = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "[BOS]",
+    "[EOS]",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|endoftext|>",
+];
+
+/// Merges (after the 256 byte tokens and the specials), in priority order.
+const MERGES: [(&str, &str); 6] = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "s"), ("Ġ", "is"), ("Ċ", "Ċ")];
+
+/// GPT-2's byte → printable-character table.
+fn byte_chars() -> Vec<char> {
+    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let mut chars = vec!['\0'; 256];
+    let mut extra = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars[b as usize] = char::from_u32(256 + extra).unwrap();
+            extra += 1;
+        } else {
+            chars[b as usize] = char::from_u32(b).unwrap();
+        }
+    }
+    chars
+}
+
+/// Vocabulary size of the test tokenizer: 256 bytes + specials + merges.
+pub fn vocab_size() -> usize {
+    256 + SPECIALS.len() + MERGES.len()
+}
+
+/// The tokenizer.json text.
+pub fn tokenizer_json() -> String {
+    let chars = byte_chars();
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(b));
+    }
+    let merge_base = 256 + SPECIALS.len();
+    for (i, (a, b)) in MERGES.iter().enumerate() {
+        vocab.insert(format!("{a}{b}"), json!(merge_base + i));
+    }
+    let added: Vec<_> = SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            json!({"id": 256 + i, "content": s, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let merges: Vec<String> = MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect();
+    json!({
+        "version": "1.0",
+        "truncation": {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0},
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges}
+    })
+    .to_string()
+}
+
+/// A scratch directory (removed on drop).
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("aerie-chat-data-").tempdir().unwrap()
+}
+
+/// Write a tokenizer directory: tokenizer.json, tokenizer_config.json (with `template` as
+/// `chat_template` when given), config.json with `vocab_size` when given.
+pub fn tokenizer_dir(root: &Path, template: Option<&str>, model_vocab: Option<usize>) -> PathBuf {
+    let dir = root.join("tok");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
+    let mut cfg = json!({
+        "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>", "special": true},
+        "pad_token": "<|endoftext|>",
+    });
+    if let Some(t) = template {
+        cfg["chat_template"] = json!(t);
+    }
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    if let Some(v) = model_vocab {
+        std::fs::write(dir.join("config.json"), json!({"vocab_size": v}).to_string()).unwrap();
+    }
+    dir
+}
+
+/// A conversation from (role, content) pairs.
+pub fn conv(id: &str, turns: &[(Role, &str)]) -> Conversation {
+    Conversation {
+        id: id.into(),
+        messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(),
+    }
+}
+
+/// SmolLM2-135M-Instruct's chat template, as its GGUF metadata (`tokenizer.chat_template`)
+/// carries it.
+pub const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// A ShareGPT record as JSON text.
+pub fn sharegpt_record(id: &str, turns: &[(&str, &str)]) -> String {
+    let turns: Vec<_> = turns.iter().map(|(f, v)| json!({"from": f, "value": v})).collect();
+    json!({"id": id, "conversations": turns}).to_string()
+}

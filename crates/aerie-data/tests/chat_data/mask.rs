@@ -1,0 +1,166 @@
+//! Loss masks: decoded masked spans must be exactly each assistant turn's content plus its
+//! end-of-turn token, for every built-in format and a model's own Jinja template; truncation
+//! keeps the head; prefix-unstable templates are cut or dropped.
+
+use aerie_data::conversation::{Conversation, DropReason, Role, TrimReason};
+use aerie_data::template::{BuiltinTemplate, ChatEncoder, ChatTemplate, EncodeOptions, EncodedSample, Rejected};
+use aerie_data::tokenizer::TokenizerFiles;
+
+use super::common::{SMOLLM2_TEMPLATE, conv, tempdir, tokenizer_dir};
+
+fn tokenizer() -> (tempfile::TempDir, TokenizerFiles) {
+    let dir = tempdir();
+    let tok_dir = tokenizer_dir(dir.path(), None, None);
+    let tok = TokenizerFiles::load(&tok_dir).unwrap();
+    (dir, tok)
+}
+
+fn encode(t: &ChatTemplate, tok: &TokenizerFiles, c: &Conversation, opts: EncodeOptions) -> Result<EncodedSample, Rejected> {
+    ChatEncoder::new(t, &tok.tokenizer, opts).unwrap().encode(c).unwrap()
+}
+
+/// Decoded runs of consecutive masked tokens.
+fn masked_runs(tok: &TokenizerFiles, s: &EncodedSample) -> Vec<String> {
+    let mut runs = Vec::new();
+    let mut cur: Vec<u32> = Vec::new();
+    for (&id, &m) in s.input_ids.iter().zip(&s.loss_mask) {
+        if m == 1 {
+            cur.push(id);
+        } else if !cur.is_empty() {
+            runs.push(tok.tokenizer.decode(&cur, false).unwrap());
+            cur.clear();
+        }
+    }
+    if !cur.is_empty() {
+        runs.push(tok.tokenizer.decode(&cur, false).unwrap());
+    }
+    runs
+}
+
+fn chat() -> Conversation {
+    conv(
+        "c1",
+        &[
+            (Role::System, "You are terse."),
+            (Role::User, "What is the capital of France?"),
+            (Role::Assistant, "The capital of France is Paris."),
+            (Role::User, "And\nof Japan?"),
+            (Role::Assistant, "Tokyo — 東京.\n\nIt is the biggest city."),
+        ],
+    )
+}
+
+#[test]
+fn masked_spans_are_assistant_content_plus_end_of_turn() {
+    let (_d, tok) = tokenizer();
+    let cases = [
+        (ChatTemplate::builtin(BuiltinTemplate::ChatMl), "<|im_end|>"),
+        (ChatTemplate::builtin(BuiltinTemplate::Llama3), "<|eot_id|>"),
+        (ChatTemplate::builtin(BuiltinTemplate::KimiK2), "<|im_end|>"),
+        (ChatTemplate::from_source("smollm2", SMOLLM2_TEMPLATE).unwrap(), "<|im_end|>"),
+    ];
+    let c = chat();
+    for (t, eot) in &cases {
+        let s = encode(t, &tok, &c, EncodeOptions::default()).unwrap();
+        // The ids are the whole render, tokenised without added specials (the template has them).
+        let full = t.render(&c.messages, false).unwrap();
+        assert_eq!(tok.tokenizer.decode(&s.input_ids, false).unwrap(), full, "{}", t.name());
+        assert!(s.input_ids.len() > 8, "tokenizer.json's truncation must be off");
+        let want: Vec<String> = [2, 4].iter().map(|&i| format!("{}{eot}", c.messages[i].content)).collect();
+        assert_eq!(masked_runs(&tok, &s), want, "{}", t.name());
+        assert_eq!(s.assistant_turns, 2);
+        assert!(s.trims.is_empty());
+    }
+}
+
+#[test]
+fn system_prompt_injection() {
+    let (_d, tok) = tokenizer();
+    let t = ChatTemplate::builtin(BuiltinTemplate::ChatMl);
+    let c = conv("c", &[(Role::User, "u"), (Role::Assistant, "a")]);
+    let opts = EncodeOptions {
+        system_prompt: Some("SYS".into()),
+        ..EncodeOptions::default()
+    };
+    let s = encode(&t, &tok, &c, opts.clone()).unwrap();
+    let text = tok.tokenizer.decode(&s.input_ids, false).unwrap();
+    assert!(text.starts_with("<|im_start|>system\nSYS<|im_end|>\n"), "{text}");
+    // An existing system prompt is kept unless replacing is asked for.
+    let c2 = chat();
+    let s = encode(&t, &tok, &c2, opts.clone()).unwrap();
+    assert!(tok.tokenizer.decode(&s.input_ids, false).unwrap().contains("You are terse."));
+    let replace = EncodeOptions {
+        replace_system_prompt: true,
+        ..opts
+    };
+    let s = encode(&t, &tok, &c2, replace).unwrap();
+    let text = tok.tokenizer.decode(&s.input_ids, false).unwrap();
+    assert!(text.contains("SYS") && !text.contains("terse"), "{text}");
+}
+
+#[test]
+fn truncation_keeps_the_head_and_drops_samples_without_masked_tokens() {
+    let (_d, tok) = tokenizer();
+    let t = ChatTemplate::builtin(BuiltinTemplate::ChatMl);
+    let c = chat();
+    let full = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
+    // Cut inside the second assistant turn: its head stays masked.
+    let m = &full.loss_mask;
+    let starts: Vec<usize> = (0..m.len()).filter(|&i| m[i] == 1 && (i == 0 || m[i - 1] == 0)).collect();
+    assert_eq!(starts.len(), 2);
+    let max = starts[1] + 3;
+    let s = encode(&t, &tok, &c, EncodeOptions { max_length: Some(max), ..EncodeOptions::default() }).unwrap();
+    assert_eq!(s.input_ids, full.input_ids[..max]);
+    assert_eq!(s.loss_mask, full.loss_mask[..max]);
+    assert_eq!(s.trims, [TrimReason::TruncatedToMaxLength]);
+    // Cut before any assistant token: dropped.
+    let first_masked = full.loss_mask.iter().position(|&m| m == 1).unwrap();
+    let r = encode(&t, &tok, &c, EncodeOptions { max_length: Some(first_masked), ..EncodeOptions::default() }).unwrap_err();
+    assert_eq!(r.reason, DropReason::NoMaskedTokens);
+    // Exactly at full length: nothing trimmed.
+    let s = encode(&t, &tok, &c, EncodeOptions { max_length: Some(full.input_ids.len()), ..EncodeOptions::default() }).unwrap();
+    assert!(s.trims.is_empty());
+}
+
+#[test]
+fn prefix_unstable_templates_are_cut_or_dropped() {
+    let (_d, tok) = tokenizer();
+    // Marks message 2 only when it is the last one: the prompt of assistant turn 3 is not a
+    // prefix of the full render.
+    let t = ChatTemplate::from_source(
+        "unstable",
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|im_end|>{% if loop.index0 == 2 and loop.last %}!{% endif %}{% endfor %}\
+         {% if add_generation_prompt %}assistant:{% endif %}",
+    )
+    .unwrap();
+    let c = conv("c", &[(Role::User, "u1"), (Role::Assistant, "a1"), (Role::User, "u2"), (Role::Assistant, "a2")]);
+    let s = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
+    assert_eq!(s.trims, [TrimReason::TemplateNotPrefixStable]);
+    assert_eq!(tok.tokenizer.decode(&s.input_ids, false).unwrap(), "user:u1<|im_end|>assistant:a1<|im_end|>");
+    assert_eq!(masked_runs(&tok, &s), ["a1<|im_end|>"]);
+    // Rewriting the first turn depending on the length: dropped.
+    let t = ChatTemplate::from_source(
+        "unstable2",
+        "{% if messages | length > 2 %}[long]{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let r = encode(&t, &tok, &c, EncodeOptions::default()).unwrap_err();
+    assert_eq!(r.reason, DropReason::TemplateNotPrefixStable);
+    // A template that refuses the conversation.
+    let t = ChatTemplate::from_source("refuse", "{{ raise_exception('no thanks') }}").unwrap();
+    let r = encode(&t, &tok, &c, EncodeOptions::default()).unwrap_err();
+    assert_eq!((r.reason, r.message.as_str()), (DropReason::TemplateError, "template raised: no thanks"));
+}
+
+#[test]
+fn spans_without_a_special_token_end_at_the_last_visible_token() {
+    let (_d, tok) = tokenizer();
+    let t = ChatTemplate::from_source(
+        "plain",
+        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n\n{% endfor %}{% if add_generation_prompt %}### assistant: {% endif %}",
+    )
+    .unwrap();
+    let c = conv("c", &[(Role::User, "hi"), (Role::Assistant, "the answer is 42")]);
+    let s = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
+    assert_eq!(masked_runs(&tok, &s), ["the answer is 42"]);
+}

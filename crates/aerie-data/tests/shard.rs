@@ -1,0 +1,10 @@
+//! The `aerie-shard/1` capture format end to end: write/read round trips in every dtype and
+//! teacher kind, shard rotation, crash and resume, and every validation error, each naming the
+//! file and tensor. Datasets are written under cargo's per-target tmp dir.
+
+mod shard {
+    pub mod common;
+    mod resume;
+    mod roundtrip;
+    mod validation;
+}

@@ -1,0 +1,229 @@
+//! `aerie compare`: several drafters on the same captured data, one table. Each candidate's
+//! [`AcceptReport`] (and, with a costs file, its [`Projection`]) becomes a row with τ, the
+//! per-position rates, the projected tokens/s at its best k and its margin over break-even; the
+//! table is written as Markdown, CSV and JSON, with PNG and SVG plots ([`crate::plot`]).
+//!
+//! Parquet is not written: no parquet crate is in the workspace, and the CSV/JSON carry the same
+//! columns (pandas and polars read both).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::accept::AcceptReport;
+use crate::cost::{Costs, Projection, project};
+use crate::plot;
+use crate::{Error, Result};
+
+/// One evaluated drafter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Short name (the directory name unless given).
+    pub name: String,
+    /// Where it was loaded from.
+    pub path: String,
+    /// Its acceptance on the data.
+    pub accept: AcceptReport,
+    /// Its projection through the costs file, when one was given.
+    pub projection: Option<Projection>,
+}
+
+impl Candidate {
+    /// Build a candidate, projecting its curve through `costs` when given.
+    pub fn new(name: String, path: String, accept: AcceptReport, costs: Option<&Costs>) -> Self {
+        let projection = costs.map(|c| project(&accept.curve, c));
+        Self { name, path, accept, projection }
+    }
+}
+
+/// One row of the comparison table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareRow {
+    /// Candidate name.
+    pub name: String,
+    /// τ at the evaluated K, bonus included.
+    pub tau: f64,
+    /// α_i, conditional.
+    pub accept_rate_conditional: Vec<f64>,
+    /// r_i, unconditional.
+    pub accept_rate_unconditional: Vec<f64>,
+    /// k of highest projected speedup.
+    pub best_k: Option<usize>,
+    /// τ(best k).
+    pub tau_at_best_k: Option<f64>,
+    /// S(best k).
+    pub speedup: Option<f64>,
+    /// Projected tokens/s per sequence at the best k.
+    pub tokens_per_s: Option<f64>,
+    /// Break-even τ at the best k.
+    pub break_even_tau: Option<f64>,
+    /// τ − break-even τ at the best k.
+    pub margin_tau: Option<f64>,
+    /// Positions counted.
+    pub positions: u64,
+    /// Share of positions whose captured next token is not the target argmax.
+    pub captured_not_target_argmax: f64,
+}
+
+/// Table rows of `cands`, in order.
+pub fn rows(cands: &[Candidate]) -> Vec<CompareRow> {
+    cands
+        .iter()
+        .map(|c| {
+            let best = c.projection.as_ref().and_then(|p| p.rows.iter().find(|r| Some(r.k) == p.best_k));
+            CompareRow {
+                name: c.name.clone(),
+                tau: c.accept.tau,
+                accept_rate_conditional: c.accept.accept_rate_conditional.clone(),
+                accept_rate_unconditional: c.accept.accept_rate_unconditional.clone(),
+                best_k: best.map(|r| r.k),
+                tau_at_best_k: best.map(|r| r.tau),
+                speedup: best.map(|r| r.speedup),
+                tokens_per_s: best.map(|r| r.tokens_per_s),
+                break_even_tau: best.map(|r| r.break_even_tau),
+                margin_tau: best.map(|r| r.margin_tau),
+                positions: c.accept.positions,
+                captured_not_target_argmax: c.accept.captured_not_target_argmax,
+            }
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_string(), |x| format!("{x:.digits$}"))
+}
+
+/// The table as Markdown.
+pub fn markdown(rows: &[CompareRow], costs: Option<&Costs>) -> String {
+    let k = rows.iter().map(|r| r.accept_rate_conditional.len()).max().unwrap_or(0);
+    let mut s = String::new();
+    let _ = writeln!(s, "# Drafter comparison\n");
+    match costs {
+        Some(c) => {
+            let _ = writeln!(s, "Costs: `{}` (T_d {} ms, {:.1} tok/s without speculation).\n", c.name, c.t_d_ms, 1000.0 / c.t_d_ms);
+        }
+        None => {
+            let _ = writeln!(s, "No costs file: speedup columns are empty (pass --costs).\n");
+        }
+    }
+    let _ = writeln!(s, "τ counts the bonus token. α_i: conditional rate, P(draft i accepted | drafts before it accepted). r_i: unconditional, P(at least i accepted).\n");
+    let mut head = String::from("| drafter | τ |");
+    let mut rule = String::from("|---|---:|");
+    for i in 1..=k {
+        let _ = write!(head, " α_{i} |");
+        rule.push_str("---:|");
+    }
+    for i in 1..=k {
+        let _ = write!(head, " r_{i} |");
+        rule.push_str("---:|");
+    }
+    head.push_str(" best k | τ(best k) | speedup | tok/s | break-even τ | margin | positions |");
+    rule.push_str("---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "{head}\n{rule}");
+    for r in rows {
+        let mut line = format!("| {} | {:.3} |", r.name.replace('|', "\\|"), r.tau);
+        for i in 0..k {
+            let _ = write!(line, " {} |", opt(r.accept_rate_conditional.get(i).copied(), 3));
+        }
+        for i in 0..k {
+            let _ = write!(line, " {} |", opt(r.accept_rate_unconditional.get(i).copied(), 3));
+        }
+        let _ = write!(
+            line,
+            " {} | {} | {} | {} | {} | {} | {} |",
+            r.best_k.map_or("–".into(), |k| k.to_string()),
+            opt(r.tau_at_best_k, 3),
+            opt(r.speedup, 3),
+            opt(r.tokens_per_s, 1),
+            opt(r.break_even_tau, 3),
+            r.margin_tau.map_or("–".into(), |m| format!("{m:+.3}")),
+            r.positions
+        );
+        let _ = writeln!(s, "{line}");
+    }
+    if let Some(r) = rows.iter().find(|r| r.captured_not_target_argmax > 0.0) {
+        let _ = writeln!(
+            s,
+            "\nWarning: the captured tokens are not the target's greedy outputs ({:.1}% of positions for `{}`): greedy τ here is not decoding τ.",
+            100.0 * r.captured_not_target_argmax,
+            r.name
+        );
+    }
+    s
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}
+
+/// The table as CSV (one header line; empty cells where a value does not exist).
+pub fn csv(rows: &[CompareRow]) -> String {
+    let k = rows.iter().map(|r| r.accept_rate_conditional.len()).max().unwrap_or(0);
+    let mut head = vec!["drafter".to_string(), "tau".into()];
+    head.extend((1..=k).map(|i| format!("alpha_conditional_{i}")));
+    head.extend((1..=k).map(|i| format!("r_unconditional_{i}")));
+    head.extend(
+        ["best_k", "tau_at_best_k", "speedup", "tokens_per_s", "break_even_tau", "margin_tau", "positions", "captured_not_target_argmax"]
+            .map(String::from),
+    );
+    let mut out = head.join(",") + "\n";
+    let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
+    for r in rows {
+        let mut cells = vec![csv_field(&r.name), format!("{}", r.tau)];
+        cells.extend((0..k).map(|i| f(r.accept_rate_conditional.get(i).copied())));
+        cells.extend((0..k).map(|i| f(r.accept_rate_unconditional.get(i).copied())));
+        cells.push(r.best_k.map_or(String::new(), |k| k.to_string()));
+        cells.extend([r.tau_at_best_k, r.speedup, r.tokens_per_s, r.break_even_tau, r.margin_tau].map(f));
+        cells.push(r.positions.to_string());
+        cells.push(format!("{}", r.captured_not_target_argmax));
+        out.push_str(&(cells.join(",") + "\n"));
+    }
+    out
+}
+
+/// Write `compare.md`, `compare.csv`, `compare.json`, `acceptance.{png,svg}` and, with costs,
+/// `speedup.{png,svg}` into `dir` (created). Returns the paths written.
+pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> Result<Vec<PathBuf>> {
+    if cands.is_empty() {
+        return Err(Error::Report("nothing to compare".into()));
+    }
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    let table = rows(cands);
+    let mut written = Vec::new();
+    let mut put = |name: &str, text: String| -> Result<()> {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|source| Error::Io { path: p.clone(), source })?;
+        written.push(p);
+        Ok(())
+    };
+    put("compare.md", markdown(&table, costs))?;
+    put("compare.csv", csv(&table))?;
+    let json = serde_json::json!({
+        "costs": costs,
+        "rows": table,
+        "candidates": cands,
+        "parquet": "not written: no parquet crate in the workspace (compare.csv has the same columns)",
+    });
+    put("compare.json", serde_json::to_string_pretty(&json).map_err(|e| Error::Report(e.to_string()))?)?;
+    let series: Vec<plot::Series> = cands
+        .iter()
+        .map(|c| plot::Series {
+            name: c.name.clone(),
+            conditional: c.accept.accept_rate_conditional.clone(),
+            unconditional: c.accept.accept_rate_unconditional.clone(),
+            speedup: c.projection.as_ref().map(|p| p.rows.iter().map(|r| (r.k, r.speedup)).collect()).unwrap_or_default(),
+        })
+        .collect();
+    for ext in ["png", "svg"] {
+        let p = dir.join(format!("acceptance.{ext}"));
+        plot::acceptance(&series, &p)?;
+        written.push(p);
+        if costs.is_some() && series.iter().any(|s| !s.speedup.is_empty()) {
+            let p = dir.join(format!("speedup.{ext}"));
+            plot::speedup(&series, costs.map(|c| c.name.as_str()).unwrap_or(""), &p)?;
+            written.push(p);
+        }
+    }
+    Ok(written)
+}

@@ -1,0 +1,304 @@
+//! SGLang's HTTP shapes as `aerie measure` uses them: prompt files, request bodies for `/generate`
+//! and `/v1/chat/completions`, and the per-request speculative statistics of `meta_info`
+//! (kimi-k25.md, "SGLang facts"). Pure functions; the client is in [`crate::measure`].
+//!
+//! `meta_info` keys read (all optional, both generations of names):
+//! `completion_tokens`, `spec_verify_ct`, `spec_accept_length`, `spec_accept_histogram` /
+//! `spec_correct_drafts_histogram` (h[a] = verify passes that accepted exactly a drafts),
+//! `spec_accept_token_num` / `spec_accepted_drafts` / `spec_num_correct_drafts`,
+//! `spec_draft_token_num` / `spec_proposed_drafts` / `spec_num_proposed_drafts`.
+//! In chat responses `meta_info` sits in `choices[0]` (with `return_meta_info: true`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::{Error, Result};
+
+/// Which SGLang endpoint to send to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    /// `/generate` with raw `text` (no chat template).
+    Generate,
+    /// `/v1/chat/completions` with `messages` (the server's chat template).
+    Chat,
+}
+
+impl Endpoint {
+    /// URL path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Generate => "/generate",
+            Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "generate" => Ok(Endpoint::Generate),
+            "chat" => Ok(Endpoint::Chat),
+            _ => Err(format!("`{s}` is not an endpoint: use generate or chat")),
+        }
+    }
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// Text.
+    pub content: String,
+}
+
+/// A prompt: raw text, or messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Raw text.
+    Text(String),
+    /// A conversation ending with a user turn.
+    Messages(Vec<Message>),
+}
+
+/// Read a JSONL prompt file: one object per line with `turns` (MT-Bench: the first turn is
+/// used, later turns need the model's answers), `prompt`/`text`, or `messages`. Blank lines are
+/// skipped.
+pub fn load_prompts(path: &Path) -> Result<Vec<Prompt>> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    let err = |line: usize, message: String| Error::Input { path: path.to_path_buf(), message: format!("line {line}: {message}") };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).map_err(|e| err(line_no, format!("not JSON: {e}")))?;
+        out.push(prompt_of(&v).map_err(|m| err(line_no, m))?);
+    }
+    if out.is_empty() {
+        return Err(Error::Input { path: path.to_path_buf(), message: "no prompts".into() });
+    }
+    Ok(out)
+}
+
+fn prompt_of(v: &Value) -> std::result::Result<Prompt, String> {
+    if let Some(turns) = v.get("turns") {
+        let first = turns.as_array().and_then(|t| t.first()).and_then(Value::as_str);
+        return first.map(|s| Prompt::Text(s.to_string())).ok_or_else(|| "`turns` must be a non-empty list of strings".into());
+    }
+    for key in ["prompt", "text"] {
+        if let Some(p) = v.get(key) {
+            return p.as_str().map(|s| Prompt::Text(s.to_string())).ok_or_else(|| format!("`{key}` must be a string"));
+        }
+    }
+    if let Some(m) = v.get("messages") {
+        let msgs: Vec<Message> = serde_json::from_value(m.clone()).map_err(|e| format!("`messages`: {e}"))?;
+        if msgs.is_empty() {
+            return Err("`messages` is empty".into());
+        }
+        return Ok(Prompt::Messages(msgs));
+    }
+    Err("expected `turns` (MT-Bench), `prompt` or `messages`".into())
+}
+
+/// The JSON body of one greedy request (temperature 0: the regime where τ is comparable).
+pub fn request_body(endpoint: Endpoint, prompt: &Prompt, max_new_tokens: usize, stream: bool, model: &str) -> Result<Value> {
+    Ok(match endpoint {
+        Endpoint::Generate => {
+            let Prompt::Text(text) = prompt else {
+                return Err(Error::Incompatible(
+                    "a `messages` prompt needs --endpoint chat (/generate takes raw text and applies no chat template)".into(),
+                ));
+            };
+            json!({
+                "text": text,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+                "stream": stream,
+            })
+        }
+        Endpoint::Chat => {
+            let messages = match prompt {
+                Prompt::Text(t) => vec![Message { role: "user".into(), content: t.clone() }],
+                Prompt::Messages(m) => m.clone(),
+            };
+            let mut body = json!({
+                "model": model,
+                "messages": messages,
+                "max_tokens": max_new_tokens,
+                "temperature": 0,
+                "stream": stream,
+                "return_meta_info": true,
+            });
+            if stream {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            body
+        }
+    })
+}
+
+/// What one response says about the request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpecMeta {
+    /// Tokens generated.
+    pub completion_tokens: Option<u64>,
+    /// Verify passes (absent without speculation).
+    pub verify_ct: Option<u64>,
+    /// h[a] = passes that accepted exactly a drafts.
+    pub histogram: Option<Vec<u64>>,
+    /// Accepted drafts as the server counts them.
+    pub accepted_drafts: Option<u64>,
+    /// Proposed drafts as the server counts them.
+    pub proposed_drafts: Option<u64>,
+    /// The server's own accept length.
+    pub accept_length: Option<f64>,
+}
+
+fn first_u64(obj: &Value, keys: &[&str]) -> Option<u64> {
+    keys.iter().find_map(|k| obj.get(*k).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f.round() as u64))))
+}
+
+/// The `meta_info` object of a response (top level for `/generate`, `choices[0]` for chat).
+pub fn meta_info(response: &Value) -> Option<&Value> {
+    response.get("meta_info").or_else(|| response.get("choices")?.get(0)?.get("meta_info"))
+}
+
+/// Read the speculative statistics of one (final) response.
+pub fn parse_meta(response: &Value) -> SpecMeta {
+    let usage_completion = response.get("usage").and_then(|u| first_u64(u, &["completion_tokens"]));
+    let Some(m) = meta_info(response) else {
+        return SpecMeta { completion_tokens: usage_completion, ..SpecMeta::default() };
+    };
+    let histogram = ["spec_accept_histogram", "spec_correct_drafts_histogram"]
+        .iter()
+        .find_map(|k| m.get(*k).and_then(Value::as_array))
+        .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect());
+    SpecMeta {
+        completion_tokens: first_u64(m, &["completion_tokens"]).or(usage_completion),
+        verify_ct: first_u64(m, &["spec_verify_ct"]).filter(|&v| v > 0),
+        histogram,
+        accepted_drafts: first_u64(m, &["spec_accept_token_num", "spec_accepted_drafts", "spec_num_correct_drafts"]),
+        proposed_drafts: first_u64(m, &["spec_draft_token_num", "spec_proposed_drafts", "spec_num_proposed_drafts"]),
+        accept_length: m.get("spec_accept_length").and_then(Value::as_f64),
+    }
+}
+
+/// The server's message in an error body: `message`, `error.message`, `detail`, or the raw text.
+pub fn error_message(body: &str) -> String {
+    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        let pick = |x: &Value| x.as_str().map(str::to_string).or_else(|| (!x.is_null()).then(|| x.to_string()));
+        v.get("message")
+            .and_then(pick)
+            .or_else(|| v.get("error").and_then(|e| e.get("message").and_then(pick).or_else(|| pick(e))))
+            .or_else(|| v.get("detail").and_then(pick))
+    });
+    let text = from_json.unwrap_or_else(|| body.trim().to_string());
+    if text.len() > 500 { format!("{}…", &text[..text.char_indices().nth(500).map_or(text.len(), |(i, _)| i)]) } else { text }
+}
+
+/// One server-sent event's JSON payload: the text after `data:` on a line, `None` for other lines
+/// and for `[DONE]`.
+pub fn sse_data(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("data:")?.trim();
+    (rest != "[DONE]" && !rest.is_empty()).then_some(rest)
+}
+
+/// Tokens a streamed chunk carries, as far as it shows: for `/generate` the cumulative
+/// `completion_tokens` (returned as is), for chat 1 per non-empty content delta.
+pub fn chunk_progress(endpoint: Endpoint, chunk: &Value) -> ChunkProgress {
+    match endpoint {
+        Endpoint::Generate => match meta_info(chunk).and_then(|m| first_u64(m, &["completion_tokens"])) {
+            Some(n) => ChunkProgress::Cumulative(n),
+            None => ChunkProgress::None,
+        },
+        Endpoint::Chat => {
+            let delta = chunk.get("choices").and_then(|c| c.get(0)).and_then(|c| c.get("delta")).and_then(|d| d.get("content"));
+            match delta.and_then(Value::as_str) {
+                Some(s) if !s.is_empty() => ChunkProgress::Delta,
+                _ => ChunkProgress::None,
+            }
+        }
+    }
+}
+
+/// See [`chunk_progress`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkProgress {
+    /// No generated text in this chunk.
+    None,
+    /// New text of unknown token count.
+    Delta,
+    /// The cumulative token count so far.
+    Cumulative(u64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_shapes() {
+        let mt = json!({"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]});
+        assert_eq!(prompt_of(&mt).unwrap(), Prompt::Text("Write a poem.".into()));
+        assert_eq!(prompt_of(&json!({"prompt": "hi"})).unwrap(), Prompt::Text("hi".into()));
+        let m = prompt_of(&json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
+        assert!(matches!(m, Prompt::Messages(v) if v.len() == 1));
+        assert!(prompt_of(&json!({"turns": []})).unwrap_err().contains("non-empty"));
+        assert!(prompt_of(&json!({"q": 1})).unwrap_err().contains("expected"));
+    }
+
+    #[test]
+    fn request_bodies() {
+        let b = request_body(Endpoint::Generate, &Prompt::Text("x".into()), 64, false, "m").unwrap();
+        assert_eq!(b["sampling_params"]["max_new_tokens"], 64);
+        assert_eq!(b["sampling_params"]["temperature"], 0);
+        let c = request_body(Endpoint::Chat, &Prompt::Text("x".into()), 8, true, "m").unwrap();
+        assert_eq!(c["return_meta_info"], true);
+        assert_eq!(c["messages"][0]["role"], "user");
+        assert_eq!(c["stream_options"]["include_usage"], true);
+        let msgs = Prompt::Messages(vec![Message { role: "user".into(), content: "x".into() }]);
+        assert!(request_body(Endpoint::Generate, &msgs, 8, false, "m").is_err());
+    }
+
+    #[test]
+    fn meta_in_both_places_and_both_generations() {
+        let gen_resp = json!({"text": "a", "meta_info": {"completion_tokens": 91, "spec_verify_ct": 21,
+            "spec_accept_histogram": [2, 4, 2, 1, 1, 11], "spec_accept_token_num": 70, "spec_draft_token_num": 105,
+            "spec_accept_length": 4.333}});
+        let m = parse_meta(&gen_resp);
+        assert_eq!((m.completion_tokens, m.verify_ct, m.accepted_drafts, m.proposed_drafts), (Some(91), Some(21), Some(70), Some(105)));
+        assert_eq!(m.histogram.as_deref(), Some(&[2, 4, 2, 1, 1, 11][..]));
+        let chat = json!({"choices": [{"message": {"content": "a"}, "meta_info": {"completion_tokens": 7,
+            "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 0, 1, 1], "spec_accepted_drafts": 5}}],
+            "usage": {"completion_tokens": 7}});
+        let m = parse_meta(&chat);
+        assert_eq!((m.completion_tokens, m.verify_ct, m.accepted_drafts), (Some(7), Some(2), Some(5)));
+        assert_eq!(m.histogram.as_deref(), Some(&[0, 0, 1, 1][..]));
+        let plain = parse_meta(&json!({"choices": [{"message": {}}], "usage": {"completion_tokens": 5}}));
+        assert_eq!((plain.completion_tokens, plain.verify_ct), (Some(5), None));
+        let zero = parse_meta(&json!({"meta_info": {"completion_tokens": 5, "spec_verify_ct": 0}}));
+        assert_eq!(zero.verify_ct, None);
+    }
+
+    #[test]
+    fn error_bodies_and_sse_lines() {
+        let sg = r#"{"object":"error","message":"Unsupported Media Type: Only 'application/json' is allowed","type":"BadRequestError","param":null,"code":400}"#;
+        assert!(error_message(sg).starts_with("Unsupported Media Type"));
+        assert_eq!(error_message(r#"{"error": {"message": "boom"}}"#), "boom");
+        assert_eq!(error_message(r#"{"detail": "nope"}"#), "nope");
+        assert_eq!(error_message("Internal Server Error"), "Internal Server Error");
+        assert_eq!(sse_data("data: {\"a\":1}"), Some("{\"a\":1}"));
+        assert_eq!(sse_data("data: [DONE]"), None);
+        assert_eq!(sse_data(": keep-alive"), None);
+        let gen_chunk = json!({"text": "ab", "meta_info": {"completion_tokens": 3}});
+        assert_eq!(chunk_progress(Endpoint::Generate, &gen_chunk), ChunkProgress::Cumulative(3));
+        let chat_chunk = json!({"choices": [{"delta": {"content": "ab"}}]});
+        assert_eq!(chunk_progress(Endpoint::Chat, &chat_chunk), ChunkProgress::Delta);
+    }
+}

@@ -1,0 +1,178 @@
+//! `aerie measure` against a loopback mock of SGLang (`mock_sglang`): τ and per-position rates
+//! from `meta_info`, streaming timings, costs files, and every failure mode reported clearly.
+
+mod mock_sglang;
+
+use std::time::Duration;
+
+use aerie_eval::Error;
+use aerie_eval::cost::Provenance;
+use aerie_eval::measure::{MeasureOptions, costs_from_report, measure};
+use aerie_eval::sglang::{Endpoint, Prompt};
+use mock_sglang::{Reply, UNSUPPORTED_MEDIA_TYPE, chat_response, error_body, generate_events, generate_response, plain_meta, spec_meta, start};
+use serde_json::json;
+
+const LIFE: Duration = Duration::from_secs(20);
+
+fn prompts(n: usize) -> Vec<Prompt> {
+    (0..n).map(|i| Prompt::Text(format!("question {i}"))).collect()
+}
+
+fn opts(url: &str, endpoint: Endpoint, stream: bool) -> MeasureOptions {
+    MeasureOptions {
+        server: url.to_string(),
+        endpoint,
+        concurrency: 2,
+        max_new_tokens: 32,
+        stream,
+        timeout: Duration::from_secs(5),
+        retries: 2,
+        backoff: Duration::from_millis(10),
+        label: "mock".into(),
+        ..MeasureOptions::default()
+    }
+}
+
+fn quiet(_: usize, _: usize) {}
+
+#[test]
+fn generate_with_speculation() {
+    // Per request h = [1, 1, 2] (k = 2): 4 passes, 1·1 + 2·2 = 5 accepted, completion 5 + 4 + 1.
+    let mock = start(4, LIFE, |_, _| Reply::Json(200, generate_response(spec_meta(&[1, 1, 2]))));
+    let rep = measure(&prompts(4), &opts(&mock.url, Endpoint::Generate, false), &quiet).unwrap();
+    let seen = mock.finish();
+    assert_eq!(seen.len(), 4);
+    assert!(seen.iter().all(|s| s.content_type.as_deref() == Some("application/json") && s.path == "/generate"));
+    assert_eq!(seen[0].body["sampling_params"]["max_new_tokens"], 32);
+    assert_eq!(seen[0].body["sampling_params"]["temperature"], 0);
+    assert!(rep.speculative);
+    assert_eq!((rep.requests, rep.completion_tokens, rep.spec_verify_ct), (4, 40, 16));
+    assert!((rep.tau.unwrap() - 2.5).abs() < 1e-12);
+    assert!((rep.tau_from_histogram.unwrap() - (1.0 + 5.0 / 4.0)).abs() < 1e-12);
+    assert_eq!(rep.accept_histogram, Some(vec![4, 4, 8]));
+    assert_eq!(rep.accept_rate_unconditional, Some(vec![0.75, 0.5]));
+    assert_eq!((rep.steps, rep.verify_tokens), (Some(2), Some(3)));
+    assert_eq!(rep.curve.len(), 2);
+    assert!(rep.implied_cycle_ms.is_some());
+    assert!(rep.warnings.iter().any(|w| w.contains("prefill")), "{:?}", rep.warnings);
+}
+
+#[test]
+fn chat_stream_times_tokens() {
+    let meta = spec_meta(&[0, 2, 3]); // 5 passes, 8 accepted, completion 14
+    let mock = start(2, LIFE, move |_, req| {
+        assert_eq!(req.body["return_meta_info"], true);
+        assert_eq!(req.body["stream"], true);
+        let mut events: Vec<serde_json::Value> =
+            (0..5).map(|_| json!({"choices": [{"index": 0, "delta": {"content": "ab"}}]})).collect();
+        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length", "meta_info": meta.clone()}],
+            "usage": {"completion_tokens": 14}}));
+        Reply::Events(events, Duration::from_millis(15))
+    });
+    let rep = measure(&prompts(2), &opts(&mock.url, Endpoint::Chat, true), &quiet).unwrap();
+    let seen = mock.finish();
+    assert!(seen.iter().all(|s| s.path == "/v1/chat/completions"));
+    assert!((rep.tau.unwrap() - 14.0 / 5.0).abs() < 1e-12);
+    let itl = rep.itl_ms.unwrap();
+    assert!(itl > 1.0 && itl < 100.0, "ITL {itl} ms");
+    assert!(rep.ttft_ms.is_some());
+    assert!((rep.implied_cycle_ms.unwrap() - itl * rep.tau_from_histogram.unwrap()).abs() < 1e-9);
+}
+
+#[test]
+fn plain_server_measures_t_d_and_writes_costs() {
+    let mock = start(4, LIFE, |_, _| Reply::Events(generate_events(&plain_meta(9), 1), Duration::from_millis(10)));
+    let mut o = opts(&mock.url, Endpoint::Generate, true);
+    let rep = measure(&prompts(2), &o, &quiet).unwrap();
+    assert!(!rep.speculative);
+    let td = rep.t_d_ms.unwrap();
+    assert!(td > 5.0 && td < 200.0, "T_d {td} ms");
+    let prov = Provenance { measured_where: "mock".into(), when: "today".into(), by: "test".into(), ..Default::default() };
+    let costs = costs_from_report(&rep, None, prov).unwrap();
+    assert_eq!(costs.t_d_ms, td);
+    assert!(costs.validate().is_ok());
+    // The same plain server when speculation was expected: a clear error.
+    o.expect_speculation = true;
+    let err = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
+    assert!(err.contains("speculation was expected"), "{err}");
+    mock.finish();
+}
+
+#[test]
+fn the_mock_refuses_requests_without_json_content_type() {
+    let mock = start(1, LIFE, |_, _| Reply::Json(200, generate_response(plain_meta(1))));
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut resp = agent.post(format!("{}/generate", mock.url)).header("Content-Type", "text/plain").send("{}").unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body = resp.body_mut().read_to_string().unwrap();
+    assert!(body.contains(UNSUPPORTED_MEDIA_TYPE), "{body}");
+    mock.finish();
+}
+
+#[test]
+fn client_errors_are_reported_with_the_servers_message_and_not_retried() {
+    let mock = start(3, LIFE, |_, _| Reply::Json(400, error_body("max_new_tokens must be at most 16", 400)));
+    let err = measure(&prompts(1), &opts(&mock.url, Endpoint::Generate, false), &quiet).unwrap_err();
+    let seen = mock.finish();
+    assert_eq!(seen.len(), 1, "a 400 must not be retried");
+    match err {
+        Error::Server { status, message, .. } => {
+            assert_eq!(status, Some(400));
+            assert!(message.contains("max_new_tokens must be at most 16"), "{message}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+}
+
+#[test]
+fn server_errors_are_retried_with_backoff() {
+    // First attempt 503, second succeeds.
+    let mock = start(4, LIFE, |i, _| {
+        if i == 0 { Reply::Json(503, json!({"detail": "busy"})) } else { Reply::Json(200, generate_response(plain_meta(4))) }
+    });
+    let mut o = opts(&mock.url, Endpoint::Generate, false);
+    o.concurrency = 1;
+    let rep = measure(&prompts(1), &o, &quiet).unwrap();
+    assert_eq!(rep.completion_tokens, 4);
+    assert_eq!(mock.finish().len(), 2);
+
+    // Always 500: bounded attempts, then the server's message.
+    let mock = start(10, LIFE, |_, _| Reply::Json(500, json!({"detail": "CUDA out of memory"})));
+    let err = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
+    assert_eq!(mock.finish().len(), 3);
+    assert!(err.contains("HTTP 500") && err.contains("CUDA out of memory") && err.contains("after 3 attempts"), "{err}");
+}
+
+#[test]
+fn timeouts_and_refused_connections() {
+    let mock = start(2, LIFE, |_, _| Reply::Slow(Duration::from_millis(800), Box::new(Reply::Json(200, generate_response(plain_meta(1))))));
+    let mut o = opts(&mock.url, Endpoint::Generate, false);
+    o.timeout = Duration::from_millis(200);
+    o.retries = 1;
+    o.concurrency = 1;
+    let err = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
+    assert!(err.contains("timeout"), "{err}");
+    mock.finish();
+
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let o = opts(&format!("http://127.0.0.1:{port}"), Endpoint::Generate, false);
+    let err = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
+    assert!(err.contains("refused") || err.contains("connection failed"), "{err}");
+    assert!(err.contains("after 3 attempts"), "{err}");
+
+    let bad = MeasureOptions { server: "localhost:30000".into(), ..opts("x", Endpoint::Generate, false) };
+    assert!(measure(&prompts(1), &bad, &quiet).unwrap_err().to_string().contains("http://"));
+}
+
+#[test]
+fn chat_without_stream_reads_choices_meta_info() {
+    let mock = start(1, LIFE, |_, _| Reply::Json(200, chat_response(spec_meta(&[2, 0, 0, 2]))));
+    let mut o = opts(&mock.url, Endpoint::Chat, false);
+    o.concurrency = 1;
+    let rep = measure(&prompts(1), &o, &quiet).unwrap();
+    mock.finish();
+    assert_eq!(rep.steps, Some(3));
+    assert_eq!(rep.accept_rate_unconditional, Some(vec![0.5, 0.5, 0.5]));
+    assert_eq!(rep.accept_rate_conditional, Some(vec![0.5, 1.0, 1.0]));
+}

@@ -1,0 +1,459 @@
+//! `TrainConfig`: everything a training run needs, read from TOML (style guide, "Training
+//! config": nested sections with defaults and an explicit seed, saved with every checkpoint).
+//!
+//! The recipe defaults are those of the reference trainer (eagle3.md §3): AdamW (0.9, 0.999),
+//! eps 1e-8, weight decay 0, lr 1e-4 with 1.5% linear warm-up then cosine to 0, global
+//! gradient-norm clip 0.5, `ttt_length` 7, step weights 0.8^k. burn's `AdamWConfig` defaults
+//! differ (eps 1e-5, weight decay 1e-4), so every optimiser setting is passed explicitly.
+//!
+//! Unknown keys are errors that name the nearest valid key ([`keys`]); `--set key=value`
+//! overrides go through the same table. [`fingerprint`] hashes the keys that change a run's
+//! result, so a resume with a different config is refused with the differing keys listed.
+//!
+//! Relative paths are resolved against the working directory, like every other aerie path.
+
+pub mod fingerprint;
+pub mod keys;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// A whole training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Seed of the data order and of fresh weights.
+    #[serde(default)]
+    pub seed: u64,
+    /// Run directory: checkpoints, `metrics.jsonl`, `summary.json`.
+    pub output_dir: PathBuf,
+    /// K, unrolled draft steps of the TTT objective.
+    #[serde(default = "d_ttt_length")]
+    pub ttt_length: usize,
+    /// Step k's loss is weighted `step_weight_decay^k`.
+    #[serde(default = "d_step_weight_decay")]
+    pub step_weight_decay: f64,
+    /// The training objective.
+    #[serde(default)]
+    pub loss: LossKind,
+    /// Compute precision.
+    #[serde(default)]
+    pub precision: Precision,
+    /// Write a `metrics.jsonl` line every N optimizer steps.
+    #[serde(default = "d_log_every")]
+    pub log_every: u64,
+    /// Evaluate on held-out data every N steps (0: only at the end).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Save a checkpoint every N steps (0: only at the end).
+    #[serde(default)]
+    pub save_every: u64,
+    /// Keep the newest N checkpoints (0: keep all).
+    #[serde(default = "d_keep_last")]
+    pub keep_last: usize,
+    /// Training and evaluation data.
+    pub data: DataConfig,
+    /// Where the drafter's initial weights come from.
+    pub init: InitConfig,
+    /// The target's head (teacher) and embedding.
+    #[serde(default)]
+    pub target: TargetConfig,
+    /// Optimiser and schedule.
+    #[serde(default)]
+    pub optim: OptimConfig,
+}
+
+/// The training objective (eagle3.md §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// Soft cross-entropy against the teacher over the draft vocab, Σ pm·CE / positions.
+    #[default]
+    SoftCe,
+    /// Total variation: the mean over pm of 1 - α, α = Σ_v min(pf, q).
+    Tv,
+    /// λ·KL(p‖q) + (1-λ)(1-α) per token, λ = exp(-α) detached; mean over pm.
+    Lk,
+}
+
+/// Compute precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// float32 weights, activations and optimizer state.
+    #[default]
+    F32,
+    /// bfloat16 activations over float32 master weights (CUDA only). Not implemented yet.
+    Bf16,
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Training shard directories (aerie-shard/1).
+    pub train: Vec<PathBuf>,
+    /// Held-out shard directories.
+    #[serde(default)]
+    pub eval: Vec<PathBuf>,
+    /// Without `eval` dirs: hold out this fraction of the training samples, chosen by a hash of
+    /// (dataset position, sample index), independent of the seed.
+    #[serde(default)]
+    pub eval_fraction: f64,
+    /// Token budget of one micro-batch: B · Lmax (padding counted) stays within it. A sample
+    /// longer than the budget forms a batch of its own.
+    #[serde(default = "d_batch_tokens")]
+    pub batch_tokens: usize,
+    /// Skip samples longer than this many tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_length: Option<usize>,
+    /// Samples per shuffled window that is sorted by length before batching.
+    #[serde(default = "d_bucket_window")]
+    pub bucket_window: usize,
+    /// Samples per forward during evaluation.
+    #[serde(default = "d_eval_batch_size")]
+    pub eval_batch_size: usize,
+    /// Evaluate on at most this many held-out samples (per eval directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_max_samples: Option<usize>,
+}
+
+/// How the initial drafter is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitKind {
+    /// Fresh weights (HF Llama init, seeded) for a target's shape and a draft vocab.
+    Fresh,
+    /// Continue from an existing drafter, keeping its d2t/t2d.
+    WarmStart,
+}
+
+/// `[init]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitConfig {
+    /// `fresh` or `warm_start`.
+    pub kind: InitKind,
+    /// fresh: the target's `config.json` (or its model directory). Default: `target.path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_config: Option<PathBuf>,
+    /// The draft vocab from `aerie vocab build` (safetensors with `d2t`, optionally `t2d`).
+    /// Required for fresh; for warm_start it is checked against the drafter's own map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<PathBuf>,
+    /// warm_start: the drafter directory (SGLang or speculators layout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drafter: Option<PathBuf>,
+    /// warm_start: replace the drafter's vocab map by `vocab` when they differ (lm_head rows of
+    /// target ids in both maps are kept, the others start fresh). Otherwise that is an error.
+    #[serde(default)]
+    pub allow_vocab_override: bool,
+    /// fresh: shape overrides of the drafter (default: the target's own shape).
+    #[serde(default)]
+    pub shape: ShapeOverrides,
+}
+
+/// `[init.shape]`: a fresh drafter's shape, where it should differ from the target's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapeOverrides {
+    /// H (the embedding is the target's, so it must stay Ht unless the target's is projected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_size: Option<usize>,
+    /// I.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<usize>,
+    /// nH.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_attention_heads: Option<usize>,
+    /// nKV.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_key_value_heads: Option<usize>,
+    /// d.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// RMSNorm epsilon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rms_norm_eps: Option<f64>,
+    /// RoPE base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// Context the drafter is configured for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_position_embeddings: Option<usize>,
+    /// Target layers consumed, in the OUTPUT-of-layer convention (eagle3.md §2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_layer_ids: Option<Vec<usize>>,
+    /// EAGLE-3.1 per-feature norms before `fc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fc_norm: Option<bool>,
+    /// EAGLE-3.1: feed the post-norm state to the next draft step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_output: Option<bool>,
+}
+
+impl ShapeOverrides {
+    /// Whether any override is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `[target]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// The target model directory, or a safetensors file holding its head and embedding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Where the head (`lm_head.weight`, teacher) comes from, if not `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<PathBuf>,
+    /// Where the input embedding comes from, if not `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<PathBuf>,
+    /// Rows of the head per chunk of the full-vocabulary teacher pass.
+    #[serde(default = "d_head_chunk_rows")]
+    pub head_chunk_rows: usize,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        Self { path: None, head: None, embedding: None, head_chunk_rows: d_head_chunk_rows() }
+    }
+}
+
+impl TargetConfig {
+    /// The head source: `head`, else `path`.
+    pub fn head_source(&self) -> Option<&Path> {
+        self.head.as_deref().or(self.path.as_deref())
+    }
+
+    /// The embedding source: `embedding`, else `path`.
+    pub fn embedding_source(&self) -> Option<&Path> {
+        self.embedding.as_deref().or(self.path.as_deref())
+    }
+}
+
+/// `[optim]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate.
+    #[serde(default = "d_lr")]
+    pub lr: f64,
+    /// Share of all steps spent in linear warm-up; cosine decay to 0 follows.
+    #[serde(default = "d_warmup_ratio")]
+    pub warmup_ratio: f64,
+    /// AdamW (β1, β2).
+    #[serde(default = "d_betas")]
+    pub betas: [f64; 2],
+    /// AdamW epsilon (PyTorch's 1e-8; burn's default is 1e-5).
+    #[serde(default = "d_eps")]
+    pub eps: f64,
+    /// Decoupled weight decay (the EAGLE recipe uses 0; burn's default is 1e-4).
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Clip the GLOBAL gradient norm to this (PyTorch `clip_grad_norm_`); 0 disables.
+    #[serde(default = "d_max_grad_norm")]
+    pub max_grad_norm: f64,
+    /// Micro-batches per device per optimizer step.
+    #[serde(default = "d_one")]
+    pub grad_accumulation: usize,
+    /// Passes over the training data (ignored when `max_steps` is set).
+    #[serde(default = "d_one")]
+    pub epochs: usize,
+    /// Stop after this many optimizer steps (cycling the data as needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            lr: d_lr(),
+            warmup_ratio: d_warmup_ratio(),
+            betas: d_betas(),
+            eps: d_eps(),
+            weight_decay: 0.0,
+            max_grad_norm: d_max_grad_norm(),
+            grad_accumulation: 1,
+            epochs: 1,
+            max_steps: None,
+        }
+    }
+}
+
+fn d_ttt_length() -> usize {
+    7
+}
+fn d_step_weight_decay() -> f64 {
+    0.8
+}
+fn d_log_every() -> u64 {
+    10
+}
+fn d_keep_last() -> usize {
+    3
+}
+fn d_batch_tokens() -> usize {
+    4096
+}
+fn d_bucket_window() -> usize {
+    256
+}
+fn d_eval_batch_size() -> usize {
+    4
+}
+fn d_head_chunk_rows() -> usize {
+    8192
+}
+fn d_lr() -> f64 {
+    1e-4
+}
+fn d_warmup_ratio() -> f64 {
+    0.015
+}
+fn d_betas() -> [f64; 2] {
+    [0.9, 0.999]
+}
+fn d_eps() -> f64 {
+    1e-8
+}
+fn d_max_grad_norm() -> f64 {
+    0.5
+}
+fn d_one() -> usize {
+    1
+}
+
+impl TrainConfig {
+    /// Read `path`, apply `--set key=value` overrides, and validate. Unknown keys (in the file or
+    /// in an override) are errors naming the nearest valid key.
+    pub fn load(path: &Path, overrides: &[(String, String)]) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_toml_str(&text, path, overrides)
+    }
+
+    /// [`Self::load`] from text; `path` names the source in errors.
+    pub fn from_toml_str(text: &str, path: &Path, overrides: &[(String, String)]) -> Result<Self> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| Error::config(path, format!("not valid TOML: {e}")))?;
+        keys::check_table(&table, "", path)?;
+        for (key, value) in overrides {
+            keys::set(&mut table, key, value)?;
+        }
+        let cfg: TrainConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::config(path, e.message().to_string()))?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// The config as TOML (what is saved beside every checkpoint).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a TrainConfig always serialises to TOML")
+    }
+
+    /// Check values and the keys each init kind needs; `path` names the source in errors.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let mut problems = Vec::new();
+        let mut bad = |key: &str, msg: &str| problems.push(format!("`{key}` {msg}"));
+        if self.ttt_length == 0 {
+            bad("ttt_length", "must be at least 1");
+        }
+        if !(self.step_weight_decay.is_finite() && self.step_weight_decay > 0.0) {
+            bad("step_weight_decay", "must be a positive number");
+        }
+        if self.log_every == 0 {
+            bad("log_every", "must be at least 1");
+        }
+        if self.data.train.is_empty() {
+            bad("data.train", "lists no shard directory");
+        }
+        if !(0.0..1.0).contains(&self.data.eval_fraction) {
+            bad("data.eval_fraction", "must be in [0, 1)");
+        }
+        if !self.data.eval.is_empty() && self.data.eval_fraction > 0.0 {
+            bad("data.eval_fraction", "cannot be combined with `data.eval` directories");
+        }
+        if self.data.batch_tokens == 0 {
+            bad("data.batch_tokens", "must be positive");
+        }
+        if self.data.bucket_window == 0 {
+            bad("data.bucket_window", "must be positive");
+        }
+        if self.data.eval_batch_size == 0 {
+            bad("data.eval_batch_size", "must be positive");
+        }
+        let o = &self.optim;
+        if !(o.lr.is_finite() && o.lr >= 0.0) {
+            bad("optim.lr", "must be a non-negative number");
+        }
+        if !(0.0..=1.0).contains(&o.warmup_ratio) {
+            bad("optim.warmup_ratio", "must be in [0, 1]");
+        }
+        if o.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+            bad("optim.betas", "must both be in [0, 1)");
+        }
+        if !(o.eps.is_finite() && o.eps > 0.0) {
+            bad("optim.eps", "must be positive");
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            bad("optim.weight_decay", "must be non-negative");
+        }
+        if !(o.max_grad_norm.is_finite() && o.max_grad_norm >= 0.0) {
+            bad("optim.max_grad_norm", "must be non-negative (0 disables clipping)");
+        }
+        if o.grad_accumulation == 0 {
+            bad("optim.grad_accumulation", "must be at least 1");
+        }
+        if o.max_steps.is_none() && o.epochs == 0 {
+            bad("optim.epochs", "must be at least 1 (or set optim.max_steps)");
+        }
+        if o.max_steps == Some(0) {
+            bad("optim.max_steps", "must be at least 1");
+        }
+        if self.target.head_chunk_rows == 0 {
+            bad("target.head_chunk_rows", "must be positive");
+        }
+        let i = &self.init;
+        match i.kind {
+            InitKind::Fresh => {
+                if i.vocab.is_none() {
+                    bad("init.vocab", "is required for a fresh drafter (the file `aerie vocab build` writes)");
+                }
+                if i.target_config.is_none() && !self.target.path.as_deref().is_some_and(Path::is_dir) {
+                    bad("init.target_config", "is required for a fresh drafter unless `target.path` is a model directory");
+                }
+                if i.drafter.is_some() {
+                    bad("init.drafter", "is only used with kind = \"warm_start\"");
+                }
+            }
+            InitKind::WarmStart => {
+                if i.drafter.is_none() {
+                    bad("init.drafter", "is required for kind = \"warm_start\"");
+                }
+                if !i.shape.is_empty() {
+                    bad("init.shape", "only applies to kind = \"fresh\" (a warm start keeps the drafter's shape)");
+                }
+                if i.allow_vocab_override && i.vocab.is_none() {
+                    bad("init.allow_vocab_override", "needs `init.vocab` (the vocab to switch to)");
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::config(path, format!("invalid config:\n  - {}", problems.join("\n  - "))))
+        }
+    }
+
+    /// The TTT options: K steps weighted `step_weight_decay^k`.
+    pub fn ttt_options(&self) -> aerie_model::TttOptions {
+        aerie_model::TttOptions::geometric(self.ttt_length, self.step_weight_decay)
+    }
+}

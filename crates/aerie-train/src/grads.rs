@@ -1,0 +1,145 @@
+//! Gradient plumbing burn does not provide in the form training needs:
+//!
+//! - stable parameter ids: burn draws a random [`ParamId`] per parameter, and the optimizer's
+//!   state is keyed by it; a resumed run rebuilds the drafter from its checkpoint, so ids are set
+//!   from the canonical tensor name instead (`fc.weight` → its position in
+//!   [`aerie_model::drafter::trainable_keys`]);
+//! - summing [`GradientsParams`] of several micro-batches and replicas onto one device;
+//! - the GLOBAL gradient norm and PyTorch `clip_grad_norm_` rescaling (burn's optimizer clipping
+//!   is per tensor, burn.md "Traps").
+
+use aerie_model::Drafter;
+use aerie_model::drafter::trainable_keys;
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Tensor};
+
+use crate::{Error, Result};
+
+struct StableIds {
+    stack: Vec<String>,
+    keys: Vec<String>,
+    unknown: Vec<String>,
+}
+
+impl<B: Backend> ModuleMapper<B> for StableIds {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.stack.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.stack.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let path = self.stack.join(".");
+        let (id, tensor, mapper) = param.consume();
+        let id = match self.keys.iter().position(|k| *k == path) {
+            Some(i) => ParamId::from(i as u64 + 1),
+            None => {
+                self.unknown.push(path);
+                id
+            }
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// Give every trainable parameter the id of its canonical name, so optimizer state saved by one
+/// process applies to the drafter rebuilt by another.
+pub fn with_stable_ids<B: Backend>(drafter: Drafter<B>) -> Result<Drafter<B>> {
+    let keys = trainable_keys(drafter.config());
+    let mut mapper = StableIds { stack: Vec::new(), keys, unknown: Vec::new() };
+    let drafter = drafter.map(&mut mapper);
+    if mapper.unknown.is_empty() {
+        Ok(drafter)
+    } else {
+        Err(Error::Options(format!(
+            "internal: drafter parameters without a canonical name: {:?}",
+            mapper.unknown
+        )))
+    }
+}
+
+/// Adds `from` into `into` for every parameter of the visited module, moving `from`'s tensors to
+/// `device`.
+struct Accumulate<'a, B: AutodiffBackend> {
+    into: &'a mut GradientsParams,
+    from: GradientsParams,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Accumulate<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(g) = self.from.remove::<B::InnerBackend, D>(param.id) else { return };
+        let g = g.to_device(&self.device);
+        let sum = match self.into.remove::<B::InnerBackend, D>(param.id) {
+            Some(acc) => acc + g,
+            None => g,
+        };
+        self.into.register(param.id, sum);
+    }
+}
+
+/// `into += from` over `model`'s parameters, on `device`.
+pub fn accumulate<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    into: &mut GradientsParams,
+    from: GradientsParams,
+    device: &B::Device,
+) {
+    model.visit(&mut Accumulate::<B> { into, from, device: device.clone() });
+}
+
+struct SquaredNorm<'a> {
+    grads: &'a GradientsParams,
+    total: f64,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            self.total += g.square().sum().into_scalar().elem::<f64>();
+        }
+    }
+}
+
+/// The global L2 norm over all of `model`'s gradients (one scalar per tensor summed in f64, in
+/// parameter order, so it is deterministic).
+pub fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &GradientsParams) -> f64 {
+    let mut v = SquaredNorm { grads, total: 0.0 };
+    model.visit::<SquaredNorm<'_>>(&mut v);
+    v.total.sqrt()
+}
+
+struct Scale<'a> {
+    grads: &'a mut GradientsParams,
+    factor: f64,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            self.grads.register(param.id, g.mul_scalar(self.factor));
+        }
+    }
+}
+
+/// PyTorch `clip_grad_norm_`: with total norm n, multiply every gradient by
+/// `max_norm / (n + 1e-6)` when that is below 1. Returns n (before clipping). `max_norm` 0 only
+/// measures.
+pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    max_norm: f64,
+) -> f64 {
+    let norm = global_norm::<B, M>(model, grads);
+    if max_norm > 0.0 && norm.is_finite() {
+        let factor = max_norm / (norm + 1e-6);
+        if factor < 1.0 {
+            model.visit::<Scale<'_>>(&mut Scale { grads, factor });
+        }
+    }
+    norm
+}

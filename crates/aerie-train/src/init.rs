@@ -1,0 +1,292 @@
+//! Where a run's first weights come from: a fresh drafter shaped after the target (HF Llama init,
+//! seeded) with a draft vocab from `aerie vocab build`, or a warm start from an existing drafter
+//! that KEEPS its d2t/t2d (eagle3.md §4: its lm_head rows are tied to that map; the reference
+//! trainer regenerates the map and silently breaks the drafter). Also the target head (teacher)
+//! and embedding sources.
+
+use std::path::{Path, PathBuf};
+
+use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config};
+use aerie_model::checkpoint::io::WeightFiles;
+use aerie_model::checkpoint::{
+    Dialect, DrafterCheckpoint, Dtype, HostTensor, load_drafter_with_notes, load_target_embedding, load_target_head,
+};
+use aerie_model::{DrafterConfig, VocabMap};
+use serde_json::{Map, Value, json};
+
+use crate::config::{InitKind, ShapeOverrides, TrainConfig};
+use crate::data::SplitMix;
+use crate::{Error, Result};
+
+/// The initial drafter: its checkpoint (with `embed_tokens.weight`) and what was done to get it.
+#[derive(Debug, Clone)]
+pub struct Initial {
+    /// Config and canonical tensors, embedding included.
+    pub checkpoint: DrafterCheckpoint,
+    /// Facts for the user (defaults applied, the vocab kept or switched, ...).
+    pub notes: Vec<String>,
+}
+
+fn init_err(path: &Path, message: impl Into<String>) -> Error {
+    Error::Init { path: path.to_path_buf(), message: message.into() }
+}
+
+/// Read a draft vocab file (safetensors with `d2t`, optionally `t2d`). The target vocab size is
+/// `t2d`'s length, else `vocab_size`.
+pub fn read_vocab_file(path: &Path, vocab_size: Option<usize>) -> Result<VocabMap> {
+    let files = WeightFiles::open_file(path);
+    if !files.contains("d2t")? {
+        return Err(init_err(path, "no `d2t` tensor: expected the file `aerie vocab build` writes"));
+    }
+    let t2d = if files.contains("t2d")? { files.load(&["t2d"])?.remove("t2d") } else { None };
+    let d2t = files.load(&["d2t"])?.remove("d2t").expect("loaded above").to_i64("d2t")?;
+    let t2d: Option<Vec<bool>> = t2d.map(|t| t.to_i64("t2d").map(|v| v.iter().map(|&x| x != 0).collect())).transpose()?;
+    let v = match (&t2d, vocab_size) {
+        (Some(t), Some(v)) if t.len() != v => {
+            return Err(init_err(path, format!("t2d has {} entries, the target vocab is {v}", t.len())));
+        }
+        (Some(t), _) => t.len(),
+        (None, Some(v)) => v,
+        (None, None) => return Err(init_err(path, "no `t2d`, and the target vocab size is unknown")),
+    };
+    let map = VocabMap::from_d2t(&d2t, v).map_err(|m| init_err(path, format!("d2t: {m}")))?;
+    if let Some(t) = t2d {
+        map.check_t2d(&t).map_err(|m| init_err(path, m))?;
+    }
+    Ok(map)
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| init_err(path, format!("not valid JSON: {e}")))
+}
+
+/// A fresh drafter's config: the target's Llama shape (from `text_config` for multimodal
+/// wrappers), overridden by `[init.shape]`, with `target_hidden_size` = the target's hidden size,
+/// `draft_vocab_size` from the vocab and aux ids defaulting to `[1, N/2-1, N-4]`. Parsed through
+/// the drafter config reader, so RoPE keys are understood exactly as for a loaded drafter.
+pub fn fresh_config(target_config: &Path, vocab: &VocabMap, shape: &ShapeOverrides) -> Result<DrafterConfig> {
+    let path = if target_config.is_dir() { target_config.join("config.json") } else { target_config.to_path_buf() };
+    let top = read_json(&path)?;
+    let text = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
+    let mut m = Map::new();
+    for key in [
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "rms_norm_eps", "max_position_embeddings", "vocab_size", "rope_theta", "rope_scaling", "rope_parameters",
+    ] {
+        if let Some(v) = text.get(key).filter(|v| !v.is_null()) {
+            m.insert(key.into(), v.clone());
+        }
+    }
+    let n_layers = text
+        .get("num_hidden_layers")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| init_err(&path, "no num_hidden_layers: is this the target's config.json?"))?
+        as usize;
+    let target_hidden = text.get("hidden_size").cloned().ok_or_else(|| init_err(&path, "no hidden_size"))?;
+    let o = shape;
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            m.insert(k.into(), v);
+        }
+    };
+    put("hidden_size", o.hidden_size.map(|v| json!(v)));
+    put("intermediate_size", o.intermediate_size.map(|v| json!(v)));
+    put("num_attention_heads", o.num_attention_heads.map(|v| json!(v)));
+    put("num_key_value_heads", o.num_key_value_heads.map(|v| json!(v)));
+    put("head_dim", o.head_dim.map(|v| json!(v)));
+    put("rms_norm_eps", o.rms_norm_eps.map(|v| json!(v)));
+    put("rope_theta", o.rope_theta.map(|v| json!(v)));
+    put("max_position_embeddings", o.max_position_embeddings.map(|v| json!(v)));
+    put("fc_norm", o.fc_norm.map(|v| json!(v)));
+    put("norm_output", o.norm_output.map(|v| json!(v)));
+    if o.rope_theta.is_some() {
+        // An explicit theta replaces the target's transformers-5 rope_parameters (which win
+        // over the legacy key when both are present).
+        m.remove("rope_parameters");
+    }
+    m.insert("target_hidden_size".into(), target_hidden);
+    m.insert("draft_vocab_size".into(), json!(vocab.draft_vocab_size()));
+    m.insert("num_hidden_layers".into(), json!(1));
+    m.insert("architectures".into(), json!([SGLANG_ARCHITECTURE]));
+    if let Some(ids) = &o.aux_layer_ids {
+        m.insert("eagle_config".into(), json!({"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": true}));
+    }
+    if let Some(name) = top.get("_name_or_path").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        m.insert("target_name_or_path".into(), json!(name));
+    }
+    let cfg = parse_config(&Value::Object(m), &path, Some(n_layers))?.resolved(&path)?;
+    if cfg.vocab_size != vocab.vocab_size() {
+        return Err(init_err(
+            &path,
+            format!("the target vocab is {} but the draft vocab maps into {} ids", cfg.vocab_size, vocab.vocab_size()),
+        ));
+    }
+    if let Some(&bad) = cfg.aux_layers.ids.iter().find(|&&i| i >= n_layers) {
+        return Err(init_err(&path, format!("aux layer {bad} does not exist in a {n_layers}-layer target")));
+    }
+    let problems = cfg.problems();
+    if !problems.is_empty() {
+        return Err(init_err(&path, problems.join("; ")));
+    }
+    Ok(cfg)
+}
+
+fn embedding_source(cfg: &TrainConfig) -> Result<&Path> {
+    cfg.target.embedding_source().ok_or_else(|| {
+        Error::config(
+            &cfg.output_dir,
+            "the target's input embedding is needed: set `target.path` (model directory or safetensors file) or `target.embedding`",
+        )
+    })
+}
+
+/// The target's embedding `[V, H]`, checked against the drafter config.
+pub fn load_embedding(cfg: &TrainConfig, dc: &DrafterConfig) -> Result<HostTensor> {
+    let src = embedding_source(cfg)?;
+    let embed = load_target_embedding(src)?;
+    if embed.shape != [dc.vocab_size, dc.hidden_size] {
+        return Err(init_err(
+            src,
+            format!(
+                "the target embedding is {:?}, the drafter needs [{}, {}] (vocab_size, hidden_size)",
+                embed.shape, dc.vocab_size, dc.hidden_size
+            ),
+        ));
+    }
+    Ok(embed)
+}
+
+/// The target head `[V, Ht]` (the teacher), checked against the drafter config.
+pub fn load_head(source: &Path, dc: &DrafterConfig) -> Result<HostTensor> {
+    let head = load_target_head(source)?;
+    if head.shape != [dc.vocab_size, dc.target_hidden_size] {
+        return Err(init_err(
+            source,
+            format!(
+                "the target head is {:?}, the drafter needs [{}, {}] (vocab_size, target_hidden_size)",
+                head.shape, dc.vocab_size, dc.target_hidden_size
+            ),
+        ));
+    }
+    Ok(head)
+}
+
+/// The drafter a run starts from, per `[init]`.
+pub fn initial_drafter(cfg: &TrainConfig) -> Result<Initial> {
+    match cfg.init.kind {
+        InitKind::Fresh => fresh(cfg),
+        InitKind::WarmStart => warm_start(cfg),
+    }
+}
+
+fn fresh(cfg: &TrainConfig) -> Result<Initial> {
+    let vocab_path = cfg.init.vocab.as_deref().expect("validated: fresh has init.vocab");
+    let target_config: PathBuf = match (&cfg.init.target_config, &cfg.target.path) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => p.clone(),
+        (None, None) => unreachable!("validated: fresh has a target config"),
+    };
+    let t2d_hint = {
+        let p = if target_config.is_dir() { target_config.join("config.json") } else { target_config.clone() };
+        let top = read_json(&p)?;
+        let text = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
+        text.get("vocab_size").and_then(Value::as_u64).map(|v| v as usize)
+    };
+    let vocab = read_vocab_file(vocab_path, t2d_hint)?;
+    let dc = fresh_config(&target_config, &vocab, &cfg.init.shape)?;
+    let embed = load_embedding(cfg, &dc)?;
+    let tensors = aerie_model::init::init_tensors(&dc, &vocab, Some(embed), cfg.seed);
+    let notes = vec![format!(
+        "fresh drafter: H {}, I {}, {} heads ({} KV) of {}, aux layers {:?} (output of layer), Vd {} of V {}",
+        dc.hidden_size,
+        dc.intermediate_size,
+        dc.num_attention_heads,
+        dc.num_key_value_heads,
+        dc.head_dim,
+        dc.aux_layers.output_of_layer(),
+        dc.draft_vocab_size,
+        dc.vocab_size
+    )];
+    Ok(Initial {
+        checkpoint: DrafterCheckpoint { config: dc, dialect: Dialect::Sglang, weight_dtype: Dtype::F32, tensors, dir: PathBuf::new() },
+        notes,
+    })
+}
+
+fn vocab_of(ckpt: &DrafterCheckpoint) -> Result<VocabMap> {
+    let c = &ckpt.config;
+    match ckpt.tensors.get("d2t") {
+        Some(t) => VocabMap::from_d2t(&t.to_i64("d2t")?, c.vocab_size).map_err(|m| init_err(&ckpt.dir, format!("d2t: {m}"))),
+        None => Ok(VocabMap::identity(c.vocab_size)),
+    }
+}
+
+fn warm_start(cfg: &TrainConfig) -> Result<Initial> {
+    let dir = cfg.init.drafter.as_deref().expect("validated: warm_start has init.drafter");
+    let loaded = load_drafter_with_notes(dir, cfg.target.embedding_source())?;
+    let mut notes = loaded.notes;
+    let mut ckpt = loaded.checkpoint;
+    if !ckpt.tensors.contains_key("embed_tokens.weight") {
+        return Err(init_err(dir, "the drafter ships no embed_tokens.weight: set `target.path` or `target.embedding`"));
+    }
+    let own = vocab_of(&ckpt)?;
+    notes.push(format!("warm start from {}: keeping its d2t/t2d (Vd {})", dir.display(), own.draft_vocab_size()));
+    if let Some(vpath) = &cfg.init.vocab {
+        let given = read_vocab_file(vpath, Some(ckpt.config.vocab_size))?;
+        if given != own {
+            let shared = given.target_ids().iter().filter(|&&t| own.contains(t)).count();
+            let what = format!(
+                "the drafter's vocab map (Vd {}) differs from {} (Vd {}); {shared} target ids are in both",
+                own.draft_vocab_size(),
+                vpath.display(),
+                given.draft_vocab_size()
+            );
+            if !cfg.init.allow_vocab_override {
+                return Err(init_err(
+                    dir,
+                    format!(
+                        "{what}. The drafter's lm_head rows belong to its own map; drop `init.vocab` to keep it, or set \
+                         `init.allow_vocab_override = true` to switch (rows of shared ids are kept, the others start fresh)"
+                    ),
+                ));
+            }
+            remap_vocab(&mut ckpt, &own, &given, cfg.seed)?;
+            notes.pop();
+            notes.push(format!("{what}: switched to the given map, {shared} lm_head rows kept"));
+        }
+    }
+    ckpt.weight_dtype = Dtype::F32;
+    Ok(Initial { checkpoint: ckpt, notes })
+}
+
+/// Switch a drafter to another vocab map: lm_head row of target id t is copied where the old
+/// map has t, N(0, 0.02) (seeded) elsewhere.
+fn remap_vocab(ckpt: &mut DrafterCheckpoint, old: &VocabMap, new: &VocabMap, seed: u64) -> Result<()> {
+    let head = ckpt.tensors.get("lm_head.weight").ok_or_else(|| init_err(&ckpt.dir, "no lm_head.weight"))?;
+    let h = ckpt.config.hidden_size;
+    let rows = head.to_f32("lm_head.weight")?;
+    let mut old_row = vec![usize::MAX; old.vocab_size()];
+    for (i, &t) in old.target_ids().iter().enumerate() {
+        old_row[t] = i;
+    }
+    let mut rng = SplitMix(seed ^ 0x7265_6D61_70);
+    let mut normal = || {
+        let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let v = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos() * 0.02) as f32
+    };
+    let mut out = Vec::with_capacity(new.draft_vocab_size() * h);
+    for &t in new.target_ids() {
+        match old_row[t] {
+            usize::MAX => out.extend((0..h).map(|_| normal())),
+            i => out.extend_from_slice(&rows[i * h..(i + 1) * h]),
+        }
+    }
+    let vd = new.draft_vocab_size();
+    ckpt.tensors.insert("lm_head.weight".into(), HostTensor::from_f32(vec![vd, h], &out, Dtype::F32));
+    ckpt.tensors.insert("d2t".into(), HostTensor::from_i64(vec![vd], new.d2t()));
+    ckpt.tensors.insert("t2d".into(), HostTensor::from_bool(vec![new.vocab_size()], new.t2d()));
+    ckpt.config.draft_vocab_size = vd;
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! aerie-train: fine-tune EAGLE-3 drafters (EAGLE-3, arXiv 2503.01840) with the training-time
+//! test objective of eagle3.md §3, following the reference trainer (SpecForge
+//! `scripts/train_eagle3.py`, `core/eagle3.py`) where it is right and saying where it differs.
+//!
+//! - [`config`]: `TrainConfig` (TOML), key table with "did you mean", `--set` overrides, the
+//!   fingerprint that guards resumes.
+//! - [`init`]: a fresh drafter shaped after the target, or a warm start that keeps d2t/t2d.
+//! - [`data`]: hold-out split, seeded per-epoch shuffle, length bucketing under a token budget.
+//! - [`objective`]: soft-CE, TV and LK losses normalised over the whole optimizer step.
+//! - [`grads`]: stable parameter ids, gradient sums across micro-batches and replicas, global
+//!   norm clipping.
+//! - [`step`]: the [`Trainer`] (AdamW on float32 weights, hand-written data parallelism).
+//! - [`checkpoint`]: atomic `checkpoint-<step>/` directories loadable as drafters, plus the
+//!   training state for a bit-identical resume.
+//! - [`metrics`], [`eval`], [`schedule`], and [`run`] with the entry point [`train`].
+//!
+//! ```no_run
+//! use std::ops::ControlFlow;
+//! use std::path::Path;
+//! use aerie_train::{RunOptions, TrainConfig, train};
+//!
+//! type B = burn::backend::Autodiff<burn::backend::Flex>;
+//! let cfg = TrainConfig::load(Path::new("configs/smollm2-quickstart.toml"), &[])?;
+//! let opts = RunOptions::<B> { devices: vec![Default::default()], resume: None };
+//! let summary = train(&cfg, &opts, &mut |_event| ControlFlow::Continue(()))?;
+//! println!("{} steps, {:.0} tokens/s", summary.steps, summary.tokens_per_s);
+//! # Ok::<(), aerie_train::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+mod error;
+pub mod eval;
+pub mod grads;
+pub mod init;
+pub mod metrics;
+pub mod objective;
+pub mod run;
+pub mod schedule;
+pub mod step;
+
+pub use config::{LossKind, TrainConfig};
+pub use error::{Error, Result};
+pub use metrics::{Event, Status, StepProgress, Summary};
+pub use run::{RunOptions, train};
+pub use step::Trainer;

@@ -1,0 +1,333 @@
+//! One optimizer step: collate the step's micro-batches (teacher included) on their replicas,
+//! compute the step-wide normalisers, forward and backward each micro-batch, sum the gradients
+//! onto the main device, clip the global norm, and take one AdamW step on float32 weights.
+//!
+//! Data parallelism is done by hand (burn's collective all-reduce is not used): micro-batch j of
+//! a step goes to replica `j mod R`; every micro-batch's loss is its share of the step objective
+//! (normalised by the whole step's token counts, see [`crate::objective`]), so the summed
+//! gradient is that of the step's union batch whatever the split. Replicas on distinct devices
+//! run in one thread each and get a fresh copy of the weights after every step; replicas on the
+//! same device (`--devices cpu,cpu`) run one after the other on the shared model.
+
+use aerie_data::shard::SampleView;
+use aerie_eval::batch::{TeacherSource, collate};
+use aerie_model::{Drafter, TargetHead, TeacherTargets, TttBatch, TttOptions, TttSums, ttt_forward};
+use burn::module::{AutodiffModule, Module};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
+
+use crate::config::{LossKind, OptimConfig};
+use crate::grads::{accumulate, clip_global_norm};
+use crate::objective::{BatchMasks, Normalisers, micro_loss};
+use crate::{Error, Result};
+
+/// AdamW over a drafter.
+pub type Adam<B> = OptimizerAdaptor<AdamW, Drafter<B>, B>;
+
+/// The optimizer's state (moments and step count per parameter), as burn records it.
+pub type OptimRecord<B> = <Adam<B> as Optimizer<Drafter<B>, B>>::Record;
+
+/// burn's AdamW with every setting given explicitly (its defaults differ from PyTorch's: eps
+/// 1e-5, weight decay 1e-4). No clipping here: [`crate::grads`] clips the global norm.
+pub fn adamw<B: AutodiffBackend>(o: &OptimConfig) -> Adam<B> {
+    AdamWConfig::new()
+        .with_beta_1(o.betas[0] as f32)
+        .with_beta_2(o.betas[1] as f32)
+        .with_epsilon(o.eps as f32)
+        .with_weight_decay(o.weight_decay as f32)
+        .with_amsgrad(false)
+        .with_cautious_weight_decay(false)
+        .with_grad_clipping(None)
+        .init()
+}
+
+/// One device taking part in a step.
+pub struct Replica<B: AutodiffBackend> {
+    /// Its device.
+    pub device: B::Device,
+    /// The target head on this device (`None`: the shards' top-k teacher is used).
+    pub head: Option<TargetHead<B::InnerBackend>>,
+    /// Its copy of the weights; `None` when it shares the main model's device.
+    model: Option<Drafter<B>>,
+}
+
+/// A micro-batch handed to [`Trainer::step`]: its samples and how to name them in errors.
+pub struct MicroInput<'a> {
+    /// The samples.
+    pub samples: Vec<SampleView<'a>>,
+    /// One label per sample (`DIR#INDEX (id N)`).
+    pub labels: Vec<String>,
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Default)]
+pub struct StepReport {
+    /// The step's objective (sum of the micro-batch shares).
+    pub loss: f64,
+    /// Per-step sums for the public metrics (loss_k, acc_k, α_k).
+    pub sums: TttSums,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Real token positions.
+    pub positions: f64,
+    /// Padded tokens (Σ B·Lmax over micro-batches).
+    pub padded_tokens: f64,
+}
+
+/// The model, its optimizer, and the replicas.
+pub struct Trainer<B: AutodiffBackend> {
+    model: Option<Drafter<B>>,
+    optim: Adam<B>,
+    replicas: Vec<Replica<B>>,
+    ttt: TttOptions,
+    loss: LossKind,
+    max_grad_norm: f64,
+}
+
+struct Prepared<B: AutodiffBackend> {
+    batch: TttBatch<B>,
+    masks: BatchMasks,
+    labels: Vec<String>,
+}
+
+struct ReplicaOut {
+    grads: Option<GradientsParams>,
+    sums: TttSums,
+    loss: f64,
+}
+
+fn lift<B: AutodiffBackend>(b: TttBatch<B::InnerBackend>) -> TttBatch<B> {
+    TttBatch {
+        input_ids: Tensor::from_inner(b.input_ids),
+        loss_mask: Tensor::from_inner(b.loss_mask),
+        valid: Tensor::from_inner(b.valid),
+        aux: Tensor::from_inner(b.aux),
+        teacher: TeacherTargets {
+            p: Tensor::from_inner(b.teacher.p),
+            pf: Tensor::from_inner(b.teacher.pf),
+            in_draft: Tensor::from_inner(b.teacher.in_draft),
+        },
+    }
+}
+
+impl<B: AutodiffBackend> Trainer<B> {
+    /// `model` must carry stable parameter ids ([`crate::grads::with_stable_ids`]) and live on
+    /// `heads[0].0`; one replica per `(device, head)`.
+    pub fn new(
+        model: Drafter<B>,
+        devices: Vec<(B::Device, Option<TargetHead<B::InnerBackend>>)>,
+        ttt: TttOptions,
+        loss: LossKind,
+        optim: &OptimConfig,
+    ) -> Result<Self> {
+        ttt.validate()?;
+        if devices.is_empty() {
+            return Err(Error::Options("no device to train on".into()));
+        }
+        let main = devices[0].0.clone();
+        let replicas = devices
+            .into_iter()
+            .map(|(device, head)| {
+                let model = (device != main).then(|| model.clone().fork(&device));
+                Replica { device, head, model }
+            })
+            .collect();
+        Ok(Self {
+            model: Some(model),
+            optim: adamw(optim),
+            replicas,
+            ttt,
+            loss,
+            max_grad_norm: optim.max_grad_norm,
+        })
+    }
+
+    /// The current weights (on the main device).
+    pub fn model(&self) -> &Drafter<B> {
+        self.model.as_ref().expect("the model is only taken inside step")
+    }
+
+    /// The replicas (the first is the main device).
+    pub fn replicas(&self) -> &[Replica<B>] {
+        &self.replicas
+    }
+
+    /// The optimizer state, for checkpoints.
+    pub fn optimizer_record(&self) -> OptimRecord<B> {
+        self.optim.to_record()
+    }
+
+    /// Restore optimizer state saved by [`Self::optimizer_record`] (on the main device).
+    pub fn load_optimizer_record(&mut self, record: OptimRecord<B>) {
+        let optim = std::mem::replace(&mut self.optim, adamw(&OptimConfig::default()));
+        self.optim = optim.load_record(record);
+    }
+
+    fn parallel(&self) -> bool {
+        self.replicas.iter().any(|r| r.model.is_some())
+    }
+
+    /// Collate micro-batch j on replica j mod R.
+    fn prepare<'a>(&self, micro: Vec<MicroInput<'a>>) -> Result<Vec<Vec<Prepared<B>>>> {
+        let r = self.replicas.len();
+        let mut per: Vec<Vec<MicroInput<'a>>> = (0..r).map(|_| Vec::new()).collect();
+        for (j, m) in micro.into_iter().enumerate() {
+            per[j % r].push(m);
+        }
+        let cfg = self.model().config();
+        let vocab = self.model().vocab();
+        let work = |(rep, inputs): (&Replica<B>, Vec<MicroInput<'a>>)| -> Result<Vec<Prepared<B>>> {
+            let teacher = match &rep.head {
+                Some(h) => TeacherSource::Head(h),
+                None => TeacherSource::TopK,
+            };
+            inputs
+                .into_iter()
+                .map(|m| {
+                    let batch = lift::<B>(collate::<B::InnerBackend>(&m.samples, cfg, vocab, &teacher, &rep.device)?);
+                    let masks = BatchMasks::of(&batch);
+                    Ok(Prepared { batch, masks, labels: m.labels })
+                })
+                .collect()
+        };
+        let jobs: Vec<_> = self.replicas.iter().zip(per).collect();
+        if self.parallel() {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(move || work(j))).collect();
+                handles.into_iter().map(|h| h.join().expect("collate thread panicked")).collect()
+            })
+        } else {
+            jobs.into_iter().map(work).collect()
+        }
+    }
+
+    /// Forward and backward every micro-batch of one replica; gradients stay on its device.
+    fn run_replica(
+        &self,
+        rep: &Replica<B>,
+        batches: Vec<Prepared<B>>,
+        norm: &Normalisers,
+        step: u64,
+    ) -> Result<ReplicaOut> {
+        let model = rep.model.as_ref().unwrap_or_else(|| self.model());
+        let mut out = ReplicaOut { grads: None, sums: TttSums::default(), loss: 0.0 };
+        for p in batches {
+            let fwd = ttt_forward(model, &p.batch, &self.ttt)?;
+            let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights);
+            let value = loss.clone().into_scalar().elem::<f64>();
+            if !value.is_finite() {
+                return Err(Error::NonFinite { step, what: "loss", value, samples: p.labels, last_checkpoint: None });
+            }
+            out.loss += value;
+            out.sums.add(&fwd);
+            let grads = GradientsParams::from_grads(loss.backward(), model);
+            match out.grads.as_mut() {
+                None => out.grads = Some(grads),
+                Some(acc) => accumulate(model, acc, grads, &rep.device),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One optimizer step over `micro` (at most one micro-batch per replica per accumulation
+    /// round; any number works) at learning rate `lr`. `step` (1-based) names the step in errors.
+    pub fn step(&mut self, micro: Vec<MicroInput<'_>>, lr: f64, step: u64) -> Result<StepReport> {
+        if micro.is_empty() {
+            return Err(Error::Options(format!("step {step}: no micro-batch")));
+        }
+        let all_labels: Vec<String> = micro.iter().flat_map(|m| m.labels.iter().cloned()).collect();
+        let padded: f64 = micro
+            .iter()
+            .map(|m| (m.samples.len() * m.samples.iter().map(|s| s.len()).max().unwrap_or(0)) as f64)
+            .sum();
+        let prepared = self.prepare(micro)?;
+        let masks: Vec<&BatchMasks> = prepared.iter().flatten().map(|p| &p.masks).collect();
+        let norm = Normalisers::of(&masks, self.ttt.ttt_length);
+
+        let jobs: Vec<_> = self.replicas.iter().zip(prepared).collect();
+        let outs: Vec<Result<ReplicaOut>> = if self.parallel() {
+            let this = &*self;
+            let norm = &norm;
+            std::thread::scope(|s| {
+                let handles: Vec<_> =
+                    jobs.into_iter().map(|(rep, b)| s.spawn(move || this.run_replica(rep, b, norm, step))).collect();
+                handles.into_iter().map(|h| h.join().expect("replica thread panicked")).collect()
+            })
+        } else {
+            jobs.into_iter().map(|(rep, b)| self.run_replica(rep, b, &norm, step)).collect()
+        };
+
+        let main = self.replicas[0].device.clone();
+        let model = self.model.take().expect("model present between steps");
+        let mut report = StepReport { positions: norm.positions, padded_tokens: padded, ..StepReport::default() };
+        let mut grads: Option<GradientsParams> = None;
+        let mut failure = None;
+        for out in outs {
+            match out {
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+                Ok(o) => {
+                    report.loss += o.loss;
+                    merge_sums(&mut report.sums, &o.sums);
+                    if let Some(g) = o.grads {
+                        match grads.as_mut() {
+                            None => grads = Some(g.to_device(&main, &model)),
+                            Some(acc) => accumulate(&model, acc, g, &main),
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(e) = failure {
+            self.model = Some(model);
+            return Err(e);
+        }
+        let mut grads = grads.expect("at least one micro-batch ran");
+        report.grad_norm = clip_global_norm(&model, &mut grads, self.max_grad_norm);
+        if !report.grad_norm.is_finite() {
+            self.model = Some(model);
+            return Err(Error::NonFinite {
+                step,
+                what: "grad_norm",
+                value: report.grad_norm,
+                samples: all_labels,
+                last_checkpoint: None,
+            });
+        }
+        let model = self.optim.step(lr, model, grads);
+        for rep in &mut self.replicas {
+            if rep.model.is_some() {
+                rep.model = Some(model.clone().fork(&rep.device));
+            }
+        }
+        self.model = Some(model);
+        Ok(report)
+    }
+
+    /// The current weights without autodiff (for evaluation).
+    pub fn valid(&self) -> Drafter<B::InnerBackend> {
+        self.model().valid()
+    }
+}
+
+/// Add `b`'s sums into `a`.
+pub fn merge_sums(a: &mut TttSums, b: &TttSums) {
+    for (x, y) in [
+        (&mut a.ce, &b.ce),
+        (&mut a.correct, &b.correct),
+        (&mut a.m_count, &b.m_count),
+        (&mut a.pm_count, &b.pm_count),
+        (&mut a.alpha, &b.alpha),
+    ] {
+        if x.len() < y.len() {
+            x.resize(y.len(), 0.0);
+        }
+        for (xi, yi) in x.iter_mut().zip(y) {
+            *xi += yi;
+        }
+    }
+    a.positions += b.positions;
+}

@@ -1,0 +1,219 @@
+//! A tiny synthetic world: a target (config.json + a safetensors file with head and embedding),
+//! a draft vocab file, captured shards whose teacher is learnable from the token embeddings, and
+//! config text pointing at all of it.
+#![allow(dead_code)]
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use aerie_data::shard::{AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher};
+use aerie_model::checkpoint::io::write_safetensors;
+use aerie_model::checkpoint::{Dtype, HostTensor, synthetic};
+use aerie_train::{Event, RunOptions, Summary, TrainConfig, train};
+
+pub type B = burn::backend::Autodiff<burn::backend::Flex>;
+
+pub const H: usize = 32;
+pub const V: usize = 128;
+pub const VD: usize = 32;
+pub const LAYERS: usize = 8;
+pub const AUX: [usize; 3] = [1, 3, 4]; // [1, N/2-1, N-4] for N = 8
+
+pub fn cpu() -> burn::backend::flex::FlexDevice {
+    burn::backend::flex::FlexDevice
+}
+
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Paths of the synthetic world.
+pub struct World {
+    pub root: tempfile::TempDir,
+    pub target_dir: PathBuf,
+    pub target_file: PathBuf,
+    pub vocab: PathBuf,
+    pub train: PathBuf,
+    pub eval: PathBuf,
+    pub embed: Vec<f32>,
+}
+
+impl World {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+}
+
+pub fn metadata() -> ShardMetadata {
+    ShardMetadata {
+        target: "tiny/target".into(),
+        target_num_layers: LAYERS,
+        target_vocab_size: V,
+        aux_layer_ids: AUX.to_vec(),
+        aux_convention: AuxConvention::OutputOfLayer,
+        hidden_size: H,
+        dtype: FloatDtype::F32,
+        tokenizer_digest: "0".repeat(64),
+        chat_template: "none".into(),
+        teacher: Teacher::FinalHidden,
+        created_by: "aerie-train tests".into(),
+        extra: Default::default(),
+    }
+}
+
+/// Write `n` samples (lengths 8..=24) to `dir`. The teacher at token t is the target head applied
+/// to `3 · embed[x_t]`, so the drafter can learn it from the token embedding it is fed.
+pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardWriterOptions) {
+    let mut rng = Rng::new(seed);
+    let mut w = ShardWriter::create(dir, metadata(), opts).unwrap();
+    for i in 0..n {
+        let len = 8 + (rng.next() % 17) as usize;
+        let ids: Vec<i32> = (0..len).map(|_| (rng.next() % V as u64) as i32).collect();
+        let mask: Vec<u8> = (0..len).map(|t| u8::from(t >= 2)).collect();
+        let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.unit()).collect();
+        let fin: Vec<f32> =
+            ids.iter().flat_map(|&id| embed[id as usize * H..(id as usize + 1) * H].iter().map(|v| 3.0 * v)).collect();
+        w.push(
+            SampleRef::new(&ids, &mask, &aux)
+                .with_final_hidden(&fin)
+                .with_sample_id(1000 + i as i64 + seed as i64 * 100_000),
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+pub fn world() -> World {
+    world_with(ShardWriterOptions::default())
+}
+
+pub fn world_with(opts: ShardWriterOptions) -> World {
+    let root = tempfile::tempdir().unwrap();
+    let target_dir = root.path().join("target");
+    std::fs::create_dir_all(&target_dir).unwrap();
+    let cfg = serde_json::json!({
+        "_name_or_path": "tiny/target",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": LAYERS, "vocab_size": V, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": false
+    });
+    std::fs::write(target_dir.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let mut rng = Rng::new(7);
+    let embed: Vec<f32> = (0..V * H).map(|_| 0.5 * rng.unit()).collect();
+    let head: Vec<f32> = (0..V * H).map(|_| 0.5 * rng.unit()).collect();
+    let e = HostTensor::from_f32(vec![V, H], &embed, Dtype::F32);
+    let h = HostTensor::from_f32(vec![V, H], &head, Dtype::F32);
+    let target_file = root.path().join("target.safetensors");
+    write_safetensors(&target_file, [("embed_tokens.weight", &e), ("lm_head.weight", &h)]).unwrap();
+    // Also a model directory layout.
+    write_safetensors(&target_dir.join("model.safetensors"), [("model.embed_tokens.weight", &e), ("lm_head.weight", &h)])
+        .unwrap();
+    let vocab = root.path().join("vocab.safetensors");
+    write_vocab(&vocab, 3);
+    let train = root.path().join("train");
+    let eval = root.path().join("eval");
+    write_shards(&train, 24, 1, &embed, opts.clone());
+    write_shards(&eval, 6, 2, &embed, opts);
+    World { root, target_dir, target_file, vocab, train, eval, embed }
+}
+
+/// A draft vocab file (d2t, t2d) of VD ids out of V chosen by `seed`.
+pub fn write_vocab(path: &Path, seed: u64) {
+    let (d2t, t2d) = synthetic::vocab_map(V, VD, seed);
+    let d = HostTensor::from_i64(vec![VD], &d2t);
+    let t = HostTensor::from_bool(vec![V], &t2d);
+    write_safetensors(path, [("d2t", &d), ("t2d", &t)]).unwrap();
+}
+
+/// A fresh-init config over the world; `extra` is appended (more top-level keys go BEFORE the
+/// tables, so pass them in `top`).
+pub fn config_text(w: &World, out: &str, top: &str, extra: &str) -> String {
+    format!(
+        r#"seed = 3
+output_dir = "{out}"
+log_every = 1
+{top}
+
+[data]
+train = ["{train}"]
+eval = ["{eval}"]
+batch_tokens = 64
+bucket_window = 8
+
+[init]
+kind = "fresh"
+target_config = "{tcfg}"
+vocab = "{vocab}"
+
+[target]
+path = "{tfile}"
+
+[optim]
+lr = 1e-3
+warmup_ratio = 0.1
+{extra}
+"#,
+        out = w.path(out).display(),
+        train = w.train.display(),
+        eval = w.eval.display(),
+        tcfg = w.target_dir.join("config.json").display(),
+        vocab = w.vocab.display(),
+        tfile = w.target_file.display(),
+    )
+}
+
+pub fn config(w: &World, out: &str, top: &str, extra: &str) -> TrainConfig {
+    TrainConfig::from_toml_str(&config_text(w, out, top, extra), Path::new("test.toml"), &[]).unwrap()
+}
+
+pub fn run(cfg: &TrainConfig, devices: usize, resume: Option<&Path>) -> aerie_train::Result<Summary> {
+    let opts = RunOptions::<B> { devices: vec![cpu(); devices], resume: resume.map(Path::to_path_buf) };
+    train(cfg, &opts, &mut |_| ControlFlow::Continue(()))
+}
+
+/// Run, stopping (as a kill would) right after step `stop_after`.
+pub fn run_until(cfg: &TrainConfig, stop_after: u64) -> Summary {
+    let opts = RunOptions::<B> { devices: vec![cpu()], resume: None };
+    train(cfg, &opts, &mut |e| match e {
+        Event::Step(p) if p.step >= stop_after => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .unwrap()
+}
+
+/// Every tensor of a checkpoint's model.safetensors, by name, as raw bytes.
+pub fn tensors(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<u8>)> = st.tensors().into_iter().map(|(k, v)| (k, v.data().to_vec())).collect();
+    out.sort();
+    out
+}
+
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+pub fn metrics_lines(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

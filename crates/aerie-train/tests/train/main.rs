@@ -1,0 +1,10 @@
+//! aerie-train integration tests, grouped by theme, on a tiny synthetic capture (CPU, burn-flex).
+
+mod common;
+
+mod config;
+mod dp;
+mod nan;
+mod resume;
+mod training;
+mod warm_start;
