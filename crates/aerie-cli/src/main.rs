@@ -30,6 +30,8 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Write a drafter for SGLang or vLLM/speculators, verified by read-back.
     Export(cmd::export::ExportArgs),
+    /// Run the target over prepared data and write capture shards (aux features + teacher).
+    Capture(cmd::capture::CaptureArgs),
     /// Evaluate a drafter.
     #[command(subcommand)]
     Eval(cmd::eval::EvalCommand),
@@ -59,6 +61,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Vocab(c) => cmd::vocab::run(c).map(|()| 0),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Export(a) => cmd::export::run(a).map(|()| 0),
+        Command::Capture(a) => cmd::capture::run(a).map(|()| 0),
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
         Command::Project(a) => cmd::project::run(a).map(|()| 0),
         Command::Measure(a) => cmd::measure::run(a).map(|()| 0),

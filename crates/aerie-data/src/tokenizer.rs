@@ -108,15 +108,15 @@ impl TokenizerFiles {
     pub fn special_tokens(&self) -> BTreeMap<String, Value> {
         let mut out = BTreeMap::new();
         for (k, v) in &self.config {
-            if k.ends_with("_token") {
-                if let Some(s) = token_string(v) {
-                    out.insert(k.clone(), Value::from(s));
-                }
-            } else if k == "additional_special_tokens" {
-                if let Some(list) = v.as_array() {
-                    let items: Vec<Value> = list.iter().filter_map(token_string).map(Value::from).collect();
-                    out.insert(k.clone(), Value::from(items));
-                }
+            if k.ends_with("_token")
+                && let Some(s) = token_string(v)
+            {
+                out.insert(k.clone(), Value::from(s));
+            } else if k == "additional_special_tokens"
+                && let Some(list) = v.as_array()
+            {
+                let items: Vec<Value> = list.iter().filter_map(token_string).map(Value::from).collect();
+                out.insert(k.clone(), Value::from(items));
             }
         }
         out
@@ -138,10 +138,10 @@ impl TokenizerFiles {
             sources.push((cfg_path.display().to_string(), t.clone()));
         }
         let json = self.dir.join("chat_template.json");
-        if let Some(Json::Object(o)) = read_json(&json)? {
-            if let Some(t) = o.get("chat_template") {
-                sources.push((json.display().to_string(), t.clone()));
-            }
+        if let Some(Json::Object(o)) = read_json(&json)?
+            && let Some(t) = o.get("chat_template")
+        {
+            sources.push((json.display().to_string(), t.clone()));
         }
         for (label, value) in sources {
             match (&value, name) {
@@ -152,10 +152,10 @@ impl TokenizerFiles {
                     for entry in list {
                         let n = entry.get("name").and_then(Json::as_str);
                         let t = entry.get("template").and_then(Json::as_str);
-                        if let (Some(n), Some(t)) = (n, t) {
-                            if n == want {
-                                return Ok(Some((format!("{label} [{n}]"), t.to_owned())));
-                            }
+                        if let (Some(n), Some(t)) = (n, t)
+                            && n == want
+                        {
+                            return Ok(Some((format!("{label} [{n}]"), t.to_owned())));
                         }
                     }
                 }

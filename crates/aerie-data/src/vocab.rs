@@ -253,6 +253,9 @@ fn tensor_view<'a>(path: &Path, dtype: Dtype, len: usize, data: &'a [u8]) -> Res
     TensorView::new(dtype, vec![len], data).map_err(|e| verr(path, e.to_string()))
 }
 
+/// A tensor's dtype name, shape and little-endian bytes.
+type RawTensor = (String, Vec<usize>, Vec<u8>);
+
 /// Header-only access to a safetensors file: tensors are read by seeking to their bytes, so a
 /// multi-gigabyte drafter checkpoint costs one small read.
 struct SafetensorsFile {
@@ -288,7 +291,7 @@ impl SafetensorsFile {
     }
 
     /// (dtype, shape, bytes) of `name`, `None` when absent.
-    fn tensor(&mut self, name: &str) -> Result<Option<(String, Vec<usize>, Vec<u8>)>> {
+    fn tensor(&mut self, name: &str) -> Result<Option<RawTensor>> {
         let Some(info) = self.header.get(name) else {
             return Ok(None);
         };
@@ -396,7 +399,7 @@ pub fn count_masked_tokens(
                     ),
                 )
             })?;
-            if counts.samples % 1024 == 0 {
+            if counts.samples.is_multiple_of(1024) {
                 progress(counts.samples, total);
             }
         }

@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn model_cycles_pick_the_best_k() {
-        // T_d 10, T_s 1, T_v(n) = 8 + 1·n, overhead 0.5: cycle(k) = k + 8 + (k+1) + 0.5.
+        // T_d 10, T_s 1, T_v(n) = 8 + 1·n, overhead 0.5: cycle(k) = k + 8 + (k+1) + 0.5 = 2k + 9.5.
         let mut c = kimi(10.0, 1.0);
         c.cycle_ms.clear();
         c.t_s_ms = Some(1.0);
@@ -356,13 +356,14 @@ mod tests {
         let curve = [point(1, 1.8), point(2, 2.4), point(3, 2.6)];
         let p = project(&curve, &c);
         let cycles: Vec<f64> = p.rows.iter().map(|r| r.cycle_ms).collect();
-        assert_eq!(cycles, vec![10.5, 12.5, 14.5]);
-        // S = 18/10.5 = 1.714, 24/12.5 = 1.92, 26/14.5 = 1.793 → best k = 2.
+        assert_eq!(cycles, vec![11.5, 13.5, 15.5]);
+        // S = 18/11.5 = 1.565, 24/13.5 = 1.778, 26/15.5 = 1.677 → best k = 2.
         assert_eq!(p.best_k, Some(2));
         assert!(p.pays);
         // S = 1 when T_v = τ·T_d − k·T_s − overhead = 24 − 2 − 0.5.
         assert_eq!(p.rows[1].max_verify_ms, Some(21.5));
-        assert!((p.rows[1].break_even_tau - 1.25).abs() < 1e-12);
+        assert!((p.rows[1].break_even_tau - 1.35).abs() < 1e-12);
+        assert!((p.rows[1].speedup - 24.0 / 13.5).abs() < 1e-12);
     }
 
     #[test]

@@ -210,7 +210,7 @@ fn captured_tokens_that_are_not_the_target_argmax_are_flagged() {
 
 #[test]
 fn invalid_options_are_refused() {
-    let bad = AcceptOptions { rule: AcceptRule::Sampling, tree: Some(TreeShape { topk: 2, verify_tokens: 4 }), ..greedy(3) };
+    let bad = AcceptOptions { rule: AcceptRule::Sampling, temperature: 1.0, tree: Some(TreeShape { topk: 2, verify_tokens: 4 }), ..greedy(3) };
     assert!(bad.validate().unwrap_err().to_string().contains("greedily"));
     assert!(AcceptOptions { steps: 0, ..greedy(3) }.validate().is_err());
     let argmax_sampling = AcceptOptions { rule: AcceptRule::Sampling, ..greedy(3) };

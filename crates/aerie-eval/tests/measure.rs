@@ -138,6 +138,7 @@ fn server_errors_are_retried_with_backoff() {
 
     // Always 500: bounded attempts, then the server's message.
     let mock = start(10, LIFE, |_, _| Reply::Json(500, json!({"detail": "CUDA out of memory"})));
+    o.server = mock.url.clone();
     let err = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
     assert_eq!(mock.finish().len(), 3);
     assert!(err.contains("HTTP 500") && err.contains("CUDA out of memory") && err.contains("after 3 attempts"), "{err}");

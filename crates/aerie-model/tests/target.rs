@@ -68,7 +68,6 @@ fn rel_err(got: &[Vec<f64>], want: &[Vec<f64>]) -> f64 {
 
 fn assert_close(what: &str, got: &[Vec<f64>], want: &[Vec<f64>]) {
     let e = rel_err(got, want);
-    eprintln!("ERR {what}: {e:.3e}");
     assert!(e <= TOL, "{what}: relative error {e:.3e} > {TOL:e}");
 }
 

@@ -231,13 +231,13 @@ impl<B: AutodiffBackend> Trainer<B> {
         Ok(out)
     }
 
-    /// One optimizer step over `micro` (at most one micro-batch per replica per accumulation
-    /// round; any number works) at learning rate `lr`. `step` (1-based) names the step in errors.
-    pub fn step(&mut self, micro: Vec<MicroInput<'_>>, lr: f64, step: u64) -> Result<StepReport> {
+    /// Forward and backward the micro-batches of one step: the summed gradient of the step
+    /// objective on the main device, unclipped (`report.grad_norm` is left 0). `step` (1-based)
+    /// names the step in errors.
+    pub fn gradients(&self, micro: Vec<MicroInput<'_>>, step: u64) -> Result<(GradientsParams, StepReport)> {
         if micro.is_empty() {
             return Err(Error::Options(format!("step {step}: no micro-batch")));
         }
-        let all_labels: Vec<String> = micro.iter().flat_map(|m| m.labels.iter().cloned()).collect();
         let padded: f64 = micro
             .iter()
             .map(|m| (m.samples.len() * m.samples.iter().map(|s| s.len()).max().unwrap_or(0)) as f64)
@@ -248,47 +248,41 @@ impl<B: AutodiffBackend> Trainer<B> {
 
         let jobs: Vec<_> = self.replicas.iter().zip(prepared).collect();
         let outs: Vec<Result<ReplicaOut>> = if self.parallel() {
-            let this = &*self;
             let norm = &norm;
             std::thread::scope(|s| {
                 let handles: Vec<_> =
-                    jobs.into_iter().map(|(rep, b)| s.spawn(move || this.run_replica(rep, b, norm, step))).collect();
+                    jobs.into_iter().map(|(rep, b)| s.spawn(move || self.run_replica(rep, b, norm, step))).collect();
                 handles.into_iter().map(|h| h.join().expect("replica thread panicked")).collect()
             })
         } else {
             jobs.into_iter().map(|(rep, b)| self.run_replica(rep, b, &norm, step)).collect()
         };
 
-        let main = self.replicas[0].device.clone();
-        let model = self.model.take().expect("model present between steps");
+        let main = &self.replicas[0].device;
+        let model = self.model();
         let mut report = StepReport { positions: norm.positions, padded_tokens: padded, ..StepReport::default() };
         let mut grads: Option<GradientsParams> = None;
-        let mut failure = None;
         for out in outs {
-            match out {
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
-                Ok(o) => {
-                    report.loss += o.loss;
-                    merge_sums(&mut report.sums, &o.sums);
-                    if let Some(g) = o.grads {
-                        match grads.as_mut() {
-                            None => grads = Some(g.to_device(&main, &model)),
-                            Some(acc) => accumulate(&model, acc, g, &main),
-                        }
-                    }
+            let o = out?;
+            report.loss += o.loss;
+            merge_sums(&mut report.sums, &o.sums);
+            if let Some(g) = o.grads {
+                match grads.as_mut() {
+                    None => grads = Some(g.to_device(main, model)),
+                    Some(acc) => accumulate(model, acc, g, main),
                 }
             }
         }
-        if let Some(e) = failure {
-            self.model = Some(model);
-            return Err(e);
-        }
-        let mut grads = grads.expect("at least one micro-batch ran");
-        report.grad_norm = clip_global_norm(&model, &mut grads, self.max_grad_norm);
+        Ok((grads.expect("at least one micro-batch ran"), report))
+    }
+
+    /// One optimizer step over `micro` at learning rate `lr`: [`Self::gradients`], global-norm
+    /// clipping, AdamW, and fresh weights for the other devices' replicas.
+    pub fn step(&mut self, micro: Vec<MicroInput<'_>>, lr: f64, step: u64) -> Result<StepReport> {
+        let all_labels: Vec<String> = micro.iter().flat_map(|m| m.labels.iter().cloned()).collect();
+        let (mut grads, mut report) = self.gradients(micro, step)?;
+        report.grad_norm = clip_global_norm(self.model(), &mut grads, self.max_grad_norm);
         if !report.grad_norm.is_finite() {
-            self.model = Some(model);
             return Err(Error::NonFinite {
                 step,
                 what: "grad_norm",
@@ -297,6 +291,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 last_checkpoint: None,
             });
         }
+        let model = self.model.take().expect("model present between steps");
         let model = self.optim.step(lr, model, grads);
         for rep in &mut self.replicas {
             if rep.model.is_some() {

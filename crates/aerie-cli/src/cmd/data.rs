@@ -85,9 +85,7 @@ fn parse_split(s: &str) -> Result<f64> {
         Some((name, _)) => bail!("--split {s}: only an `eval=FRACTION` split is supported, not `{name}`"),
         None => s,
     };
-    let f: f64 = value
-        .parse()
-        .with_context(|| format!("--split {s}: `{value}` is not a number"))?;
+    let f: f64 = value.parse().with_context(|| format!("--split {s}: `{value}` is not a number"))?;
     if !(0.0..1.0).contains(&f) {
         bail!("--split {s}: the fraction must be in [0, 1)");
     }
@@ -99,10 +97,7 @@ impl PrepareArgs {
     fn to_options(&self) -> Result<PrepareOptions> {
         let mut opts = PrepareOptions::new(&self.data, &self.tokenizer, &self.out);
         opts.template = self.template.parse::<TemplateChoice>()?;
-        opts.read = ReadOptions {
-            format: self.format.parse::<InputFormat>()?,
-            strict: self.strict,
-        };
+        opts.read = ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict };
         opts.normalize = NormalizeOptions {
             same_role: match self.same_role {
                 SameRole::Merge => SameRolePolicy::Merge,
@@ -139,8 +134,12 @@ fn run_prepare(args: &PrepareArgs) -> Result<()> {
     let report = prepare(&opts, &mut |p: &PrepareProgress| {
         if styled != Some(p.unit) {
             let tmpl = match p.unit {
-                ProgressUnit::Bytes => "prepare [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta}) {msg}",
-                ProgressUnit::Rows => "prepare [{elapsed_precise}] {wide_bar} {pos}/{len} rows ({per_sec}, ETA {eta}) {msg}",
+                ProgressUnit::Bytes => {
+                    "prepare [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta}) {msg}"
+                }
+                ProgressUnit::Rows => {
+                    "prepare [{elapsed_precise}] {wide_bar} {pos}/{len} rows ({per_sec}, ETA {eta}) {msg}"
+                }
             };
             pb.set_style(ProgressStyle::with_template(tmpl).expect("valid template"));
             pb.set_length(p.total);

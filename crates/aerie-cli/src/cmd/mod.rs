@@ -4,6 +4,7 @@
 pub mod accept;
 pub mod assets;
 pub mod bench;
+pub mod capture;
 pub mod compare;
 pub mod data;
 pub mod eval;

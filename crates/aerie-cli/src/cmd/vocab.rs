@@ -67,12 +67,21 @@ fn build(args: &BuildArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!("vocab       {} ({}, Vd {} of V {})", report.out.display(), report.source, report.draft_vocab_size, report.vocab_size);
+    println!(
+        "vocab       {} ({}, Vd {} of V {})",
+        report.out.display(),
+        report.source,
+        report.draft_vocab_size,
+        report.vocab_size
+    );
     println!(
         "data        {} samples, {} masked tokens, {} distinct ids",
         report.samples, report.masked_tokens, report.distinct_tokens
     );
-    println!("coverage    {:.4} ({} of {} masked tokens)", report.coverage, report.covered_tokens, report.masked_tokens);
+    println!(
+        "coverage    {:.4} ({} of {} masked tokens)",
+        report.coverage, report.covered_tokens, report.masked_tokens
+    );
     if let Some(c) = report.rebuilt_coverage {
         println!("rebuilt     {c:.4} (a vocabulary rebuilt from this data; the drafter's mapping was kept)");
     }

@@ -5,9 +5,9 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type, UInt8Type};
-use arrow_array::RecordBatch;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
 use super::writer::{BATCH_ROWS, columns, schema};
@@ -178,13 +178,13 @@ impl PreparedSamples {
 
     fn step(&mut self) -> Result<Option<PreparedSample>> {
         loop {
-            if let Some(batch) = &self.batch {
-                if self.row < batch.num_rows() {
-                    let s = self.sample(batch, self.row)?;
-                    self.row += 1;
-                    self.done += 1;
-                    return Ok(Some(s));
-                }
+            if let Some(batch) = &self.batch
+                && self.row < batch.num_rows()
+            {
+                let s = self.sample(batch, self.row)?;
+                self.row += 1;
+                self.done += 1;
+                return Ok(Some(s));
             }
             match self.reader.next() {
                 Some(Ok(b)) => {

@@ -219,13 +219,14 @@ impl Source for JsonArraySource {
                 });
             }
         }
-        if self.done && self.pending.is_none() {
-            if let Some(b) = self.skip_ws()? {
-                self.pending = Some(Event::Trailing {
-                    byte_offset: self.pos,
-                    message: format!("{} after the closing `]` ignored", describe(Some(b))),
-                });
-            }
+        if self.done
+            && self.pending.is_none()
+            && let Some(b) = self.skip_ws()?
+        {
+            self.pending = Some(Event::Trailing {
+                byte_offset: self.pos,
+                message: format!("{} after the closing `]` ignored", describe(Some(b))),
+            });
         }
         Ok(Some(event))
     }

@@ -170,13 +170,13 @@ impl Source for ParquetSource {
                 self.current = Some(Self::open_file(path)?);
             }
             let open = self.current.as_mut().expect("just opened");
-            if let Some(batch) = &open.batch {
-                if open.row < batch.num_rows() {
-                    let raw = row_to_raw(batch, open.layout, open.row, self.rows_done);
-                    open.row += 1;
-                    self.rows_done += 1;
-                    return Ok(Some(Event::Record(raw)));
-                }
+            if let Some(batch) = &open.batch
+                && open.row < batch.num_rows()
+            {
+                let raw = row_to_raw(batch, open.layout, open.row, self.rows_done);
+                open.row += 1;
+                self.rows_done += 1;
+                return Ok(Some(Event::Record(raw)));
             }
             match open.reader.next() {
                 Some(Ok(batch)) => {

@@ -1,4 +1,4 @@
-//! The full scan behind `aerie data verify`: checksums and every value, the checks
+//! The full scan a dataset check runs (meant for a CLI `verify` step): checksums and every value, the checks
 //! [`ShardDataset::open`] skips because they read the whole dataset. The content rules are the
 //! writer's own (see `checks`), so anything this crate wrote passes.
 

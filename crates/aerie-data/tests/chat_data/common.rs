@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use aerie_data::conversation::{Conversation, Message, Role};
 use serde_json::json;
 
-/// Special tokens of the test tokenizer, ids 256 + index.
+/// Special tokens of the test tokenizer, ids after the bytes and merges (`special_id`).
 pub const SPECIALS: [&str; 13] = [
     "<|im_start|>",
     "<|im_end|>",
@@ -25,7 +25,8 @@ pub const SPECIALS: [&str; 13] = [
     "<|endoftext|>",
 ];
 
-/// Merges (after the 256 byte tokens and the specials), in priority order.
+/// Merges, in priority order; their tokens take ids 256.. (`tokenizers` wants added tokens
+/// after the model's vocabulary).
 const MERGES: [(&str, &str); 6] = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "s"), ("Ġ", "is"), ("Ċ", "Ċ")];
 
 /// GPT-2's byte → printable-character table.
@@ -45,6 +46,12 @@ fn byte_chars() -> Vec<char> {
     chars
 }
 
+/// Id of a special token of the test tokenizer.
+pub fn special_id(token: &str) -> u32 {
+    let i = SPECIALS.iter().position(|s| *s == token).expect("a special token");
+    (256 + MERGES.len() + i) as u32
+}
+
 /// Vocabulary size of the test tokenizer: 256 bytes + specials + merges.
 pub fn vocab_size() -> usize {
     256 + SPECIALS.len() + MERGES.len()
@@ -57,15 +64,14 @@ pub fn tokenizer_json() -> String {
     for (b, c) in chars.iter().enumerate() {
         vocab.insert(c.to_string(), json!(b));
     }
-    let merge_base = 256 + SPECIALS.len();
     for (i, (a, b)) in MERGES.iter().enumerate() {
-        vocab.insert(format!("{a}{b}"), json!(merge_base + i));
+        vocab.insert(format!("{a}{b}"), json!(256 + i));
     }
     let added: Vec<_> = SPECIALS
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            json!({"id": 256 + i, "content": s, "single_word": false, "lstrip": false,
+            json!({"id": 256 + MERGES.len() + i, "content": s, "single_word": false, "lstrip": false,
                    "rstrip": false, "normalized": false, "special": true})
         })
         .collect();
@@ -114,10 +120,7 @@ pub fn tokenizer_dir(root: &Path, template: Option<&str>, model_vocab: Option<us
 
 /// A conversation from (role, content) pairs.
 pub fn conv(id: &str, turns: &[(Role, &str)]) -> Conversation {
-    Conversation {
-        id: id.into(),
-        messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(),
-    }
+    Conversation { id: id.into(), messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect() }
 }
 
 /// SmolLM2-135M-Instruct's chat template, as its GGUF metadata (`tokenizer.chat_template`)

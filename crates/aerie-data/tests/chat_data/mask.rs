@@ -15,7 +15,12 @@ fn tokenizer() -> (tempfile::TempDir, TokenizerFiles) {
     (dir, tok)
 }
 
-fn encode(t: &ChatTemplate, tok: &TokenizerFiles, c: &Conversation, opts: EncodeOptions) -> Result<EncodedSample, Rejected> {
+fn encode(
+    t: &ChatTemplate,
+    tok: &TokenizerFiles,
+    c: &Conversation,
+    opts: EncodeOptions,
+) -> Result<EncodedSample, Rejected> {
     ChatEncoder::new(t, &tok.tokenizer, opts).unwrap().encode(c).unwrap()
 }
 
@@ -78,10 +83,7 @@ fn system_prompt_injection() {
     let (_d, tok) = tokenizer();
     let t = ChatTemplate::builtin(BuiltinTemplate::ChatMl);
     let c = conv("c", &[(Role::User, "u"), (Role::Assistant, "a")]);
-    let opts = EncodeOptions {
-        system_prompt: Some("SYS".into()),
-        ..EncodeOptions::default()
-    };
+    let opts = EncodeOptions { system_prompt: Some("SYS".into()), ..EncodeOptions::default() };
     let s = encode(&t, &tok, &c, opts.clone()).unwrap();
     let text = tok.tokenizer.decode(&s.input_ids, false).unwrap();
     assert!(text.starts_with("<|im_start|>system\nSYS<|im_end|>\n"), "{text}");
@@ -89,10 +91,7 @@ fn system_prompt_injection() {
     let c2 = chat();
     let s = encode(&t, &tok, &c2, opts.clone()).unwrap();
     assert!(tok.tokenizer.decode(&s.input_ids, false).unwrap().contains("You are terse."));
-    let replace = EncodeOptions {
-        replace_system_prompt: true,
-        ..opts
-    };
+    let replace = EncodeOptions { replace_system_prompt: true, ..opts };
     let s = encode(&t, &tok, &c2, replace).unwrap();
     let text = tok.tokenizer.decode(&s.input_ids, false).unwrap();
     assert!(text.contains("SYS") && !text.contains("terse"), "{text}");
@@ -115,10 +114,12 @@ fn truncation_keeps_the_head_and_drops_samples_without_masked_tokens() {
     assert_eq!(s.trims, [TrimReason::TruncatedToMaxLength]);
     // Cut before any assistant token: dropped.
     let first_masked = full.loss_mask.iter().position(|&m| m == 1).unwrap();
-    let r = encode(&t, &tok, &c, EncodeOptions { max_length: Some(first_masked), ..EncodeOptions::default() }).unwrap_err();
+    let r =
+        encode(&t, &tok, &c, EncodeOptions { max_length: Some(first_masked), ..EncodeOptions::default() }).unwrap_err();
     assert_eq!(r.reason, DropReason::NoMaskedTokens);
     // Exactly at full length: nothing trimmed.
-    let s = encode(&t, &tok, &c, EncodeOptions { max_length: Some(full.input_ids.len()), ..EncodeOptions::default() }).unwrap();
+    let s = encode(&t, &tok, &c, EncodeOptions { max_length: Some(full.input_ids.len()), ..EncodeOptions::default() })
+        .unwrap();
     assert!(s.trims.is_empty());
 }
 
@@ -162,5 +163,7 @@ fn spans_without_a_special_token_end_at_the_last_visible_token() {
     .unwrap();
     let c = conv("c", &[(Role::User, "hi"), (Role::Assistant, "the answer is 42")]);
     let s = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
-    assert_eq!(masked_runs(&tok, &s), ["the answer is 42"]);
+    // The prompt ends in a space that BPE merges into the first answer token (`Ġthe`): a token
+    // straddling the span start counts toward the assistant side.
+    assert_eq!(masked_runs(&tok, &s), [" the answer is 42"]);
 }

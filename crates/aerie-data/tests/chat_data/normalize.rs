@@ -1,31 +1,24 @@
 //! Role normalisation and the drop/trim rules of `conversation::normalize`.
 
 use aerie_data::conversation::{
-    DropReason, NormalizeOptions, NormalizeReport, RawConversation, RawTurn, Role, SameRolePolicy,
-    TrimReason, normalize,
+    DropReason, NormalizeOptions, NormalizeReport, RawConversation, RawTurn, Role, SameRolePolicy, TrimReason,
+    normalize,
 };
 
 fn raw(turns: &[(&str, &str)]) -> RawConversation {
     RawConversation {
         id: None,
         index: 7,
-        turns: turns
-            .iter()
-            .map(|(r, c)| RawTurn {
-                role: (*r).into(),
-                content: (*c).into(),
-            })
-            .collect(),
+        turns: turns.iter().map(|(r, c)| RawTurn { role: (*r).into(), content: (*c).into() }).collect(),
     }
 }
 
-fn roles_of(turns: &[(&str, &str)]) -> Result<(Vec<(Role, String)>, Vec<TrimReason>), DropReason> {
-    normalize(raw(turns), &NormalizeOptions::default()).map(|n| {
-        (
-            n.conversation.messages.into_iter().map(|m| (m.role, m.content)).collect(),
-            n.trims,
-        )
-    })
+/// The normalised turns and the trims, or the drop reason.
+type Outcome = Result<(Vec<(Role, String)>, Vec<TrimReason>), DropReason>;
+
+fn roles_of(turns: &[(&str, &str)]) -> Outcome {
+    normalize(raw(turns), &NormalizeOptions::default())
+        .map(|n| (n.conversation.messages.into_iter().map(|m| (m.role, m.content)).collect(), n.trims))
 }
 
 #[test]
@@ -47,7 +40,8 @@ fn role_spellings_map_to_four_roles() {
     ] {
         assert_eq!(Role::from_source(spelling), role, "{spelling:?}");
     }
-    let (msgs, trims) = roles_of(&[("system", "s"), ("human", "a"), ("bard", "b"), ("user", "c"), ("chatgpt", "d")]).unwrap();
+    let (msgs, trims) =
+        roles_of(&[("system", "s"), ("human", "a"), ("bard", "b"), ("user", "c"), ("chatgpt", "d")]).unwrap();
     let roles: Vec<_> = msgs.iter().map(|m| m.0).collect();
     assert_eq!(roles, [Role::System, Role::User, Role::Assistant, Role::User, Role::Assistant]);
     assert!(trims.is_empty());
@@ -74,28 +68,37 @@ fn trims_and_cuts() {
     assert_eq!(msgs, [(Role::User, "a\n\na2".to_owned()), (Role::Assistant, "b\n\nb2".to_owned())]);
     assert_eq!(trims, [TrimReason::MergedSameRole]);
     // ... or cut the conversation under the cut policy.
-    let cut = NormalizeOptions {
-        same_role: SameRolePolicy::Cut,
-        ..NormalizeOptions::default()
-    };
+    let cut = NormalizeOptions { same_role: SameRolePolicy::Cut, ..NormalizeOptions::default() };
     let n = normalize(raw(&[("human", "a"), ("gpt", "b"), ("gpt", "b2"), ("human", "c"), ("gpt", "d")]), &cut).unwrap();
     assert_eq!(n.conversation.messages.len(), 2);
     assert_eq!(n.trims, [TrimReason::SameRole]);
     // An unknown role cuts; the user turn left dangling goes with the cut.
-    let (msgs, trims) = roles_of(&[("human", "a"), ("gpt", "b"), ("human", "c"), ("narrator", "x"), ("gpt", "d")]).unwrap();
+    let (msgs, trims) =
+        roles_of(&[("human", "a"), ("gpt", "b"), ("human", "c"), ("narrator", "x"), ("gpt", "d")]).unwrap();
     assert_eq!(msgs.len(), 2);
     assert_eq!(trims, [TrimReason::UnknownRole]);
     // Empty turns: a system turn is removed, others cut.
-    let (msgs, trims) = roles_of(&[("system", "  "), ("human", "a"), ("gpt", "b"), ("human", ""), ("gpt", "c")]).unwrap();
+    let (msgs, trims) =
+        roles_of(&[("system", "  "), ("human", "a"), ("gpt", "b"), ("human", ""), ("gpt", "c")]).unwrap();
     assert_eq!(msgs.len(), 2);
     assert_eq!(trims, [TrimReason::EmptySystem, TrimReason::EmptyContent]);
     // A system turn after the start cuts; leading ones join.
-    let (msgs, trims) = roles_of(&[("system", "s1"), ("system", "s2"), ("human", "a"), ("gpt", "b"), ("system", "late"), ("human", "c"), ("gpt", "d")]).unwrap();
+    let (msgs, trims) = roles_of(&[
+        ("system", "s1"),
+        ("system", "s2"),
+        ("human", "a"),
+        ("gpt", "b"),
+        ("system", "late"),
+        ("human", "c"),
+        ("gpt", "d"),
+    ])
+    .unwrap();
     assert_eq!(msgs[0], (Role::System, "s1\n\ns2".to_owned()));
     assert_eq!(msgs.len(), 3);
     assert_eq!(trims, [TrimReason::MergedSystem, TrimReason::MisplacedSystem]);
     // Tool turns need an assistant turn before them.
-    let (msgs, _) = roles_of(&[("human", "a"), ("gpt", "call"), ("tool", "result"), ("tool", "result2"), ("gpt", "b")]).unwrap();
+    let (msgs, _) =
+        roles_of(&[("human", "a"), ("gpt", "call"), ("tool", "result"), ("tool", "result2"), ("gpt", "b")]).unwrap();
     assert_eq!(msgs.len(), 5);
     let (msgs, trims) = roles_of(&[("human", "a"), ("gpt", "b"), ("human", "c"), ("tool", "r"), ("gpt", "d")]).unwrap();
     assert_eq!(msgs.len(), 2);

@@ -13,7 +13,12 @@ fn write_sharegpt(path: &std::path::Path) -> usize {
         .map(|i| {
             sharegpt_record(
                 &format!("conv-{i}"),
-                &[("human", &format!("question {i}?")), ("gpt", &format!("answer {i}.")), ("human", "more"), ("chatgpt", "the end")],
+                &[
+                    ("human", &format!("question {i}?")),
+                    ("gpt", &format!("answer {i}.")),
+                    ("human", "more"),
+                    ("chatgpt", "the end"),
+                ],
             )
         })
         .collect();
@@ -62,7 +67,8 @@ fn prepare_writes_splits_and_a_report_that_read_back() {
     assert_eq!(report.length_histogram.iter().map(|b| b.samples).sum::<u64>(), 41);
 
     // Files: the splits, the report, nothing temporary.
-    let mut names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<_> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["eval.parquet", "report.json", "train.parquet"]);
 

@@ -93,7 +93,8 @@ fn sharegpt_array_edge_cases() {
     assert!(reader.report().truncated.is_none());
     assert!(reader.report().warnings[0].contains("record #1"), "{:?}", reader.report().warnings);
 
-    let mut strict = ConversationReader::open(&path, &ReadOptions { format: InputFormat::JsonArray, strict: true }).unwrap();
+    let mut strict =
+        ConversationReader::open(&path, &ReadOptions { format: InputFormat::JsonArray, strict: true }).unwrap();
     assert!(strict.next().unwrap().is_ok());
     let err = strict.next().unwrap().unwrap_err().to_string();
     assert!(err.contains("record #1") && err.contains("malformed"), "{err}");
@@ -102,7 +103,8 @@ fn sharegpt_array_edge_cases() {
     std::fs::write(&path, "[]").unwrap();
     assert_eq!(read_all(&path, true).0.len(), 0);
     std::fs::write(&path, "\"x\"").unwrap();
-    let err = ConversationReader::open(&path, &ReadOptions { format: InputFormat::JsonArray, strict: false }).unwrap_err();
+    let err =
+        ConversationReader::open(&path, &ReadOptions { format: InputFormat::JsonArray, strict: false }).unwrap_err();
     assert!(err.to_string().contains("expected a JSON array"), "{err}");
     // Garbage between records stops reading, like a cut.
     std::fs::write(&path, format!("[{} x {}]", sharegpt_record("a", &[]), sharegpt_record("b", &[]))).unwrap();

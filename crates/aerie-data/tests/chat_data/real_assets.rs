@@ -29,7 +29,8 @@ fn real_assets_sharegpt_salvages_every_complete_conversation() {
         eprintln!("skipping: set AERIE_TEST_ASSETS=1 (and AERIE_SHAREGPT) to read the real ShareGPT file");
         return;
     };
-    let mut reader = ConversationReader::open(&path, &ReadOptions { format: InputFormat::Auto, strict: false }).unwrap();
+    let mut reader =
+        ConversationReader::open(&path, &ReadOptions { format: InputFormat::Auto, strict: false }).unwrap();
     let mut norm = NormalizeReport::default();
     for raw in reader.by_ref() {
         let raw = raw.unwrap();

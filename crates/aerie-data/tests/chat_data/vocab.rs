@@ -8,7 +8,7 @@ use aerie_data::template::{BuiltinTemplate, TemplateChoice};
 use aerie_data::vocab::{DraftVocab, TokenCounts, VocabOptions, build_vocab};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use super::common::{sharegpt_record, tempdir, tokenizer_dir, vocab_size};
+use super::common::{sharegpt_record, special_id, tempdir, tokenizer_dir, vocab_size};
 
 /// The eagle3.md §4 invariants, checked on the tensors as written.
 fn check_invariants(path: &std::path::Path, vd: usize, v: usize) -> Vec<i64> {
@@ -71,10 +71,7 @@ fn vocab_build_writes_a_valid_mapping_and_a_report() {
     let ds = prepared(dir.path());
     let out = dir.path().join("vocab.safetensors");
     let v = vocab_size();
-    let opts = VocabOptions {
-        draft_vocab_size: Some(64),
-        ..VocabOptions::default()
-    };
+    let opts = VocabOptions { draft_vocab_size: Some(64), ..VocabOptions::default() };
     let report = build_vocab(&ds, &out, &opts, &mut |_, _| {}).unwrap();
     assert_eq!((report.vocab_size, report.draft_vocab_size, report.source.as_str()), (v, 64, "built"));
     assert_eq!(report.samples, 30);
@@ -83,8 +80,9 @@ fn vocab_build_writes_a_valid_mapping_and_a_report() {
     assert_eq!(report.padded_ids, 64 - report.distinct_tokens);
     let targets = check_invariants(&out, 64, v);
     // The end-of-turn token is trained on, so it is in the draft vocabulary.
-    assert!(targets.contains(&257), "<|im_end|> (id 257) is masked");
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("vocab.json")).unwrap()).unwrap();
+    assert!(targets.contains(&i64::from(special_id("<|im_end|>"))), "<|im_end|> is masked");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("vocab.json")).unwrap()).unwrap();
     assert_eq!(json["coverage"], 1.0);
     let bytes = std::fs::read(&out).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
@@ -93,7 +91,9 @@ fn vocab_build_writes_a_valid_mapping_and_a_report() {
     assert_eq!(meta["masked_tokens"], report.masked_tokens.to_string());
 
     // A small Vd covers only part of the masked tokens; the read-back mapping is the same.
-    let small = build_vocab(&ds, &out, &VocabOptions { draft_vocab_size: Some(4), ..VocabOptions::default() }, &mut |_, _| {}).unwrap();
+    let small =
+        build_vocab(&ds, &out, &VocabOptions { draft_vocab_size: Some(4), ..VocabOptions::default() }, &mut |_, _| {})
+            .unwrap();
     assert!(small.coverage < 1.0 && small.coverage > 0.0);
     let back = DraftVocab::read(&out, None).unwrap();
     assert_eq!(back.target_ids().len(), 4);
@@ -118,7 +118,11 @@ fn write_drafter(dir: &std::path::Path, target_ids: &[i64], v: usize) -> std::pa
         ("d2t", TensorView::new(Dtype::I64, vec![target_ids.len()], &d2t).unwrap()),
         ("t2d", TensorView::new(Dtype::BOOL, vec![v], &t2d).unwrap()),
     ];
-    std::fs::write(drafter.join("model.safetensors"), safetensors::serialize(tensors, None::<HashMap<String, String>>).unwrap()).unwrap();
+    std::fs::write(
+        drafter.join("model.safetensors"),
+        safetensors::serialize(tensors, None::<HashMap<String, String>>).unwrap(),
+    )
+    .unwrap();
     drafter
 }
 
@@ -130,10 +134,7 @@ fn keep_from_reuses_the_drafters_mapping_and_reports_its_coverage() {
     let kept_ids: Vec<i64> = (0..16).collect(); // control bytes: almost nothing the data uses
     let drafter = write_drafter(dir.path(), &kept_ids, v);
     let out = dir.path().join("vocab.safetensors");
-    let opts = VocabOptions {
-        keep_from: Some(drafter.clone()),
-        ..VocabOptions::default()
-    };
+    let opts = VocabOptions { keep_from: Some(drafter.clone()), ..VocabOptions::default() };
     let report = build_vocab(&ds, &out, &opts, &mut |_, _| {}).unwrap();
     assert_eq!(report.source, "kept");
     assert_eq!(report.draft_vocab_size, 16);
@@ -143,13 +144,17 @@ fn keep_from_reuses_the_drafters_mapping_and_reports_its_coverage() {
     assert!(report.rebuilt_coverage.unwrap() > report.coverage);
 
     // A different Vd is refused rather than silently replacing the mapping.
-    let err = build_vocab(&ds, &out, &VocabOptions { draft_vocab_size: Some(32), ..opts.clone() }, &mut |_, _| {}).unwrap_err();
+    let err = build_vocab(&ds, &out, &VocabOptions { draft_vocab_size: Some(32), ..opts.clone() }, &mut |_, _| {})
+        .unwrap_err();
     assert!(err.to_string().contains("must keep its mapping"), "{err}");
     // A drafter whose t2d disagrees with its d2t, or with the data's V, is refused.
     let bad = write_drafter(&dir.path().join("bad"), &[3, 1], v);
-    let err = build_vocab(&ds, &out, &VocabOptions { keep_from: Some(bad), ..VocabOptions::default() }, &mut |_, _| {}).unwrap_err();
+    let err = build_vocab(&ds, &out, &VocabOptions { keep_from: Some(bad), ..VocabOptions::default() }, &mut |_, _| {})
+        .unwrap_err();
     assert!(err.to_string().contains("not strictly ascending"), "{err}");
     let wrong_v = write_drafter(&dir.path().join("wrong-v"), &[1, 2], v + 5);
-    let err = build_vocab(&ds, &out, &VocabOptions { keep_from: Some(wrong_v), ..VocabOptions::default() }, &mut |_, _| {}).unwrap_err();
+    let err =
+        build_vocab(&ds, &out, &VocabOptions { keep_from: Some(wrong_v), ..VocabOptions::default() }, &mut |_, _| {})
+            .unwrap_err();
     assert!(err.to_string().contains("target vocabulary"), "{err}");
 }

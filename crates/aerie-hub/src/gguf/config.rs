@@ -49,7 +49,10 @@ impl LlamaHparams {
         }
         let need = |key: &str| -> Result<usize> {
             let v = g.get_u64(key)?.ok_or_else(|| g.format_error(format!("`{key}` is missing")))?;
-            usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| g.format_error(format!("`{key}` = {v} is not a positive size")))
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| g.format_error(format!("`{key}` = {v} is not a positive size")))
         };
         let hidden_size = need("llama.embedding_length")?;
         let intermediate_size = need("llama.feed_forward_length")?;
@@ -86,7 +89,9 @@ impl LlamaHparams {
         if let Some(v) = g.get_u64("llama.vocab_size")?
             && v as usize != vocab_size
         {
-            return Err(g.format_error(format!("llama.vocab_size {v} differs from the {vocab_size} rows of token_embd")));
+            return Err(
+                g.format_error(format!("llama.vocab_size {v} differs from the {vocab_size} rows of token_embd"))
+            );
         }
         let rms_norm_eps = g
             .get_f64("llama.attention.layer_norm_rms_epsilon")?

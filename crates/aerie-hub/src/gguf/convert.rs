@@ -94,7 +94,10 @@ pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<Impor
     let ids = SpecialIds {
         bos: vocab.bos,
         eos: vocab.eos,
-        eot: gguf.get_u64("tokenizer.ggml.eot_token_id")?.map(|v| v as u32).filter(|&v| (v as usize) < vocab.tokens.len()),
+        eot: gguf
+            .get_u64("tokenizer.ggml.eot_token_id")?
+            .map(|v| v as u32)
+            .filter(|&v| (v as usize) < vocab.tokens.len()),
         pad: vocab.pad,
     };
 
@@ -113,7 +116,8 @@ pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<Impor
     write_safetensors(&gguf, &plan, &dir.join("model.safetensors"))?;
     verify_safetensors(&dir.join("model.safetensors"), &plan)?;
     verify_tokenizer(&dir.join("tokenizer.json"), &vocab)?;
-    let files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
+    let files =
+        ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
     for f in files {
         File::open(dir.join(f)).and_then(|f| f.sync_all()).map_err(io(&dir.join(f)))?;
     }
@@ -190,9 +194,8 @@ fn plan_tensors<'a>(g: &'a GgufFile, h: &LlamaHparams) -> Result<Vec<Planned<'a>
                     .into(),
             ));
         }
-        let (hf, order) = hf_name(&info.name).ok_or_else(|| {
-            unsupported(format!("tensor `{}` has no LlamaForCausalLM equivalent", info.name))
-        })?;
+        let (hf, order) = hf_name(&info.name)
+            .ok_or_else(|| unsupported(format!("tensor `{}` has no LlamaForCausalLM equivalent", info.name)))?;
         if !dequant::is_supported(info.ggml_type) {
             return Err(Error::GgufTensorType {
                 path: g.path().to_path_buf(),
@@ -202,8 +205,9 @@ fn plan_tensors<'a>(g: &'a GgufFile, h: &LlamaHparams) -> Result<Vec<Planned<'a>
             });
         }
         let shape = info.hf_shape();
-        let want = expected_shape(&hf, h)
-            .ok_or_else(|| unsupported(format!("tensor `{}` is beyond the {} layers", info.name, h.num_hidden_layers)))?;
+        let want = expected_shape(&hf, h).ok_or_else(|| {
+            unsupported(format!("tensor `{}` is beyond the {} layers", info.name, h.num_hidden_layers))
+        })?;
         if shape != want {
             return Err(g.format_error(format!(
                 "tensor `{}` ({hf}) has HF shape {shape:?}, but the metadata implies {want:?}",
@@ -286,7 +290,10 @@ impl LazyTensor<'_> {
             let rows = p.shape[0];
             let cols = p.shape.get(1).copied().unwrap_or(1);
             values = unpermute_rows(&values, rows, cols, p.heads).map_err(|e| {
-                self.gguf.format_error(format!("tensor `{}`: cannot split {} rows into {} heads", p.info.name, e.rows, e.n_head))
+                self.gguf.format_error(format!(
+                    "tensor `{}`: cannot split {} rows into {} heads",
+                    p.info.name, e.rows, e.n_head
+                ))
             })?;
         }
         Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
@@ -322,10 +329,8 @@ fn write_safetensors(g: &GgufFile, plan: &[Planned<'_>], path: &Path) -> Result<
     let views = plan.iter().map(|p| (p.hf.clone(), LazyTensor { gguf: g, planned: p, failure: &failure }));
     let mut meta = std::collections::HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
-    safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| Error::ImportIo {
-        path: path.to_path_buf(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| Error::ImportIo { path: path.to_path_buf(), source: std::io::Error::other(e.to_string()) })?;
     match failure.into_inner() {
         Some(e) => Err(e),
         None => Ok(()),

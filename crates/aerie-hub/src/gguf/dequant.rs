@@ -251,10 +251,7 @@ mod tests {
     #[test]
     fn rejects_wrong_lengths_and_types() {
         let mut y = [0.0; 32];
-        assert_eq!(
-            dequantize(GgmlType::Q8_0, &[0; 33], &mut y),
-            Err(DequantError::Length { expected: 34, got: 33 })
-        );
+        assert_eq!(dequantize(GgmlType::Q8_0, &[0; 33], &mut y), Err(DequantError::Length { expected: 34, got: 33 }));
         assert_eq!(dequantize(GgmlType(10), &[0; 84], &mut [0.0; 256]), Err(DequantError::Unsupported));
         assert_eq!(dequantize(GgmlType(999), &[], &mut []), Err(DequantError::Unsupported));
     }

@@ -418,10 +418,9 @@ impl GgufFile {
             supported: super::dequant::SUPPORTED.join(", "),
         })?;
         let start = (self.data_start + info.offset) as usize;
-        self.mmap.get(start..start + n_bytes as usize).ok_or_else(|| self.format_error(format!(
-            "tensor `{}` lies outside the file",
-            info.name
-        )))
+        self.mmap
+            .get(start..start + n_bytes as usize)
+            .ok_or_else(|| self.format_error(format!("tensor `{}` lies outside the file", info.name)))
     }
 
     /// An [`Error::GgufFormat`] for this file.
@@ -432,9 +431,9 @@ impl GgufFile {
     fn typed<'a, T>(&'a self, key: &str, want: &str, f: impl FnOnce(&'a Value) -> Option<T>) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => f(v).map(Some).ok_or_else(|| {
-                self.format_error(format!("metadata `{key}` is a {}, expected {want}", v.type_name()))
-            }),
+            Some(v) => f(v)
+                .map(Some)
+                .ok_or_else(|| self.format_error(format!("metadata `{key}` is a {}, expected {want}", v.type_name()))),
         }
     }
 

@@ -35,8 +35,24 @@ const TOKEN_CONTROL: i128 = 3;
 const TOKEN_USER_DEFINED: i128 = 4;
 
 const GPT2_NAMES: &[&str] = &[
-    "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "roberta-bpe", "jina-v1-en", "jina-v2-code", "jina-es",
-    "jina-de", "jina-v2-es", "jina-v2-de", "gigachat", "mellum", "modern-bert", "a.x-4.0", "exaone4",
+    "gpt-2",
+    "phi-2",
+    "mpt",
+    "olmo",
+    "jais",
+    "trillion",
+    "roberta-bpe",
+    "jina-v1-en",
+    "jina-v2-code",
+    "jina-es",
+    "jina-de",
+    "jina-v2-es",
+    "jina-v2-de",
+    "gigachat",
+    "mellum",
+    "modern-bert",
+    "a.x-4.0",
+    "exaone4",
     "granite-docling",
 ];
 const DIGITS_GPT2_NAMES: &[&str] =
@@ -74,9 +90,7 @@ impl PreTokenizer {
     }
 
     fn json(self) -> Json {
-        let byte_level = |use_regex| {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
-        };
+        let byte_level = |use_regex| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
         match self {
             Self::Gpt2 => byte_level(true),
             Self::DigitsGpt2 => json!({"type": "Sequence", "pretokenizers": [
@@ -135,8 +149,7 @@ pub struct GgufVocab {
 impl GgufVocab {
     /// Read and validate the vocabulary of `gguf`.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        let unsupported =
-            |problem: String| Error::GgufUnsupported { path: gguf.path().to_path_buf(), problem };
+        let unsupported = |problem: String| Error::GgufUnsupported { path: gguf.path().to_path_buf(), problem };
         match gguf.get_str("tokenizer.ggml.model")? {
             Some("gpt2") => {}
             Some(other) => {
@@ -173,10 +186,9 @@ impl GgufVocab {
         }
         let types = gguf.get_int_array("tokenizer.ggml.token_type")?.unwrap_or_else(|| vec![1; n]);
         if types.len() != n {
-            return Err(gguf.format_error(format!(
-                "tokenizer.ggml.token_type has {} entries for {n} tokens",
-                types.len()
-            )));
+            return Err(
+                gguf.format_error(format!("tokenizer.ggml.token_type has {} entries for {n} tokens", types.len()))
+            );
         }
         let added = types
             .iter()
@@ -191,7 +203,9 @@ impl GgufVocab {
             .into_iter()
             .enumerate()
             .map(|(rank, m)| match m.split_once(' ') {
-                Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => Ok((a.to_string(), b.to_string())),
+                Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => {
+                    Ok((a.to_string(), b.to_string()))
+                }
                 _ => Err(gguf.format_error(format!("merge {rank} `{m}` is not two tokens separated by one space"))),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -225,13 +239,15 @@ impl GgufVocab {
 
     /// The post-processor: byte-level offsets, plus BOS/EOS when the vocabulary adds them.
     fn post_processor(&self) -> Json {
-        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
+        let byte_level =
+            json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
         let bos = self.bos.filter(|_| self.add_bos);
         let eos = self.eos.filter(|_| self.add_eos);
         if bos.is_none() && eos.is_none() {
             return byte_level;
         }
-        let special = |id: u32, type_id: u32| json!({"SpecialToken": {"id": self.tokens[id as usize], "type_id": type_id}});
+        let special =
+            |id: u32, type_id: u32| json!({"SpecialToken": {"id": self.tokens[id as usize], "type_id": type_id}});
         let seq = |type_id: u32| {
             let mut items = Vec::new();
             items.extend(bos.map(|id| special(id, type_id)));
@@ -306,7 +322,9 @@ impl GgufVocab {
         c.insert("add_bos_token".into(), self.add_bos.into());
         c.insert("add_eos_token".into(), self.add_eos.into());
         c.insert("added_tokens_decoder".into(), decoder.into());
-        for (key, id) in [("bos_token", self.bos), ("eos_token", self.eos), ("pad_token", self.pad), ("unk_token", self.unk)] {
+        for (key, id) in
+            [("bos_token", self.bos), ("eos_token", self.eos), ("pad_token", self.pad), ("unk_token", self.unk)]
+        {
             c.insert(key.into(), self.token(id).map_or(Json::Null, Json::from));
         }
         if let Some(t) = &self.chat_template {

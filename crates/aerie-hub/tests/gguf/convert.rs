@@ -59,7 +59,10 @@ fn tied_model_round_trips() {
     assert_eq!(c["torch_dtype"], "float32");
     assert_eq!(c["rope_scaling"], Json::Null);
     let g = read_json(&out.join("generation_config.json"));
-    assert_eq!((g["bos_token_id"].clone(), g["eos_token_id"].clone(), g["pad_token_id"].clone()), (1.into(), 2.into(), 2.into()));
+    assert_eq!(
+        (g["bos_token_id"].clone(), g["eos_token_id"].clone(), g["pad_token_id"].clone()),
+        (1.into(), 2.into(), 2.into())
+    );
 
     let tc = read_json(&out.join("tokenizer_config.json"));
     assert_eq!(tc["bos_token"], "<|im_start|>");

@@ -29,7 +29,8 @@ fn read_back(tensors: Vec<(&str, Vec<u64>, GgmlType, Vec<u8>)>) -> Vec<Vec<f32>>
 fn float_types() {
     let f32s: Vec<u8> = [1.5f32, -2.25, 0.0, 1e-3].iter().flat_map(|v| v.to_le_bytes()).collect();
     let f16s: Vec<u8> = [0.5f32, -3.0, 65504.0, 0.000061035156].iter().flat_map(|&v| h(v)).collect();
-    let bf16s: Vec<u8> = [1.0f32, -0.5, 3.0e38, 0.15625].iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect();
+    let bf16s: Vec<u8> =
+        [1.0f32, -0.5, 3.0e38, 0.15625].iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect();
     let got = read_back(vec![
         ("a", vec![4], GgmlType::F32, f32s),
         ("b", vec![2, 2], GgmlType::F16, f16s),
@@ -113,7 +114,10 @@ fn metadata_value_types() {
         .kv("u64", Value::U64(1 << 40))
         .kv("i64", Value::I64(-(1 << 40)))
         .kv("f64", Value::F64(0.125))
-        .kv("nested", Value::Array(vec![Value::Array(vec![Value::I32(1), Value::I32(2)]), Value::Array(vec![Value::I32(3)])]))
+        .kv(
+            "nested",
+            Value::Array(vec![Value::Array(vec![Value::I32(1), Value::I32(2)]), Value::Array(vec![Value::I32(3)])]),
+        )
         .kv("empty", Value::Array(vec![]));
     w.tensor("t", &[2], GgmlType::F32, [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect());
     w.write(&path);
@@ -132,4 +136,35 @@ fn metadata_value_types() {
     assert_eq!(g.metadata().len(), 13);
     assert_eq!(tensor_to_f32(&g, g.tensor("t").unwrap()).unwrap(), [1.0, 2.0]);
     assert!(g.get_str("u8").unwrap_err().to_string().contains("`u8` is a u8, expected a string"));
+}
+
+/// Q5_0, Q5_1, Q4_K and Q6_K against gguf-py 0.19's numpy dequantiser (`gguf.quants.dequantize`)
+/// on two blocks of a fixed byte pattern `(37·i + 11) mod 256` with sane f16 scales patched in:
+/// the sum, the sum of squares and the first and last three values.
+#[test]
+fn other_block_types_match_gguf_py() {
+    use aerie_hub::gguf::dequant::dequantize;
+    type Case = (GgmlType, &'static [(usize, f32)], f64, f64, [f32; 3], [f32; 3]);
+    let cases: [Case; 4] = [
+        (GgmlType::Q5_0, &[(0, 0.5)], -2.0, 1385.0, [4.5, -1.0, 1.5], [7.5, 0.5, 2.0]),
+        (GgmlType::Q5_1, &[(0, 0.5), (2, -0.25)], 477.0, 4980.0, [9.25, 11.75, 14.25], [3.75, 5.25, 14.25]),
+        (GgmlType::Q4_K, &[(0, 0.5), (2, 0.125)], 64344.0, 14177090.5, [164.125, -6.375, 71.125], [79.0, 160.0, 214.0]),
+        (GgmlType::Q6_K, &[(208, 0.0625)], 340.0, 4085448.1875, [-89.4375, 106.0, 36.4375], [35.0, 125.0, -100.0]),
+    ];
+    for (ty, halves, sum, sum_sq, first, last) in cases {
+        let (block, block_bytes) = ty.block_layout().unwrap();
+        let mut b: Vec<u8> = (0..2 * block_bytes).map(|i| ((i * 37 + 11) % 256) as u8).collect();
+        for &(at, v) in halves {
+            for base in [0, block_bytes] {
+                b[base + at..base + at + 2].copy_from_slice(&h(v));
+            }
+        }
+        let mut y = vec![0.0; 2 * block];
+        dequantize(ty, &b, &mut y).unwrap();
+        let s: f64 = y.iter().map(|&v| f64::from(v)).sum();
+        let s2: f64 = y.iter().map(|&v| f64::from(v).powi(2)).sum();
+        assert_eq!((s, s2), (sum, sum_sq), "{ty}");
+        assert_eq!(y[..3], first, "{ty}");
+        assert_eq!(y[y.len() - 3..], last, "{ty}");
+    }
 }

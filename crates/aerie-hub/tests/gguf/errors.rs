@@ -122,7 +122,9 @@ fn unsupported_type_names_tensor_and_type() {
 fn unsupported_models() {
     let mut m = tiny_llama(true, "smollm");
     m.writer.kv("general.architecture", s("qwen2"));
-    assert!(matches!(import_writer(&m.writer), Err(Error::GgufUnsupported { problem, .. }) if problem.contains("qwen2")));
+    assert!(
+        matches!(import_writer(&m.writer), Err(Error::GgufUnsupported { problem, .. }) if problem.contains("qwen2"))
+    );
 
     let mut m = tiny_llama(true, "smollm");
     m.writer.kv("tokenizer.ggml.pre", s("made-up"));

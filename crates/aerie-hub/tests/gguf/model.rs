@@ -93,17 +93,18 @@ pub fn tiny_llama(tied: bool, pre: &str) -> TinyModel {
     let vocab = metadata(&mut w, pre);
     let mut rng = Lcg(7);
     let mut expected = BTreeMap::new();
-    let mut add = |w: &mut GgufWriter, gguf: &str, hf: &str, ty: GgmlType, shape: Vec<usize>, permute_heads: Option<usize>| {
-        let n: usize = shape.iter().product();
-        let values = grid_values(ty, n, &mut rng);
-        let stored = match permute_heads {
-            Some(h) => llama_cpp_permute(&values, shape[0], shape.get(1).copied().unwrap_or(1), h),
-            None => values.clone(),
+    let mut add =
+        |w: &mut GgufWriter, gguf: &str, hf: &str, ty: GgmlType, shape: Vec<usize>, permute_heads: Option<usize>| {
+            let n: usize = shape.iter().product();
+            let values = grid_values(ty, n, &mut rng);
+            let stored = match permute_heads {
+                Some(h) => llama_cpp_permute(&values, shape[0], shape.get(1).copied().unwrap_or(1), h),
+                None => values.clone(),
+            };
+            let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+            w.tensor(gguf, &dims, ty, encode(ty, &stored));
+            expected.insert(hf.to_string(), (shape, values));
         };
-        let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        w.tensor(gguf, &dims, ty, encode(ty, &stored));
-        expected.insert(hf.to_string(), (shape, values));
-    };
     let v = vocab.len();
     add(&mut w, "token_embd.weight", "model.embed_tokens.weight", GgmlType::Q8_0, vec![v, HIDDEN], None);
     for l in 0..LAYERS {

@@ -60,7 +60,9 @@ fn real_assets_smollm2_import() {
         return;
     }
     let Some(src) = smollm2_gguf() else {
-        println!("note: real_assets_smollm2_import skipped: {SMOLLM2} not under $AERIE_HOME/assets (run `aerie assets fetch`)");
+        println!(
+            "note: real_assets_smollm2_import skipped: {SMOLLM2} not under $AERIE_HOME/assets (run `aerie assets fetch`)"
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -114,7 +116,8 @@ fn real_assets_smollm2_import() {
     }
     // Values from gguf-py (numpy dequantisation) with the Python permute undone: HF row 1 of
     // q_proj is GGUF row 2, HF row 32 of k_proj is GGUF row 1.
-    let close = |got: Vec<f32>, want: &[f32]| got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs().max(1.0));
+    let close =
+        |got: Vec<f32>, want: &[f32]| got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs().max(1.0));
     let q = f32s(&st, "model.layers.0.self_attn.q_proj.weight", 576, 4);
     assert!(close(q.clone(), &Q_ROW1), "q_proj row 1: {q:?}");
     let k = f32s(&st, "model.layers.0.self_attn.k_proj.weight", 32 * 576, 4);
@@ -139,7 +142,9 @@ fn real_assets_llama_cpp_vocab_vectors() {
         return;
     }
     let Ok(models) = std::env::var("AERIE_LLAMA_CPP_MODELS") else {
-        println!("note: real_assets_llama_cpp_vocab_vectors skipped: set AERIE_LLAMA_CPP_MODELS to llama.cpp's models/");
+        println!(
+            "note: real_assets_llama_cpp_vocab_vectors skipped: set AERIE_LLAMA_CPP_MODELS to llama.cpp's models/"
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -172,21 +177,48 @@ const EMBED_ROW1: [f32; 4] = [-0.0238037109375, -0.015869140625, -0.039672851562
 /// llama.cpp 0.3.x (llama-cpp-python, `tokenize(special=True)`) on the same GGUF file.
 const LLAMA_CPP_IDS: &[(&str, &[u32])] = &[
     ("What is the capital of France?", &[1780, 314, 260, 3575, 282, 4649, 47]),
-    ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n", &[1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]),
-    ("In 2024, 3.14159 and 1,000,000 people paid $12.50!", &[788, 216, 34, 32, 34, 36, 28, 216, 35, 30, 33, 36, 33, 37, 41, 284, 216, 33, 28, 32, 32, 32, 28, 32, 32, 32, 701, 5940, 1885, 33, 34, 30, 37, 32, 17]),
+    (
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        &[1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
+    ),
+    (
+        "In 2024, 3.14159 and 1,000,000 people paid $12.50!",
+        &[
+            788, 216, 34, 32, 34, 36, 28, 216, 35, 30, 33, 36, 33, 37, 41, 284, 216, 33, 28, 32, 32, 32, 28, 32, 32,
+            32, 701, 5940, 1885, 33, 34, 30, 37, 32, 17,
+        ],
+    ),
     ("Hello   world\n\n\tTabs and  spaces   ", &[19556, 256, 905, 1116, 197, 68, 7366, 284, 216, 5600, 333]),
     (" leading space", &[2899, 1898]),
     ("trailing space ", &[4861, 4966, 1898, 216]),
     ("ünïcödé café naïve résumé", &[47682, 25972, 83, 7466, 84, 2756, 37366, 15486, 46494, 412, 2756, 5422, 2756]),
-    ("日本語のテキストと中文文本", &[23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391, 251, 10391, 134, 11100, 226, 7365, 118, 28589, 29184, 29184, 40993]),
-    ("Emoji 🦙🚀 and ½ ² ३४", &[10809, 33777, 15107, 116, 243, 10813, 244, 218, 284, 216, 16738, 216, 19133, 216, 9310, 119, 9310, 120]),
-    ("def f(x):\n    return x**2  # comment\n", &[1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 216, 907, 5189, 198]),
+    (
+        "日本語のテキストと中文文本",
+        &[
+            23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391, 251, 10391, 134, 11100, 226, 7365, 118, 28589,
+            29184, 29184, 40993,
+        ],
+    ),
+    (
+        "Emoji 🦙🚀 and ½ ² ३४",
+        &[10809, 33777, 15107, 116, 243, 10813, 244, 218, 284, 216, 16738, 216, 19133, 216, 9310, 119, 9310, 120],
+    ),
+    (
+        "def f(x):\n    return x**2  # comment\n",
+        &[1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 216, 907, 5189, 198],
+    ),
     ("I'm you're they've we'll he'd it's", &[57, 5248, 346, 2316, 502, 3543, 392, 3060, 384, 6737, 357, 506]),
-    ("MiXeD CaSe WORDS and snake_case_names", &[42300, 72, 85, 52, 7784, 4393, 35612, 8521, 284, 14321, 79, 7544, 79, 6464]),
+    (
+        "MiXeD CaSe WORDS and snake_case_names",
+        &[42300, 72, 85, 52, 7784, 4393, 35612, 8521, 284, 14321, 79, 7544, 79, 6464],
+    ),
     ("<|endoftext|>", &[0]),
     ("a<|im_end|>b", &[81, 2, 82]),
     ("  ", &[256]),
     ("\n", &[198]),
     ("", &[]),
-    ("x = [1, 2, 3]; y = {'a': 10}", &[104, 446, 933, 33, 28, 216, 34, 28, 216, 35, 26695, 329, 446, 7353, 81, 1539, 216, 33, 32, 109]),
+    (
+        "x = [1, 2, 3]; y = {'a': 10}",
+        &[104, 446, 933, 33, 28, 216, 34, 28, 216, 35, 26695, 329, 446, 7353, 81, 1539, 216, 33, 32, 109],
+    ),
 ];

@@ -174,9 +174,7 @@ pub fn encode(ty: GgmlType, values: &[f32]) -> Vec<u8> {
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
             for block in values.chunks(32) {
-                let code = |v: f32| {
-                    (if ty == GgmlType::Q4_0 { v / Q4_D + 8.0 } else { (v - Q41_M) / Q41_D }) as u8
-                };
+                let code = |v: f32| (if ty == GgmlType::Q4_0 { v / Q4_D + 8.0 } else { (v - Q41_M) / Q41_D }) as u8;
                 if ty == GgmlType::Q4_0 {
                     b.extend(f16::from_f32(Q4_D).to_le_bytes());
                 } else {

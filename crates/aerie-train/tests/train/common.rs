@@ -77,7 +77,7 @@ pub fn metadata() -> ShardMetadata {
 }
 
 /// Write `n` samples (lengths 8..=24) to `dir`. The teacher at token t is the target head applied
-/// to `3 · embed[x_t]`, so the drafter can learn it from the token embedding it is fed.
+/// to `8 · embed[x_t]`, so the drafter can learn it from the token embedding it is fed.
 pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardWriterOptions) {
     let mut rng = Rng::new(seed);
     let mut w = ShardWriter::create(dir, metadata(), opts).unwrap();
@@ -87,7 +87,7 @@ pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardW
         let mask: Vec<u8> = (0..len).map(|t| u8::from(t >= 2)).collect();
         let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.unit()).collect();
         let fin: Vec<f32> =
-            ids.iter().flat_map(|&id| embed[id as usize * H..(id as usize + 1) * H].iter().map(|v| 3.0 * v)).collect();
+            ids.iter().flat_map(|&id| embed[id as usize * H..(id as usize + 1) * H].iter().map(|v| 8.0 * v)).collect();
         w.push(
             SampleRef::new(&ids, &mask, &aux)
                 .with_final_hidden(&fin)

@@ -52,7 +52,8 @@ fn warm_start_keeps_d2t_and_t2d() {
 
     // Overridden: the new map is used, and with lr 0 the rows of shared ids are the old rows.
     let init = format!("{init}\nallow_vocab_override = true");
-    let cfg = warm_config(&w, "warm3", &init, "max_steps = 1\nlr = 0.0");
+    let mut cfg = warm_config(&w, "warm3", &init, "max_steps = 1");
+    cfg.optim.lr = 0.0;
     let s = run(&cfg, 1, None).unwrap();
     let out = load_drafter(s.final_checkpoint.as_ref().unwrap(), Some(&w.target_file)).unwrap();
     let (d2t, _) = synthetic::vocab_map(V, VD, 3);

@@ -1,0 +1,17 @@
+//! aerie-capture: the CPU/GPU capture engine of aerie.
+//!
+//! It runs the native target ([`aerie_model::target::TargetModel`]) over a prepared dataset
+//! (`aerie data prepare`) and writes what EAGLE-3 training consumes: the pre-norm residual stream
+//! at the aux layers, and a teacher (the post-norm final hidden state, or top-k log-probs), as
+//! an `aerie-shard/1` dataset (docs/shard-format.md). The production capture for Kimi-K2.5 runs
+//! in SGLang and writes the same format.
+//!
+//! Captures resume: shards are committed atomically in input order, so a rerun after `kill -9`
+//! skips the committed samples and produces exactly the dataset an uninterrupted run produces.
+#![deny(missing_docs)]
+
+mod error;
+mod run;
+
+pub use error::{Error, Result};
+pub use run::{CaptureOptions, CaptureProgress, CaptureReport, capture};
