@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// From nothing to a trained, evaluated SmolLM2 drafter exported for SGLang, on a CPU.
+    Quickstart(cmd::quickstart::QuickstartArgs),
     /// Prepare chat data: tokenised samples with loss masks over assistant turns.
     #[command(subcommand)]
     Data(cmd::data::DataCommand),
@@ -57,6 +59,7 @@ enum Command {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        Command::Quickstart(a) => cmd::quickstart::run(a).map(|()| 0),
         Command::Data(c) => cmd::data::run(c).map(|()| 0),
         Command::Vocab(c) => cmd::vocab::run(c).map(|()| 0),
         Command::Inspect(a) => cmd::inspect::run(a),

@@ -37,9 +37,7 @@ pub fn chain_survival(accept_probs: &[f64]) -> Vec<f64> {
 /// Unconditional rates `r_i = P(accepted ≥ i)`, i = 1..=k, from per-position accepted counts.
 pub fn unconditional_from_lengths(lengths: &[usize], k: usize) -> Vec<f64> {
     let n = lengths.len();
-    (1..=k)
-        .map(|i| if n == 0 { 0.0 } else { lengths.iter().filter(|&&a| a >= i).count() as f64 / n as f64 })
-        .collect()
+    (1..=k).map(|i| if n == 0 { 0.0 } else { lengths.iter().filter(|&&a| a >= i).count() as f64 / n as f64 }).collect()
 }
 
 /// Conditional rates `α_i = r_i / r_{i-1}` (r_0 = 1); 0 once nothing survives.
@@ -84,9 +82,7 @@ pub fn tau_curve(r: &[f64]) -> Vec<f64> {
 /// `a` drafts (SGLang's `spec_accept_histogram`): `r_i = Σ_{a≥i} h[a] / Σ h`.
 pub fn unconditional_from_histogram(hist: &[f64]) -> Vec<f64> {
     let total: f64 = hist.iter().sum();
-    (1..hist.len())
-        .map(|i| if total > 0.0 { hist[i..].iter().sum::<f64>() / total } else { 0.0 })
-        .collect()
+    (1..hist.len()).map(|i| if total > 0.0 { hist[i..].iter().sum::<f64>() / total } else { 0.0 }).collect()
 }
 
 /// Greedy verification of a draft tree: from the root, follow the child whose token equals the
@@ -291,7 +287,8 @@ impl AcceptReport {
             ));
         }
         if c.positions == 0 {
-            warnings.push("no position was counted (no assistant tokens with two successors under the loss mask)".into());
+            warnings
+                .push("no position was counted (no assistant tokens with two successors under the loss mask)".into());
         }
         AcceptReport {
             rule,

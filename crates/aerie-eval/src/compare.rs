@@ -3,11 +3,15 @@
 //! per-position rates, the projected tokens/s at its best k and its margin over break-even; the
 //! table is written as Markdown, CSV and JSON, with PNG and SVG plots ([`crate::plot`]).
 //!
-//! Parquet is not written: no parquet crate is in the workspace, and the CSV/JSON carry the same
-//! columns (pandas and polars read both).
+//! `compare.parquet` holds the CSV's columns with their types (floats, nullable where a value
+//! may not exist).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
 
 use serde::{Deserialize, Serialize};
 
@@ -101,13 +105,22 @@ pub fn markdown(rows: &[CompareRow], costs: Option<&Costs>) -> String {
     let _ = writeln!(s, "# Drafter comparison\n");
     match costs {
         Some(c) => {
-            let _ = writeln!(s, "Costs: `{}` (T_d {} ms, {:.1} tok/s without speculation).\n", c.name, c.t_d_ms, 1000.0 / c.t_d_ms);
+            let _ = writeln!(
+                s,
+                "Costs: `{}` (T_d {} ms, {:.1} tok/s without speculation).\n",
+                c.name,
+                c.t_d_ms,
+                1000.0 / c.t_d_ms
+            );
         }
         None => {
             let _ = writeln!(s, "No costs file: speedup columns are empty (pass --costs).\n");
         }
     }
-    let _ = writeln!(s, "τ counts the bonus token. α_i: conditional rate, P(draft i accepted | drafts before it accepted). r_i: unconditional, P(at least i accepted).\n");
+    let _ = writeln!(
+        s,
+        "τ counts the bonus token. α_i: conditional rate, P(draft i accepted | drafts before it accepted). r_i: unconditional, P(at least i accepted).\n"
+    );
     let mut head = String::from("| drafter | τ |");
     let mut rule = String::from("|---|---:|");
     for i in 1..=k {
@@ -164,8 +177,17 @@ pub fn csv(rows: &[CompareRow]) -> String {
     head.extend((1..=k).map(|i| format!("alpha_conditional_{i}")));
     head.extend((1..=k).map(|i| format!("r_unconditional_{i}")));
     head.extend(
-        ["best_k", "tau_at_best_k", "speedup", "tokens_per_s", "break_even_tau", "margin_tau", "positions", "captured_not_target_argmax"]
-            .map(String::from),
+        [
+            "best_k",
+            "tau_at_best_k",
+            "speedup",
+            "tokens_per_s",
+            "break_even_tau",
+            "margin_tau",
+            "positions",
+            "captured_not_target_argmax",
+        ]
+        .map(String::from),
     );
     let mut out = head.join(",") + "\n";
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
@@ -182,7 +204,50 @@ pub fn csv(rows: &[CompareRow]) -> String {
     out
 }
 
-/// Write `compare.md`, `compare.csv`, `compare.json`, `acceptance.{png,svg}` and, with costs,
+/// Write the table as Parquet, the columns of [`csv`] with their types.
+pub fn write_parquet(rows: &[CompareRow], path: &Path) -> Result<()> {
+    let k = rows.iter().map(|r| r.accept_rate_conditional.len()).max().unwrap_or(0);
+    let mut fields = vec![Field::new("drafter", DataType::Utf8, false), Field::new("tau", DataType::Float64, false)];
+    let mut cols: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(rows.iter().map(|r| r.name.clone()).collect::<Vec<_>>())),
+        Arc::new(Float64Array::from(rows.iter().map(|r| r.tau).collect::<Vec<_>>())),
+    ];
+    let mut float = |name: String, values: Vec<Option<f64>>| {
+        fields.push(Field::new(name, DataType::Float64, true));
+        cols.push(Arc::new(Float64Array::from(values)));
+    };
+    for i in 0..k {
+        float(
+            format!("alpha_conditional_{}", i + 1),
+            rows.iter().map(|r| r.accept_rate_conditional.get(i).copied()).collect(),
+        );
+    }
+    for i in 0..k {
+        float(
+            format!("r_unconditional_{}", i + 1),
+            rows.iter().map(|r| r.accept_rate_unconditional.get(i).copied()).collect(),
+        );
+    }
+    float("best_k".into(), rows.iter().map(|r| r.best_k.map(|k| k as f64)).collect());
+    float("tau_at_best_k".into(), rows.iter().map(|r| r.tau_at_best_k).collect());
+    float("speedup".into(), rows.iter().map(|r| r.speedup).collect());
+    float("tokens_per_s".into(), rows.iter().map(|r| r.tokens_per_s).collect());
+    float("break_even_tau".into(), rows.iter().map(|r| r.break_even_tau).collect());
+    float("margin_tau".into(), rows.iter().map(|r| r.margin_tau).collect());
+    float("captured_not_target_argmax".into(), rows.iter().map(|r| Some(r.captured_not_target_argmax)).collect());
+    fields.push(Field::new("positions", DataType::UInt64, false));
+    cols.push(Arc::new(UInt64Array::from(rows.iter().map(|r| r.positions).collect::<Vec<_>>())));
+    let fail = |e: &dyn std::fmt::Display| Error::Report(format!("{}: {e}", path.display()));
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), cols).map_err(|e| fail(&e))?;
+    let file = std::fs::File::create(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(|e| fail(&e))?;
+    w.write(&batch).map_err(|e| fail(&e))?;
+    w.close().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// Write `compare.md`, `compare.csv`, `compare.parquet`, `compare.json`, `acceptance.{png,svg}` and, with costs,
 /// `speedup.{png,svg}` into `dir` (created). Returns the paths written.
 pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> Result<Vec<PathBuf>> {
     if cands.is_empty() {
@@ -190,29 +255,28 @@ pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> R
     }
     std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
     let table = rows(cands);
-    let mut written = Vec::new();
-    let mut put = |name: &str, text: String| -> Result<()> {
+    let put = |name: &str, text: String| -> Result<PathBuf> {
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|source| Error::Io { path: p.clone(), source })?;
-        written.push(p);
-        Ok(())
+        Ok(p)
     };
-    put("compare.md", markdown(&table, costs))?;
-    put("compare.csv", csv(&table))?;
-    let json = serde_json::json!({
-        "costs": costs,
-        "rows": table,
-        "candidates": cands,
-        "parquet": "not written: no parquet crate in the workspace (compare.csv has the same columns)",
-    });
-    put("compare.json", serde_json::to_string_pretty(&json).map_err(|e| Error::Report(e.to_string()))?)?;
+    let mut written = vec![put("compare.md", markdown(&table, costs))?, put("compare.csv", csv(&table))?];
+    let pq = dir.join("compare.parquet");
+    write_parquet(&table, &pq)?;
+    written.push(pq);
+    let json = serde_json::json!({ "costs": costs, "rows": table, "candidates": cands });
+    written.push(put("compare.json", serde_json::to_string_pretty(&json).map_err(|e| Error::Report(e.to_string()))?)?);
     let series: Vec<plot::Series> = cands
         .iter()
         .map(|c| plot::Series {
             name: c.name.clone(),
             conditional: c.accept.accept_rate_conditional.clone(),
             unconditional: c.accept.accept_rate_unconditional.clone(),
-            speedup: c.projection.as_ref().map(|p| p.rows.iter().map(|r| (r.k, r.speedup)).collect()).unwrap_or_default(),
+            speedup: c
+                .projection
+                .as_ref()
+                .map(|p| p.rows.iter().map(|r| (r.k, r.speedup)).collect())
+                .unwrap_or_default(),
         })
         .collect();
     for ext in ["png", "svg"] {

@@ -128,7 +128,11 @@ impl Costs {
     /// Check every number and the T_v form.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let pos = |v: f64, what: &str| {
-            if v > 0.0 && v.is_finite() { Ok(()) } else { Err(format!("{what} = {v}: must be a positive number of ms")) }
+            if v > 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{what} = {v}: must be a positive number of ms"))
+            }
         };
         pos(self.t_d_ms, "t_d_ms")?;
         if let Some(ts) = self.t_s_ms {
@@ -155,7 +159,10 @@ impl Costs {
         if self.t_v.is_none() && self.cycle_ms.is_empty() {
             return Err("no verify cost: give [t_v] or measured [cycle_ms]".into());
         }
-        if self.provenance.measured_where.trim().is_empty() || self.provenance.when.trim().is_empty() || self.provenance.by.trim().is_empty() {
+        if self.provenance.measured_where.trim().is_empty()
+            || self.provenance.when.trim().is_empty()
+            || self.provenance.by.trim().is_empty()
+        {
             return Err("provenance: measured_where, when and by are required".into());
         }
         Ok(())
@@ -168,11 +175,14 @@ impl Costs {
             return Some(a + b * n as f64);
         }
         let table = int_keys(&tv.table, "t_v.table").ok()?;
-        table.windows(2).find(|w| w[0].0 <= n && n <= w[1].0).map(|w| {
-            let ((n0, v0), (n1, v1)) = (w[0], w[1]);
-            if n1 == n0 { v0 } else { v0 + (v1 - v0) * (n - n0) as f64 / (n1 - n0) as f64 }
-        })
-        .or_else(|| table.iter().find(|&&(m, _)| m == n).map(|&(_, v)| v))
+        table
+            .windows(2)
+            .find(|w| w[0].0 <= n && n <= w[1].0)
+            .map(|w| {
+                let ((n0, v0), (n1, v1)) = (w[0], w[1]);
+                if n1 == n0 { v0 } else { v0 + (v1 - v0) * (n - n0) as f64 / (n1 - n0) as f64 }
+            })
+            .or_else(|| table.iter().find(|&&(m, _)| m == n).map(|&(_, v)| v))
     }
 
     /// The cycle of `k` draft steps verifying `n` tokens, and whether it was measured.
@@ -298,7 +308,9 @@ pub fn load_curve(path: &Path) -> Result<Vec<CurvePoint>> {
     let err = |message: String| Error::Input { path: path.to_path_buf(), message };
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(format!("not JSON: {e}")))?;
-    let curve = v.get("curve").ok_or_else(|| err("no `curve` field: pass the --json output of `aerie eval accept` or `aerie measure`".into()))?;
+    let curve = v.get("curve").ok_or_else(|| {
+        err("no `curve` field: pass the --json output of `aerie eval accept` or `aerie measure`".into())
+    })?;
     let curve: Vec<CurvePoint> = serde_json::from_value(curve.clone()).map_err(|e| err(format!("`curve`: {e}")))?;
     if curve.is_empty() {
         return Err(err("`curve` is empty".into()));
@@ -318,7 +330,12 @@ mod tests {
             name: "kimi".into(),
             t_d_ms: t_d,
             cycle_ms: [("2".to_string(), cycle)].into(),
-            provenance: Provenance { measured_where: "node".into(), when: "then".into(), by: "us".into(), ..Default::default() },
+            provenance: Provenance {
+                measured_where: "node".into(),
+                when: "then".into(),
+                by: "us".into(),
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

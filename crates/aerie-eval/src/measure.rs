@@ -16,7 +16,9 @@ use serde_json::Value;
 
 use crate::accept::{CurvePoint, conditional_from_unconditional, tau_curve, unconditional_from_histogram};
 use crate::cost::{Costs, Provenance, VerifyCost};
-use crate::sglang::{ChunkProgress, Endpoint, Prompt, SpecMeta, chunk_progress, error_message, parse_meta, request_body, sse_data};
+use crate::sglang::{
+    ChunkProgress, Endpoint, Prompt, SpecMeta, chunk_progress, error_message, parse_meta, request_body, sse_data,
+};
 use crate::{Error, Result};
 
 /// What to measure and how.
@@ -90,11 +92,15 @@ struct Failure {
 
 fn transport_failure(e: &ureq::Error, timeout: Duration) -> Failure {
     let (message, retry) = match e {
-        ureq::Error::Timeout(_) => (format!("no complete answer within {:.1} s (timeout)", timeout.as_secs_f64()), true),
+        ureq::Error::Timeout(_) => {
+            (format!("no complete answer within {:.1} s (timeout)", timeout.as_secs_f64()), true)
+        }
         ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
             ("connection refused: is the server running and listening there?".to_string(), true)
         }
-        ureq::Error::ConnectionFailed => ("connection failed: is the server running and listening there?".to_string(), true),
+        ureq::Error::ConnectionFailed => {
+            ("connection failed: is the server running and listening there?".to_string(), true)
+        }
         ureq::Error::HostNotFound => ("host not found".to_string(), false),
         ureq::Error::BadUri(u) => (format!("bad URL `{u}`"), false),
         other => (other.to_string(), true),
@@ -103,7 +109,12 @@ fn transport_failure(e: &ureq::Error, timeout: Duration) -> Failure {
 }
 
 /// One attempt: POST `body` and return the final response JSON plus stream timings.
-fn attempt(agent: &ureq::Agent, url: &str, body: &str, opts: &MeasureOptions) -> std::result::Result<RequestResult, Failure> {
+fn attempt(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &str,
+    opts: &MeasureOptions,
+) -> std::result::Result<RequestResult, Failure> {
     let start = Instant::now();
     let resp = agent
         .post(url)
@@ -116,22 +127,34 @@ fn attempt(agent: &ureq::Agent, url: &str, body: &str, opts: &MeasureOptions) ->
     if !(200..300).contains(&status) {
         let text = resp_body.read_to_string().unwrap_or_default();
         let retry = status == 429 || status >= 500;
-        return Err(Failure { status: Some(status), message: format!("HTTP {status}: {}", error_message(&text)), retry });
+        return Err(Failure {
+            status: Some(status),
+            message: format!("HTTP {status}: {}", error_message(&text)),
+            retry,
+        });
     }
     let bad = |m: String| Failure { status: Some(status), message: m, retry: false };
     if !opts.stream {
         let text = resp_body.read_to_string().map_err(|e| transport_failure(&e, opts.timeout))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("response is not JSON ({e}): {}", error_message(&text))))?;
-        return Ok(RequestResult { meta: parse_meta(&v), e2e_s: start.elapsed().as_secs_f64(), attempts: 1, ..Default::default() });
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| bad(format!("response is not JSON ({e}): {}", error_message(&text))))?;
+        return Ok(RequestResult {
+            meta: parse_meta(&v),
+            e2e_s: start.elapsed().as_secs_f64(),
+            attempts: 1,
+            ..Default::default()
+        });
     }
     let reader = BufReader::new(resp_body.into_reader());
     let (mut first, mut last): (Option<(Instant, u64)>, Option<(Instant, u64)>) = (None, None);
     let mut final_meta = SpecMeta::default();
     let mut chat_tokens = 0u64;
     for line in reader.lines() {
-        let line = line.map_err(|e| Failure { status: Some(status), message: format!("stream broke: {e}"), retry: true })?;
+        let line =
+            line.map_err(|e| Failure { status: Some(status), message: format!("stream broke: {e}"), retry: true })?;
         let Some(data) = sse_data(&line) else { continue };
-        let v: Value = serde_json::from_str(data).map_err(|e| bad(format!("stream event is not JSON ({e}): {data}")))?;
+        let v: Value =
+            serde_json::from_str(data).map_err(|e| bad(format!("stream event is not JSON ({e}): {data}")))?;
         if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
             return Err(bad(format!("error inside the stream: {}", error_message(data))));
         }
@@ -160,12 +183,20 @@ fn attempt(agent: &ureq::Agent, url: &str, body: &str, opts: &MeasureOptions) ->
         (Some((t0, n0)), Some((t1, n1))) => {
             // Chat deltas are counted per chunk; rescale to the server's token count when known.
             let total = final_meta.completion_tokens.unwrap_or(n1);
-            let after_first = if opts.endpoint == Endpoint::Chat && n1 > 0 { total.saturating_sub(total * n0 / n1) } else { n1 - n0 };
+            let after_first =
+                if opts.endpoint == Endpoint::Chat && n1 > 0 { total.saturating_sub(total * n0 / n1) } else { n1 - n0 };
             (Some((t0 - start).as_secs_f64()), Some((t1 - t0).as_secs_f64()), Some(after_first))
         }
         _ => (None, None, None),
     };
-    Ok(RequestResult { meta: final_meta, e2e_s: start.elapsed().as_secs_f64(), ttft_s, decode_s, decode_tokens, attempts: 1 })
+    Ok(RequestResult {
+        meta: final_meta,
+        e2e_s: start.elapsed().as_secs_f64(),
+        ttft_s,
+        decode_s,
+        decode_tokens,
+        attempts: 1,
+    })
 }
 
 /// Send one prompt with bounded retries and exponential backoff.
@@ -251,7 +282,11 @@ pub struct MeasureReport {
 
 /// Measure `prompts` against the server. `progress(done, total)` may be called from worker
 /// threads.
-pub fn measure(prompts: &[Prompt], opts: &MeasureOptions, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<MeasureReport> {
+pub fn measure(
+    prompts: &[Prompt],
+    opts: &MeasureOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<MeasureReport> {
     if prompts.is_empty() || opts.concurrency == 0 || opts.max_new_tokens == 0 {
         return Err(Error::Incompatible("need at least one prompt, concurrency >= 1 and max_new_tokens >= 1".into()));
     }
@@ -310,7 +345,11 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
     let speculative = verify > 0;
     let spec_requests = results.iter().filter(|r| r.meta.verify_ct.is_some()).count();
     if speculative && spec_requests < results.len() {
-        warnings.push(format!("{} of {} responses carried no spec_verify_ct", results.len() - spec_requests, results.len()));
+        warnings.push(format!(
+            "{} of {} responses carried no spec_verify_ct",
+            results.len() - spec_requests,
+            results.len()
+        ));
     }
     let mut hist: Option<Vec<u64>> = None;
     for h in results.iter().filter_map(|r| r.meta.histogram.as_ref()) {
@@ -325,20 +364,30 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
     let tau_hist = r.as_ref().map(|r| 1.0 + r.iter().sum::<f64>());
     let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let proposed: u64 = results.iter().filter_map(|r| r.meta.proposed_drafts).sum();
-    let spec_verify_with_drafts: u64 = results.iter().filter(|r| r.meta.proposed_drafts.is_some()).filter_map(|r| r.meta.verify_ct).sum();
-    let verify_tokens = (spec_verify_with_drafts > 0).then(|| (proposed as f64 / spec_verify_with_drafts as f64).round() as usize + 1);
+    let spec_verify_with_drafts: u64 =
+        results.iter().filter(|r| r.meta.proposed_drafts.is_some()).filter_map(|r| r.meta.verify_ct).sum();
+    let verify_tokens =
+        (spec_verify_with_drafts > 0).then(|| (proposed as f64 / spec_verify_with_drafts as f64).round() as usize + 1);
     let mut curve: Vec<CurvePoint> = Vec::new();
     if let (Some(r), Some(k)) = (&r, steps) {
         let is_chain = verify_tokens.is_none_or(|n| n == k + 1);
         if is_chain {
-            curve = tau_curve(r).into_iter().enumerate().map(|(i, tau)| CurvePoint { k: i + 1, verify_tokens: i + 2, tau }).collect();
+            curve = tau_curve(r)
+                .into_iter()
+                .enumerate()
+                .map(|(i, tau)| CurvePoint { k: i + 1, verify_tokens: i + 2, tau })
+                .collect();
         } else if let (Some(n), Some(t)) = (verify_tokens, tau_hist) {
-            warnings.push(format!("tree drafting ({n} verified tokens for {k} steps): only the full configuration is a curve point"));
+            warnings.push(format!(
+                "tree drafting ({n} verified tokens for {k} steps): only the full configuration is a curve point"
+            ));
             curve.push(CurvePoint { k, verify_tokens: n, tau: t });
         }
     }
     if speculative && hist.is_none() {
-        warnings.push("no accepted-drafts histogram in meta_info: per-position rates are unavailable (older SGLang?)".into());
+        warnings.push(
+            "no accepted-drafts histogram in meta_info: per-position rates are unavailable (older SGLang?)".into(),
+        );
     }
     let streamed: Vec<&RequestResult> = results.iter().filter(|r| r.decode_s.is_some()).collect();
     let decode_s: f64 = streamed.iter().filter_map(|r| r.decode_s).sum();
@@ -347,10 +396,16 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
     let ttft: Vec<f64> = results.iter().filter_map(|r| r.ttft_s).collect();
     let e2e: f64 = results.iter().map(|r| r.e2e_s).sum();
     if opts.stream && itl_ms.is_none() && !results.is_empty() {
-        warnings.push("the stream carried no timed tokens: ITL unavailable, costs fall back to e2e / tokens (prefill included)".into());
+        warnings.push(
+            "the stream carried no timed tokens: ITL unavailable, costs fall back to e2e / tokens (prefill included)"
+                .into(),
+        );
     }
     if opts.concurrency > 1 {
-        warnings.push(format!("concurrency {}: step times are those of a batch of up to {} sequences", opts.concurrency, opts.concurrency));
+        warnings.push(format!(
+            "concurrency {}: step times are those of a batch of up to {} sequences",
+            opts.concurrency, opts.concurrency
+        ));
     }
     let (implied_cycle_ms, t_d_ms) = if speculative {
         let cycle = match (itl_ms, tau_hist.or((verify > 0).then(|| completion as f64 / verify as f64))) {
@@ -379,7 +434,9 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         completion_tokens: completion,
         wall_s,
         output_tokens_per_s: if wall_s > 0.0 { completion as f64 / wall_s } else { 0.0 },
-        request_tokens_per_s: mean(results.iter().filter(|r| r.e2e_s > 0.0).map(|r| r.meta.completion_tokens.unwrap_or(0) as f64 / r.e2e_s)),
+        request_tokens_per_s: mean(
+            results.iter().filter(|r| r.e2e_s > 0.0).map(|r| r.meta.completion_tokens.unwrap_or(0) as f64 / r.e2e_s),
+        ),
         ttft_ms: (!ttft.is_empty()).then(|| 1000.0 * ttft.iter().sum::<f64>() / ttft.len() as f64),
         itl_ms,
         speculative,
@@ -425,7 +482,9 @@ pub fn costs_from_report(report: &MeasureReport, existing: Option<Costs>, proven
         err("a speculative run adds its cycle to a costs file holding T_d: run `aerie measure --out FILE` against the plain server first")
     })?;
     let cycle = report.implied_cycle_ms.ok_or_else(|| err("no cycle cost could be derived from this run"))?;
-    let k = report.steps.ok_or_else(|| err("the server sent no accepted-drafts histogram: the draft steps k are unknown"))?;
+    let k = report
+        .steps
+        .ok_or_else(|| err("the server sent no accepted-drafts histogram: the draft steps k are unknown"))?;
     if report.verify_tokens.is_some_and(|n| n != k + 1) {
         return Err(err("tree drafting: cycle_ms holds chain cycles (k drafts, k+1 verified tokens) only"));
     }
@@ -489,7 +548,8 @@ mod tests {
         let rep = summarize(&[plain], 0.2, &MeasureOptions::default());
         assert!(!rep.speculative);
         assert!((rep.t_d_ms.unwrap() - 12.1).abs() < 1e-9);
-        let prov = Provenance { measured_where: "mock".into(), when: "now".into(), by: "test".into(), ..Default::default() };
+        let prov =
+            Provenance { measured_where: "mock".into(), when: "now".into(), by: "test".into(), ..Default::default() };
         let costs = costs_from_report(&rep, None, prov.clone()).unwrap();
         assert!(costs.validate().is_ok());
         assert_eq!(costs.verify_ms(1), Some(costs.t_d_ms));

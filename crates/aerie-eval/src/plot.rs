@@ -89,7 +89,11 @@ macro_rules! render {
     }};
 }
 
-fn rate_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, series: &[(String, Vec<f64>)]) -> DrawResult {
+fn rate_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    series: &[(String, Vec<f64>)],
+) -> DrawResult {
     let k = series.iter().map(|(_, v)| v.len()).max().unwrap_or(1).max(1);
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 20))

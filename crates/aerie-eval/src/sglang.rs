@@ -71,7 +71,10 @@ pub enum Prompt {
 /// skipped.
 pub fn load_prompts(path: &Path) -> Result<Vec<Prompt>> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
-    let err = |line: usize, message: String| Error::Input { path: path.to_path_buf(), message: format!("line {line}: {message}") };
+    let err = |line: usize, message: String| Error::Input {
+        path: path.to_path_buf(),
+        message: format!("line {line}: {message}"),
+    };
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
@@ -90,7 +93,9 @@ pub fn load_prompts(path: &Path) -> Result<Vec<Prompt>> {
 fn prompt_of(v: &Value) -> std::result::Result<Prompt, String> {
     if let Some(turns) = v.get("turns") {
         let first = turns.as_array().and_then(|t| t.first()).and_then(Value::as_str);
-        return first.map(|s| Prompt::Text(s.to_string())).ok_or_else(|| "`turns` must be a non-empty list of strings".into());
+        return first
+            .map(|s| Prompt::Text(s.to_string()))
+            .ok_or_else(|| "`turns` must be a non-empty list of strings".into());
     }
     for key in ["prompt", "text"] {
         if let Some(p) = v.get(key) {
@@ -108,12 +113,19 @@ fn prompt_of(v: &Value) -> std::result::Result<Prompt, String> {
 }
 
 /// The JSON body of one greedy request (temperature 0: the regime where τ is comparable).
-pub fn request_body(endpoint: Endpoint, prompt: &Prompt, max_new_tokens: usize, stream: bool, model: &str) -> Result<Value> {
+pub fn request_body(
+    endpoint: Endpoint,
+    prompt: &Prompt,
+    max_new_tokens: usize,
+    stream: bool,
+    model: &str,
+) -> Result<Value> {
     Ok(match endpoint {
         Endpoint::Generate => {
             let Prompt::Text(text) = prompt else {
                 return Err(Error::Incompatible(
-                    "a `messages` prompt needs --endpoint chat (/generate takes raw text and applies no chat template)".into(),
+                    "a `messages` prompt needs --endpoint chat (/generate takes raw text and applies no chat template)"
+                        .into(),
                 ));
             };
             json!({
@@ -199,7 +211,11 @@ pub fn error_message(body: &str) -> String {
             .or_else(|| v.get("detail").and_then(pick))
     });
     let text = from_json.unwrap_or_else(|| body.trim().to_string());
-    if text.len() > 500 { format!("{}…", &text[..text.char_indices().nth(500).map_or(text.len(), |(i, _)| i)]) } else { text }
+    if text.len() > 500 {
+        format!("{}…", &text[..text.char_indices().nth(500).map_or(text.len(), |(i, _)| i)])
+    } else {
+        text
+    }
 }
 
 /// One server-sent event's JSON payload: the text after `data:` on a line, `None` for other lines
@@ -218,7 +234,8 @@ pub fn chunk_progress(endpoint: Endpoint, chunk: &Value) -> ChunkProgress {
             None => ChunkProgress::None,
         },
         Endpoint::Chat => {
-            let delta = chunk.get("choices").and_then(|c| c.get(0)).and_then(|c| c.get("delta")).and_then(|d| d.get("content"));
+            let delta =
+                chunk.get("choices").and_then(|c| c.get(0)).and_then(|c| c.get("delta")).and_then(|d| d.get("content"));
             match delta.and_then(Value::as_str) {
                 Some(s) if !s.is_empty() => ChunkProgress::Delta,
                 _ => ChunkProgress::None,
@@ -272,7 +289,10 @@ mod tests {
             "spec_accept_histogram": [2, 4, 2, 1, 1, 11], "spec_accept_token_num": 70, "spec_draft_token_num": 105,
             "spec_accept_length": 4.333}});
         let m = parse_meta(&gen_resp);
-        assert_eq!((m.completion_tokens, m.verify_ct, m.accepted_drafts, m.proposed_drafts), (Some(91), Some(21), Some(70), Some(105)));
+        assert_eq!(
+            (m.completion_tokens, m.verify_ct, m.accepted_drafts, m.proposed_drafts),
+            (Some(91), Some(21), Some(70), Some(105))
+        );
         assert_eq!(m.histogram.as_deref(), Some(&[2, 4, 2, 1, 1, 11][..]));
         let chat = json!({"choices": [{"message": {"content": "a"}, "meta_info": {"completion_tokens": 7,
             "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 0, 1, 1], "spec_accepted_drafts": 5}}],

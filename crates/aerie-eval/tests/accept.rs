@@ -9,7 +9,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use aerie_data::shard::{AuxConvention, FloatDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher};
+use aerie_data::shard::{
+    AuxConvention, FloatDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+};
 use aerie_eval::accept::AcceptRule;
 use aerie_eval::compare::{Candidate, write_report};
 use aerie_eval::cost::Costs;
@@ -78,7 +80,10 @@ impl World {
         }
         w.insert("norm.weight".into(), HostTensor::from_f32(vec![h], &vec![1.0; h], Dtype::F32));
         let lm: Vec<f32> = self.vocab.target_ids().iter().flat_map(|&t| self.row(t).to_vec()).collect();
-        w.insert("lm_head.weight".into(), HostTensor::from_f32(vec![self.vocab.draft_vocab_size(), h], &lm, Dtype::F32));
+        w.insert(
+            "lm_head.weight".into(),
+            HostTensor::from_f32(vec![self.vocab.draft_vocab_size(), h], &lm, Dtype::F32),
+        );
         w
     }
 
@@ -210,7 +215,12 @@ fn captured_tokens_that_are_not_the_target_argmax_are_flagged() {
 
 #[test]
 fn invalid_options_are_refused() {
-    let bad = AcceptOptions { rule: AcceptRule::Sampling, temperature: 1.0, tree: Some(TreeShape { topk: 2, verify_tokens: 4 }), ..greedy(3) };
+    let bad = AcceptOptions {
+        rule: AcceptRule::Sampling,
+        temperature: 1.0,
+        tree: Some(TreeShape { topk: 2, verify_tokens: 4 }),
+        ..greedy(3)
+    };
     assert!(bad.validate().unwrap_err().to_string().contains("greedily"));
     assert!(AcceptOptions { steps: 0, ..greedy(3) }.validate().is_err());
     let argmax_sampling = AcceptOptions { rule: AcceptRule::Sampling, ..greedy(3) };
@@ -223,7 +233,9 @@ fn compare_writes_every_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = w.capture(dir.path().join("data").as_path(), &[sample(w.c as i32, 12)]);
     let head = w.head_tensor();
-    let costs = Costs::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/costs/kimi-k25-8x-rtx-pro-6000.toml")).unwrap();
+    let costs =
+        Costs::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/costs/kimi-k25-8x-rtx-pro-6000.toml"))
+            .unwrap();
     let mut cands = Vec::new();
     for (name, weights) in [("perfect", w.perfect()), ("random", w.base.clone())] {
         let rep = eval_accept(&w.drafter(&weights), &data, Some(&head), &greedy(3), &mut |_, _| {}).unwrap();
@@ -231,19 +243,30 @@ fn compare_writes_every_file() {
     }
     let out = dir.path().join("report");
     let written = write_report(&out, &cands, Some(&costs)).unwrap();
-    for f in ["compare.md", "compare.csv", "compare.json", "acceptance.png", "acceptance.svg", "speedup.png", "speedup.svg"] {
+    for f in [
+        "compare.md",
+        "compare.csv",
+        "compare.parquet",
+        "compare.json",
+        "acceptance.png",
+        "acceptance.svg",
+        "speedup.png",
+        "speedup.svg",
+    ] {
         let p = out.join(f);
         assert!(written.contains(&p), "{f} not reported");
         assert!(std::fs::metadata(&p).unwrap().len() > 100, "{f} is empty");
     }
     assert_eq!(&std::fs::read(out.join("acceptance.png")).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
     assert!(std::fs::read_to_string(out.join("speedup.svg")).unwrap().contains("<svg"));
+    assert_eq!(&std::fs::read(out.join("compare.parquet")).unwrap()[..4], b"PAR1");
     let csv = std::fs::read_to_string(out.join("compare.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3);
     assert!(csv.starts_with("drafter,tau,alpha_conditional_1"));
     let md = std::fs::read_to_string(out.join("compare.md")).unwrap();
     assert!(md.contains("| perfect | 3.625 |"), "{md}");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("compare.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("compare.json")).unwrap()).unwrap();
     assert_eq!(json["rows"].as_array().unwrap().len(), 2);
     // Kimi costs at τ(2) = 1 + 15/8 with the measured 29 ms cycle: S = 2.875·12.1/29.
     let best = &json["candidates"][0]["projection"]["rows"];

@@ -9,7 +9,10 @@ use aerie_eval::Error;
 use aerie_eval::cost::Provenance;
 use aerie_eval::measure::{MeasureOptions, costs_from_report, measure};
 use aerie_eval::sglang::{Endpoint, Prompt};
-use mock_sglang::{Reply, UNSUPPORTED_MEDIA_TYPE, chat_response, error_body, generate_events, generate_response, plain_meta, spec_meta, start};
+use mock_sglang::{
+    Reply, UNSUPPORTED_MEDIA_TYPE, chat_response, error_body, generate_events, generate_response, plain_meta,
+    spec_meta, start,
+};
 use serde_json::json;
 
 const LIFE: Duration = Duration::from_secs(20);
@@ -65,7 +68,8 @@ fn chat_stream_times_tokens() {
         assert_eq!(req.body["stream"], true);
         let mut events: Vec<serde_json::Value> =
             (0..5).map(|_| json!({"choices": [{"index": 0, "delta": {"content": "ab"}}]})).collect();
-        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length", "meta_info": meta.clone()}],
+        events
+            .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length", "meta_info": meta.clone()}],
             "usage": {"completion_tokens": 14}}));
         Reply::Events(events, Duration::from_millis(15))
     });
@@ -87,7 +91,8 @@ fn plain_server_measures_t_d_and_writes_costs() {
     assert!(!rep.speculative);
     let td = rep.t_d_ms.unwrap();
     assert!(td > 5.0 && td < 200.0, "T_d {td} ms");
-    let prov = Provenance { measured_where: "mock".into(), when: "today".into(), by: "test".into(), ..Default::default() };
+    let prov =
+        Provenance { measured_where: "mock".into(), when: "today".into(), by: "test".into(), ..Default::default() };
     let costs = costs_from_report(&rep, None, prov).unwrap();
     assert_eq!(costs.t_d_ms, td);
     assert!(costs.validate().is_ok());
@@ -102,7 +107,8 @@ fn plain_server_measures_t_d_and_writes_costs() {
 fn the_mock_refuses_requests_without_json_content_type() {
     let mock = start(1, LIFE, |_, _| Reply::Json(200, generate_response(plain_meta(1))));
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut resp = agent.post(format!("{}/generate", mock.url)).header("Content-Type", "text/plain").send("{}").unwrap();
+    let mut resp =
+        agent.post(format!("{}/generate", mock.url)).header("Content-Type", "text/plain").send("{}").unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     let body = resp.body_mut().read_to_string().unwrap();
     assert!(body.contains(UNSUPPORTED_MEDIA_TYPE), "{body}");
@@ -128,7 +134,11 @@ fn client_errors_are_reported_with_the_servers_message_and_not_retried() {
 fn server_errors_are_retried_with_backoff() {
     // First attempt 503, second succeeds.
     let mock = start(4, LIFE, |i, _| {
-        if i == 0 { Reply::Json(503, json!({"detail": "busy"})) } else { Reply::Json(200, generate_response(plain_meta(4))) }
+        if i == 0 {
+            Reply::Json(503, json!({"detail": "busy"}))
+        } else {
+            Reply::Json(200, generate_response(plain_meta(4)))
+        }
     });
     let mut o = opts(&mock.url, Endpoint::Generate, false);
     o.concurrency = 1;
@@ -141,12 +151,17 @@ fn server_errors_are_retried_with_backoff() {
     o.server = mock.url.clone();
     let err = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
     assert_eq!(mock.finish().len(), 3);
-    assert!(err.contains("HTTP 500") && err.contains("CUDA out of memory") && err.contains("after 3 attempts"), "{err}");
+    assert!(
+        err.contains("HTTP 500") && err.contains("CUDA out of memory") && err.contains("after 3 attempts"),
+        "{err}"
+    );
 }
 
 #[test]
 fn timeouts_and_refused_connections() {
-    let mock = start(2, LIFE, |_, _| Reply::Slow(Duration::from_millis(800), Box::new(Reply::Json(200, generate_response(plain_meta(1))))));
+    let mock = start(2, LIFE, |_, _| {
+        Reply::Slow(Duration::from_millis(800), Box::new(Reply::Json(200, generate_response(plain_meta(1)))))
+    });
     let mut o = opts(&mock.url, Endpoint::Generate, false);
     o.timeout = Duration::from_millis(200);
     o.retries = 1;

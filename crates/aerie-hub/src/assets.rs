@@ -11,6 +11,7 @@
 //! No Python is needed. The registry base URL comes from `AERIE_PYPI_URL` (tests point it at a
 //! loopback server); the digest pin is what makes a mirror or a hostile index harmless.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -269,9 +270,13 @@ pub fn ensure(asset: Asset, progress: &mut dyn FnMut(u64, u64)) -> Result<PathBu
 }
 
 /// The HTTP agent for index and wheel requests: generous stall timeout, no overall one (a
-/// 125 MB wheel on a slow link is fine; a dead connection is not).
+/// 125 MB wheel on a slow link is fine; a dead connection is not). TLS trusts the operating
+/// system's certificate store (`SSL_CERT_FILE` included), as pip does, so a TLS-intercepting
+/// proxy with a locally installed CA works; the sha256 pin, not the CA, guarantees the bytes.
 fn agent() -> ureq::Agent {
+    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build();
     ureq::Agent::config_builder()
+        .tls_config(tls)
         .timeout_connect(Some(Duration::from_secs(30)))
         .timeout_per_read(Some(Duration::from_secs(120)))
         .user_agent(concat!("aerie/", env!("CARGO_PKG_VERSION")))
@@ -295,9 +300,14 @@ struct IndexDigests {
     sha256: Option<String>,
 }
 
+/// The JSON API's answer: `urls` are the files of the release (versioned endpoint) or of the
+/// latest release (project endpoint, which also lists every release under `releases`).
 #[derive(Debug, Deserialize)]
 struct IndexRelease {
+    #[serde(default)]
     urls: Vec<IndexFile>,
+    #[serde(default)]
+    releases: HashMap<String, Vec<IndexFile>>,
 }
 
 /// Turn a ureq failure into an error that names the URL, with a hint for 404.
@@ -316,25 +326,52 @@ pub(crate) fn http_error(url: &str, err: ureq::Error) -> Error {
 }
 
 /// The release's wheel whose sha256 is the pin; the other files of the release are ignored.
+/// Asks the versioned endpoint `/pypi/<name>/<version>/json` first and, when that is a 404 (some
+/// mirrors and egress proxies serve only the project endpoint), `/pypi/<name>/json`, whose
+/// `releases` lists every version.
 fn find_wheel(agent: &ureq::Agent, index_url: &str, spec: &AssetSpec) -> Result<IndexFile> {
-    let url = format!("{index_url}/pypi/{}/{}/json", spec.package, spec.version);
-    let mut resp = agent.get(&url).call().map_err(|e| http_error(&url, e))?;
-    let reader = resp.body_mut().as_reader().take(64 << 20);
-    let release: IndexRelease = serde_json::from_reader(reader)
-        .map_err(|e| Error::BadResponse { url: url.clone(), problem: format!("not a release JSON: {e}") })?;
-    let listed: Vec<String> = release
-        .urls
+    let versioned = format!("{index_url}/pypi/{}/{}/json", spec.package, spec.version);
+    let (url, mut release) = match get_json::<IndexRelease>(agent, &versioned) {
+        Err(Error::Http { status: Some(404), .. }) => {
+            let project = format!("{index_url}/pypi/{}/json", spec.package);
+            let release = get_json::<IndexRelease>(agent, &project).map_err(|e| match e {
+                Error::Http { status: Some(404), .. } => Error::Http {
+                    url: versioned.clone(),
+                    status: Some(404),
+                    problem: format!("HTTP 404 not found (and {project} has no such release either)"),
+                },
+                e => e,
+            })?;
+            (project, release)
+        }
+        other => (versioned, other?),
+    };
+    let mut files = release.releases.remove(spec.version).unwrap_or_default();
+    files.append(&mut release.urls);
+    let listed: Vec<String> = files
         .iter()
         .map(|f| format!("{} ({})", f.filename, f.digests.sha256.as_deref().unwrap_or("no sha256")))
         .collect();
-    release
-        .urls
+    files
         .into_iter()
         .find(|f| f.digests.sha256.as_deref().is_some_and(|d| d.eq_ignore_ascii_case(spec.wheel_sha256)))
         .ok_or_else(|| Error::BadResponse {
             url,
-            problem: format!("no file has the pinned sha256 {}; listed: [{}]", spec.wheel_sha256, listed.join(", ")),
+            problem: format!(
+                "no file of {}=={} has the pinned sha256 {}; listed: [{}]",
+                spec.package,
+                spec.version,
+                spec.wheel_sha256,
+                listed.join(", ")
+            ),
         })
+}
+
+fn get_json<T: serde::de::DeserializeOwned>(agent: &ureq::Agent, url: &str) -> Result<T> {
+    let mut resp = agent.get(url).call().map_err(|e| http_error(url, e))?;
+    let reader = resp.body_mut().as_reader().take(64 << 20);
+    serde_json::from_reader(reader)
+        .map_err(|e| Error::BadResponse { url: url.to_owned(), problem: format!("not a PyPI JSON document: {e}") })
 }
 
 /// Stream the wheel into a temporary file in `dir`, hashing as it goes; the file is returned only

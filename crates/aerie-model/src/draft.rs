@@ -263,7 +263,10 @@ fn top_children<B: Backend>(logits: Tensor<B, 3>, w: usize) -> Vec<Vec<(f64, u32
     let (vals, idx) = log_softmax(logits, 2).topk_with_indices(w, 2);
     let vals = host_f32(vals);
     let idx = host_ids(idx);
-    vals.chunks(w).zip(idx.chunks(w)).map(|(v, i)| v.iter().map(|&x| x as f64).zip(i.iter().copied()).collect()).collect()
+    vals.chunks(w)
+        .zip(idx.chunks(w))
+        .map(|(v, i)| v.iter().map(|&x| x as f64).zip(i.iter().copied()).collect())
+        .collect()
 }
 
 /// Draft an EAGLE-2 tree at every position of a right-padded batch (see the module docs).
@@ -319,7 +322,8 @@ pub fn draft_tree<B: Backend>(
                     ids[br * positions + pos] = nodes[pos][n].target_id;
                 }
             }
-            let (lg, carried) = step(drafter, j, ids_tensor::<B>(&ids, [w * b, l], &device), hidden, &causal, &mut cache);
+            let (lg, carried) =
+                step(drafter, j, ids_tensor::<B>(&ids, [w * b, l], &device), hidden, &causal, &mut cache);
             hidden = carried;
             logits = Some(lg);
         }
@@ -329,7 +333,8 @@ pub fn draft_tree<B: Backend>(
             for (br, &leaf) in frontier[pos].iter().enumerate() {
                 let base = nodes[pos][leaf].log_score;
                 for &(lq, d) in &children[br * positions + pos] {
-                    let mut node = TreeNode { parent: Some(leaf), depth: i + 1, draft_id: d, target_id: 0, log_score: base + lq };
+                    let mut node =
+                        TreeNode { parent: Some(leaf), depth: i + 1, draft_id: d, target_id: 0, log_score: base + lq };
                     fix_target(&mut node);
                     cands.push(nodes[pos].len());
                     nodes[pos].push(node);

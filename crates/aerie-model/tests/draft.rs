@@ -89,7 +89,8 @@ fn later_steps_consume_their_own_drafts() {
 fn right_padding_changes_nothing() {
     let c = case(11, 7);
     let alone = run(&c, &[(c.ids[..7].to_vec(), c.aux[..7 * c.aw].to_vec())], &greedy(3));
-    let padded = run(&c, &[(c.ids.clone(), c.aux.clone()), (c.ids[..7].to_vec(), c.aux[..7 * c.aw].to_vec())], &greedy(3));
+    let padded =
+        run(&c, &[(c.ids.clone(), c.aux.clone()), (c.ids[..7].to_vec(), c.aux[..7 * c.aw].to_vec())], &greedy(3));
     for t in 0..6 {
         assert_eq!(at(&padded, 1, t), at(&alone, 0, t), "position {t}");
     }
@@ -121,7 +122,8 @@ fn a_topk_1_tree_is_the_greedy_chain() {
 #[test]
 fn sampling_is_seeded_and_q_is_a_distribution() {
     let c = case(8, 13);
-    let opts = |seed| ChainOptions { steps: 2, sampling: DraftSampling::Sample { temperature: 1.5, seed }, keep_q: true };
+    let opts =
+        |seed| ChainOptions { steps: 2, sampling: DraftSampling::Sample { temperature: 1.5, seed }, keep_q: true };
     let a = run(&c, &[(c.ids.clone(), c.aux.clone())], &opts(1));
     let b = run(&c, &[(c.ids.clone(), c.aux.clone())], &opts(1));
     let other = run(&c, &[(c.ids.clone(), c.aux.clone())], &opts(2));

@@ -98,14 +98,16 @@ fn check_against_reference(c: &RefConfig, w: &TensorMap, model: &TargetModel<B>,
             // Output of layer i = HF output_hidden_states[i + 1] (pre-norm here).
             assert_close(&format!("aux layer {layer} row {b}"), &rows(&out.aux[k])[b], &r.hidden_states[layer + 1]);
         }
-        let want_concat: Mat = (0..seq.len())
-            .map(|t| aux.iter().flat_map(|&l| r.hidden_states[l + 1][t].clone()).collect())
-            .collect();
+        let want_concat: Mat =
+            (0..seq.len()).map(|t| aux.iter().flat_map(|&l| r.hidden_states[l + 1][t].clone()).collect()).collect();
         assert_close(&format!("aux_concat row {b}"), &concat[b], &want_concat);
     }
     // The same layers in the input-of-layer convention give the same tensors.
     let input_ids: Vec<usize> = aux.iter().map(|&i| i + 1).collect();
-    let req = CaptureRequest::with_aux(AuxLayers { ids: input_ids, convention: AuxConvention::InputOfLayer }, LogitsMode::None);
+    let req = CaptureRequest::with_aux(
+        AuxLayers { ids: input_ids, convention: AuxConvention::InputOfLayer },
+        LogitsMode::None,
+    );
     let again = model.forward(ids(seqs), &mut model.new_cache(), &req).unwrap();
     assert!(again.logits.is_none());
     assert_eq!(rel_err(&rows(&again.aux_concat().unwrap())[0], &concat[0]), 0.0);
@@ -122,7 +124,8 @@ fn llama_gqa_untied_matches_reference() {
     // Includes the last layer (pre-norm) and the first.
     check_against_reference(&c, &w, &model, &seqs, &[0, 1, 3]);
     // Input-of-layer id 0 is the embedding output.
-    let req = CaptureRequest::with_aux(AuxLayers { ids: vec![0], convention: AuxConvention::InputOfLayer }, LogitsMode::None);
+    let req =
+        CaptureRequest::with_aux(AuxLayers { ids: vec![0], convention: AuxConvention::InputOfLayer }, LogitsMode::None);
     let out = model.forward(ids(&seqs[..1]), &mut model.new_cache(), &req).unwrap();
     let r = ref_forward(&c, &w, &seqs[0], &(0..9).collect::<Vec<_>>());
     assert_close("embedding output", &rows(&out.aux[0])[0], &r.hidden_states[0]);
@@ -176,7 +179,8 @@ fn bf16_sharded_checkpoint_matches_reference() {
     let w = random_checkpoint(&c, 5, Dtype::BF16);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), c.config_json().to_string()).unwrap();
-    let (first, second): (TensorMap, TensorMap) = w.clone().into_iter().partition(|(k, _)| k.contains("layers.0.") || k.contains("embed"));
+    let (first, second): (TensorMap, TensorMap) =
+        w.clone().into_iter().partition(|(k, _)| k.contains("layers.0.") || k.contains("embed"));
     let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
     write_safetensors(&dir.path().join(names[0]), &first).unwrap();
     write_safetensors(&dir.path().join(names[1]), &second).unwrap();
@@ -186,14 +190,15 @@ fn bf16_sharded_checkpoint_matches_reference() {
             map.insert(k.clone(), serde_json::json!(name));
         }
     }
-    std::fs::write(dir.path().join(INDEX_FILE), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    std::fs::write(dir.path().join(INDEX_FILE), serde_json::json!({"metadata": {}, "weight_map": map}).to_string())
+        .unwrap();
     let model = TargetModel::<B>::load(dir.path(), &Default::default()).unwrap();
     let mut rng = Rng(11);
     check_against_reference(&c, &w, &model, &[random_ids(&mut rng, c.vocab, 12)], &[2]);
     // Held as bf16, the model still runs and stays close (bf16 has 3 significant digits).
     let half = TargetModel::<B>::load_as(dir.path(), &Default::default(), DType::BF16).unwrap();
     let seq = random_ids(&mut rng, c.vocab, 6);
-    let out = half.forward(ids(&[seq.clone()]), &mut half.new_cache(), &CaptureRequest::default()).unwrap();
+    let out = half.forward(ids(std::slice::from_ref(&seq)), &mut half.new_cache(), &CaptureRequest::default()).unwrap();
     let r = ref_forward(&c, &w, &seq, &(0..6).collect::<Vec<_>>());
     let e = rel_err(&rows(&out.logits.unwrap().cast(DType::F32))[0], &r.logits);
     assert!(e < 0.05, "bf16 logits relative error {e}");
@@ -210,7 +215,11 @@ fn right_padded_batch_is_exact_at_real_positions() {
     let mut padded = short.clone();
     padded.extend([0; 4]);
     let out = model
-        .forward(ids(&[long, padded]), &mut model.new_cache(), &CaptureRequest::with_aux(output_of(&[1]), LogitsMode::All))
+        .forward(
+            ids(&[long, padded]),
+            &mut model.new_cache(),
+            &CaptureRequest::with_aux(output_of(&[1]), LogitsMode::All),
+        )
         .unwrap();
     let r = ref_forward(&c, &w, &short, &(0..5).collect::<Vec<_>>());
     assert_close("padded row logits", &rows(out.logits.as_ref().unwrap())[1][..5], &r.logits);
@@ -290,7 +299,7 @@ fn tree_verification_with_mask_matches_chains() {
     let prefix = random_ids(&mut rng, c.vocab, 6);
     let [a1, b1, a2, b2, x] = [0, 0, 0, 0, 0].map(|_| rng.below(c.vocab));
     let mut cache = model.new_cache();
-    model.forward(ids(&[prefix.clone()]), &mut cache, &CaptureRequest::logits(LogitsMode::None)).unwrap();
+    model.forward(ids(std::slice::from_ref(&prefix)), &mut cache, &CaptureRequest::logits(LogitsMode::None)).unwrap();
     // Tree nodes in input order: a1, b1 (depth 0), a2 (child of a1), b2 (child of b1).
     let parent = [None, None, Some(0), Some(1)];
     let n = 4;
@@ -310,7 +319,13 @@ fn tree_verification_with_mask_matches_chains() {
     let mask = Tensor::<B, 4, Bool>::from_data(TensorData::new(mask, [1, 1, n, t]), &Default::default());
     let p = prefix.len();
     let out = model
-        .forward_with_mask(ids(&[vec![a1, b1, a2, b2]]), vec![p, p, p + 1, p + 1], &mut cache, Some(mask), &CaptureRequest::default())
+        .forward_with_mask(
+            ids(&[vec![a1, b1, a2, b2]]),
+            vec![p, p, p + 1, p + 1],
+            &mut cache,
+            Some(mask),
+            &CaptureRequest::default(),
+        )
         .unwrap();
     let got = rows(out.logits.as_ref().unwrap()).remove(0);
     for (name, chain, nodes) in [("a", [a1, a2], [0, 2]), ("b", [b1, b2], [1, 3])] {
@@ -386,7 +401,9 @@ fn loader_and_forward_errors_are_clear() {
     let e = model.forward(ids(&[vec![1], vec![2]]), &mut cache, &CaptureRequest::default()).unwrap_err();
     assert!(e.to_string().contains("reset"), "{e}");
     let bad = Tensor::<B, 4, Bool>::from_data(TensorData::new(vec![false; 2], [1, 1, 1, 2]), &Default::default());
-    let e = model.forward_with_mask(ids(&[vec![1]]), vec![2], &mut cache, Some(bad), &CaptureRequest::default()).unwrap_err();
+    let e = model
+        .forward_with_mask(ids(&[vec![1]]), vec![2], &mut cache, Some(bad), &CaptureRequest::default())
+        .unwrap_err();
     assert!(e.to_string().contains("mask"), "{e}");
     let e = model
         .forward(ids(&[vec![1]]), &mut cache, &CaptureRequest::with_aux(output_of(&[4]), LogitsMode::None))

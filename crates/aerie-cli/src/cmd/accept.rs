@@ -80,7 +80,9 @@ impl AcceptCommon {
         let tree = match (self.topk, self.tree_tokens) {
             (1, None) => None,
             (topk, Some(n)) => Some(TreeShape { topk, verify_tokens: n }),
-            (topk, None) => bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)"),
+            (topk, None) => {
+                bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
+            }
         };
         let opts = AcceptOptions {
             steps: self.k,
@@ -134,7 +136,10 @@ pub fn accept_one<B: Backend>(
 }
 
 /// Open the data and, when the shards need it, the target head.
-pub fn open_data<B: Backend>(common: &AcceptCommon, device: &B::Device) -> Result<(ShardDataset, Option<Tensor<B, 2>>)> {
+pub fn open_data<B: Backend>(
+    common: &AcceptCommon,
+    device: &B::Device,
+) -> Result<(ShardDataset, Option<Tensor<B, 2>>)> {
     let data = ShardDataset::open(&common.data).with_context(|| format!("opening {}", common.data.display()))?;
     let teacher = data.metadata().teacher;
     let head = match (&common.target_head, teacher.has_final_hidden()) {
@@ -177,7 +182,10 @@ pub fn print_report(name: &str, r: &AcceptReport) {
         r.temperature,
         r.rule.name()
     );
-    println!("positions  {} ({} samples, {} drafts, {} cut by turn end)", r.positions, r.samples, r.drafts, r.positions_cut_by_turn_end);
+    println!(
+        "positions  {} ({} samples, {} drafts, {} cut by turn end)",
+        r.positions, r.samples, r.drafts, r.positions_cut_by_turn_end
+    );
     println!("τ          {:.3} (accept length, bonus token included)", r.tau);
     println!("position   α_i (conditional)   r_i (unconditional)");
     for (i, (a, u)) in r.accept_rate_conditional.iter().zip(&r.accept_rate_unconditional).enumerate() {

@@ -1,5 +1,5 @@
 //! `aerie compare`: `eval accept` for each candidate drafter on the same data, projected through
-//! a costs file, written as one table (Markdown, CSV, JSON) with PNG and SVG plots.
+//! a costs file, written as one table (Markdown, CSV, Parquet, JSON) with PNG and SVG plots.
 
 use std::path::PathBuf;
 
@@ -69,7 +69,6 @@ fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::De
         for p in &written {
             println!("wrote      {}", p.display());
         }
-        println!("parquet    not written: no parquet crate in the workspace (compare.csv has the same columns)");
     }
     Ok(())
 }

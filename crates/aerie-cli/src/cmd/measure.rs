@@ -67,7 +67,8 @@ pub struct MeasureArgs {
 
 /// Today as YYYY-MM-DD (UTC), from the system clock.
 fn today() -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
+    let days =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -119,12 +120,22 @@ pub fn run(args: MeasureArgs) -> Result<()> {
 }
 
 fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Result<()> {
-    let existing = if out.exists() { Some(Costs::load(out).context("reading the costs file to extend")?) } else { None };
+    let existing =
+        if out.exists() { Some(Costs::load(out).context("reading the costs file to extend")?) } else { None };
     if existing.is_some() && !report.speculative {
-        bail!("{}: already exists; a plain-server run starts a new costs file (remove it or pick another path)", out.display());
+        bail!(
+            "{}: already exists; a plain-server run starts a new costs file (remove it or pick another path)",
+            out.display()
+        );
     }
     let measured_where = if args.measured_where.is_empty() {
-        format!("{} ({} endpoint, concurrency {}, {} new tokens)", args.server, args.endpoint.path(), args.concurrency, args.max_new_tokens)
+        format!(
+            "{} ({} endpoint, concurrency {}, {} new tokens)",
+            args.server,
+            args.endpoint.path(),
+            args.concurrency,
+            args.max_new_tokens
+        )
     } else {
         args.measured_where.clone()
     };
@@ -137,10 +148,17 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Res
 fn print_report(r: &MeasureReport) {
     let opt = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |x| format!("{x:.d$}"));
     println!("server     {} ({}), {} requests, concurrency {}", r.server, r.endpoint.path(), r.requests, r.concurrency);
-    println!("output     {} tokens in {:.2} s: {:.1} tok/s (server), {:.1} tok/s per request", r.completion_tokens, r.wall_s, r.output_tokens_per_s, r.request_tokens_per_s);
+    println!(
+        "output     {} tokens in {:.2} s: {:.1} tok/s (server), {:.1} tok/s per request",
+        r.completion_tokens, r.wall_s, r.output_tokens_per_s, r.request_tokens_per_s
+    );
     println!("latency    TTFT {} ms, ITL {} ms", opt(r.ttft_ms, 1), opt(r.itl_ms, 2));
     if r.speculative {
-        println!("τ          {} (Σ completion / Σ verify), {} from the histogram", opt(r.tau, 3), opt(r.tau_from_histogram, 3));
+        println!(
+            "τ          {} (Σ completion / Σ verify), {} from the histogram",
+            opt(r.tau, 3),
+            opt(r.tau_from_histogram, 3)
+        );
         if let (Some(a), Some(u)) = (&r.accept_rate_conditional, &r.accept_rate_unconditional) {
             println!("position   α_i (conditional)   r_i (unconditional)");
             for (i, (a, u)) in a.iter().zip(u).enumerate() {

@@ -14,4 +14,5 @@ pub mod import;
 pub mod inspect;
 pub mod measure;
 pub mod project;
+pub mod quickstart;
 pub mod vocab;

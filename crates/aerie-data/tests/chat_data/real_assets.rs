@@ -57,3 +57,55 @@ fn real_assets_sharegpt_salvages_every_complete_conversation() {
     assert_eq!(roles["user"], 2);
     eprintln!("{}", serde_json::to_string_pretty(&norm).unwrap());
 }
+
+/// `aerie data prepare` on the real file with a real tokenizer directory (`$AERIE_TOKENIZER`,
+/// e.g. SmolLM2-135M-Instruct's `tokenizer.json` + `tokenizer_config.json` with its chat
+/// template): every masked run must end with the template's end-of-turn token, and the run
+/// reports its throughput. `$AERIE_PREPARE_MAX` caps the samples (default 2000; 0 = all).
+#[test]
+fn real_assets_prepare_sharegpt_with_a_real_tokenizer() {
+    let Some(path) = sharegpt_path() else {
+        eprintln!("skipping: set AERIE_TEST_ASSETS=1 (and AERIE_SHAREGPT) to read the real ShareGPT file");
+        return;
+    };
+    let Some(tok_dir) = std::env::var_os("AERIE_TOKENIZER").map(PathBuf::from) else {
+        eprintln!("skipping: set AERIE_TOKENIZER to a tokenizer directory");
+        return;
+    };
+    let max: u64 = std::env::var("AERIE_PREPARE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let out = tempfile::Builder::new().prefix("aerie-real-prepare-").tempdir().unwrap();
+    let mut opts = aerie_data::prepare::PrepareOptions::new(&path, &tok_dir, out.path());
+    opts.eval_fraction = 0.02;
+    opts.max_samples = (max > 0).then_some(max);
+    let start = std::time::Instant::now();
+    let report = aerie_data::prepare::prepare(&opts, &mut |_| {}).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "prepared {} samples, {} tokens ({} masked) in {secs:.1}s: {:.0} samples/s, {:.0} tokens/s",
+        report.samples,
+        report.tokens,
+        report.masked_tokens,
+        report.samples as f64 / secs,
+        report.tokens as f64 / secs
+    );
+    eprintln!("{}", serde_json::to_string_pretty(&report.conversations.dropped).unwrap());
+    eprintln!("{}", serde_json::to_string_pretty(&report.conversations.trimmed).unwrap());
+    let tok = aerie_data::tokenizer::TokenizerFiles::load(&tok_dir).unwrap();
+    let ds = aerie_data::prepare::PreparedDataset::open(out.path()).unwrap();
+    let mut runs = 0;
+    for s in ds.samples(aerie_data::prepare::TRAIN).unwrap().take(500) {
+        let s = s.unwrap();
+        let mut end = None;
+        for i in 0..s.input_ids.len() {
+            let run_ends = s.loss_mask[i] == 1 && s.loss_mask.get(i + 1) != Some(&1);
+            if run_ends && i + 1 < s.input_ids.len() {
+                end = Some(s.input_ids[i]);
+                runs += 1;
+                let text = tok.tokenizer.decode(&[s.input_ids[i]], false).unwrap();
+                assert!(text.ends_with("<|im_end|>") || text.ends_with("<|eot_id|>"), "run ends with {text:?}");
+            }
+        }
+        assert!(end.is_some() || s.loss_mask.last() == Some(&1), "{}", s.source_id);
+    }
+    assert!(runs > 500);
+}

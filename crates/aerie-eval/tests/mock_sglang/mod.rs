@@ -58,7 +58,11 @@ pub fn error_body(message: &str, code: u16) -> Value {
 }
 
 /// Start a mock serving at most `max_connections` connections within `lifetime`.
-pub fn start(max_connections: usize, lifetime: Duration, handler: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static) -> Mock {
+pub fn start(
+    max_connections: usize,
+    lifetime: Duration,
+    handler: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static,
+) -> Mock {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     listener.set_nonblocking(true).unwrap();
@@ -90,7 +94,12 @@ pub fn start(max_connections: usize, lifetime: Duration, handler: impl Fn(usize,
     Mock { url, seen, stop, handle }
 }
 
-fn serve_one(stream: TcpStream, index: usize, seen: &Mutex<Vec<Seen>>, handler: &(dyn Fn(usize, &Seen) -> Reply + Sync)) {
+fn serve_one(
+    stream: TcpStream,
+    index: usize,
+    seen: &Mutex<Vec<Seen>>,
+    handler: &(dyn Fn(usize, &Seen) -> Reply + Sync),
+) {
     stream.set_nonblocking(false).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());

@@ -139,13 +139,40 @@ fn no_wheel_with_the_pinned_digest_is_an_error() {
     let store = AssetStore::new(home.path(), server.base());
     let err = store.fetch(&spec(&sha256_hex(&whl)), &mut |_, _| {}).unwrap_err();
     assert!(matches!(err, Error::BadResponse { .. }), "{err}");
-    assert!(err.to_string().contains("no file has the pinned sha256"), "{err}");
+    assert!(err.to_string().contains("no file of tiny-pkg==1.0 has the pinned sha256"), "{err}");
     assert_eq!(server.requests(), ["GET /pypi/tiny-pkg/1.0/json"], "nothing downloaded");
 
     // An unknown release is a 404 that names the URL.
     let err = store.fetch(&AssetSpec { version: "9.9", ..spec(&sha256_hex(&whl)) }, &mut |_, _| {}).unwrap_err();
     assert!(matches!(err, Error::Http { status: Some(404), .. }), "{err}");
     assert!(err.to_string().contains("/pypi/tiny-pkg/9.9/json"), "{err}");
+}
+
+/// Some mirrors and egress proxies serve only the project endpoint: the release is then found
+/// under `releases`, even when it is not the latest.
+#[test]
+fn project_endpoint_is_the_fallback_for_the_versioned_one() {
+    let data = payload();
+    let whl = wheel(&data);
+    let sha = sha256_hex(&whl);
+    let server = Server::start(16, |base| {
+        let wheel_file = serde_json::json!({"filename": "tiny_pkg-1.0-py3-none-any.whl",
+            "url": format!("{base}/files/tiny.whl"), "size": whl.len(), "digests": {"sha256": sha}});
+        let json = serde_json::json!({
+            "info": {"name": "tiny-pkg", "version": "2.0"},
+            "releases": {"1.0": [wheel_file], "2.0": []},
+            "urls": [{"filename": "tiny_pkg-2.0-py3-none-any.whl", "url": format!("{base}/files/new.whl"),
+                      "digests": {"sha256": "11".repeat(32)}}],
+        });
+        HashMap::from([
+            ("/pypi/tiny-pkg/json".to_owned(), Reply::ok(json.to_string())),
+            ("/files/tiny.whl".to_owned(), Reply::ok(whl.clone())),
+        ])
+    });
+    let home = tempfile::tempdir().unwrap();
+    let got = AssetStore::new(home.path(), server.base()).fetch(&spec(&sha), &mut |_, _| {}).unwrap();
+    assert_eq!(std::fs::read(&got.path).unwrap(), data);
+    assert_eq!(server.requests(), ["GET /pypi/tiny-pkg/1.0/json", "GET /pypi/tiny-pkg/json", "GET /files/tiny.whl"]);
 }
 
 #[test]

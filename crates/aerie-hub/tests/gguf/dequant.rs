@@ -53,8 +53,8 @@ fn q8_0() {
     q2[1] = i8::MAX;
     b.extend(q2.iter().map(|&q| q as u8));
     let y = &read_back(vec![("w", vec![64], GgmlType::Q8_0, b)])[0];
-    for j in 0..32 {
-        assert_eq!(y[j], 0.5 * (j as f32 - 16.0));
+    for (j, &v) in y[..32].iter().enumerate() {
+        assert_eq!(v, 0.5 * (j as f32 - 16.0));
     }
     assert_eq!(y[32], 256.0);
     assert_eq!(y[33], -254.0);

@@ -32,10 +32,11 @@ fn find(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
         if path.file_name().is_some_and(|n| n == name) && path.is_file() {
             return Some(path);
         }
-        if depth > 0 && path.is_dir() {
-            if let Some(found) = find(&path, name, depth - 1) {
-                return Some(found);
-            }
+        if depth > 0
+            && path.is_dir()
+            && let Some(found) = find(&path, name, depth - 1)
+        {
+            return Some(found);
         }
     }
     None
@@ -116,14 +117,11 @@ fn real_assets_smollm2_import() {
     }
     // Values from gguf-py (numpy dequantisation) with the Python permute undone: HF row 1 of
     // q_proj is GGUF row 2, HF row 32 of k_proj is GGUF row 1.
-    let close =
-        |got: Vec<f32>, want: &[f32]| got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs().max(1.0));
-    let q = f32s(&st, "model.layers.0.self_attn.q_proj.weight", 576, 4);
-    assert!(close(q.clone(), &Q_ROW1), "q_proj row 1: {q:?}");
-    let k = f32s(&st, "model.layers.0.self_attn.k_proj.weight", 32 * 576, 4);
-    assert!(close(k.clone(), &K_ROW32), "k_proj row 32: {k:?}");
-    let e = f32s(&st, "model.embed_tokens.weight", 576, 4);
-    assert!(close(e.clone(), &EMBED_ROW1), "embed row 1: {e:?}");
+    // Every value is an f16 scale times a small integer (plus an f16 min), exact in f32.
+    let widen = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<_>>();
+    assert_eq!(widen(f32s(&st, "model.layers.0.self_attn.q_proj.weight", 576, 4)), Q_ROW1, "q_proj row 1");
+    assert_eq!(widen(f32s(&st, "model.layers.0.self_attn.k_proj.weight", 32 * 576, 4)), K_ROW32, "k_proj row 32");
+    assert_eq!(widen(f32s(&st, "model.embed_tokens.weight", 576, 4)), EMBED_ROW1, "embed row 1");
 
     let tok = Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
     let ids = |s: &str| tok.encode(s, false).unwrap().get_ids().to_vec();
@@ -168,11 +166,11 @@ fn real_assets_llama_cpp_vocab_vectors() {
 }
 
 /// gguf-py: dequantised `blk.0.attn_q.weight` row 2, the first 4 values.
-const Q_ROW1: [f32; 4] = [-0.1591796875, 0.39794921875, -0.0198974609375, -1.2734375];
+const Q_ROW1: [f64; 4] = [-0.1591796875, 0.39794921875, -0.0198974609375, -1.2734375];
 /// gguf-py: dequantised `blk.0.attn_k.weight` row 1, the first 4 values.
-const K_ROW32: [f32; 4] = [0.056640625, 0.056640625, -0.126953125, 0.1484375];
+const K_ROW32: [f64; 4] = [0.056640625, 0.056640625, -0.126953125, 0.1484375];
 /// gguf-py: dequantised `token_embd.weight` row 1, the first 4 values.
-const EMBED_ROW1: [f32; 4] = [-0.0238037109375, -0.015869140625, -0.0396728515625, 0.015869140625];
+const EMBED_ROW1: [f64; 4] = [-0.0238037109375, -0.015869140625, -0.0396728515625, 0.015869140625];
 
 /// llama.cpp 0.3.x (llama-cpp-python, `tokenize(special=True)`) on the same GGUF file.
 const LLAMA_CPP_IDS: &[(&str, &[u32])] = &[

@@ -262,23 +262,32 @@ impl TargetConfig {
         }
         let nh = self.num_attention_heads;
         if nh == 0 || self.hidden_size == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
-            return Err(config_err(path, "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be > 0"));
+            return Err(config_err(
+                path,
+                "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be > 0",
+            ));
         }
         let nkv = self.num_key_value_heads.unwrap_or(nh);
-        if nkv == 0 || nh % nkv != 0 {
-            return Err(config_err(path, format!("num_attention_heads {nh} is not a multiple of num_key_value_heads {nkv}")));
+        if nkv == 0 || !nh.is_multiple_of(nkv) {
+            return Err(config_err(
+                path,
+                format!("num_attention_heads {nh} is not a multiple of num_key_value_heads {nkv}"),
+            ));
         }
         let head_dim = match self.head_dim {
             Some(d) => d,
-            None if self.hidden_size % nh == 0 => self.hidden_size / nh,
+            None if self.hidden_size.is_multiple_of(nh) => self.hidden_size / nh,
             None => {
                 return Err(config_err(
                     path,
-                    format!("no head_dim and hidden_size {} is not a multiple of num_attention_heads {nh}", self.hidden_size),
+                    format!(
+                        "no head_dim and hidden_size {} is not a multiple of num_attention_heads {nh}",
+                        self.hidden_size
+                    ),
                 ));
             }
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(config_err(path, format!("head_dim {head_dim} must be even and > 0 for RoPE")));
         }
         let (qkv_bias, o_bias, qk_norm) = match arch {
@@ -328,7 +337,10 @@ impl TargetConfig {
         let num = |m: &Map<String, Value>, key: &str| -> Result<Option<f64>> {
             match m.get(key) {
                 None | Some(Value::Null) => Ok(None),
-                Some(v) => v.as_f64().map(Some).ok_or_else(|| config_err(path, format!("`{ctx}.{key}` must be a number, found {v}"))),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| config_err(path, format!("`{ctx}.{key}` must be a number, found {v}"))),
             }
         };
         let theta = match params.as_ref().map(|p| num(p, "rope_theta")).transpose()?.flatten() {
@@ -459,7 +471,10 @@ mod tests {
         assert_eq!(r.theta, 1e6);
         assert!(matches!(r.scaling, RopeScaling::Llama3 { factor: 8.0, high_freq_factor: 4.0, .. }));
         v["rope_parameters"] = json!({"rope_theta": 1e6, "rope_type": "default"});
-        assert_eq!(parse(v.clone()).unwrap().rope(p()).unwrap(), RopeConfig { theta: 1e6, scaling: RopeScaling::Default });
+        assert_eq!(
+            parse(v.clone()).unwrap().rope(p()).unwrap(),
+            RopeConfig { theta: 1e6, scaling: RopeScaling::Default }
+        );
         v["rope_parameters"] = json!({"rope_type": "dynamic", "factor": 2.0});
         let e = parse(v).unwrap().rope(p()).unwrap_err().to_string();
         assert!(e.contains("dynamic"), "{e}");

@@ -85,7 +85,14 @@ impl<B: Backend> TargetAttention<B> {
 
     /// Attend from the new positions to everything cached for `layer` plus themselves.
     /// `mask` is `[1 or B, 1, g·S, T]` (true = masked) or `None` when all keys are visible.
-    fn forward(&self, x: Tensor<B, 3>, rope_tables: &RopeTables<B>, mask: Option<Tensor<B, 4, Bool>>, layer: usize, cache: &mut TargetCache<B>) -> Tensor<B, 3> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope_tables: &RopeTables<B>,
+        mask: Option<Tensor<B, 4, Bool>>,
+        layer: usize,
+        cache: &mut TargetCache<B>,
+    ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (cos, sin) = (&rope_tables.cos, &rope_tables.sin);
@@ -118,7 +125,14 @@ pub struct TargetLayer<B: Backend> {
 }
 
 impl<B: Backend> TargetLayer<B> {
-    fn forward(&self, h: Tensor<B, 3>, tables: &RopeTables<B>, mask: Option<Tensor<B, 4, Bool>>, layer: usize, cache: &mut TargetCache<B>) -> Tensor<B, 3> {
+    fn forward(
+        &self,
+        h: Tensor<B, 3>,
+        tables: &RopeTables<B>,
+        mask: Option<Tensor<B, 4, Bool>>,
+        layer: usize,
+        cache: &mut TargetCache<B>,
+    ) -> Tensor<B, 3> {
         let h = h.clone() + self.self_attn.forward(self.input_layernorm.forward(h), tables, mask, layer, cache);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
@@ -227,7 +241,12 @@ impl<B: Backend> TargetModel<B> {
     /// right-padded sequences in one call. Continuing such a batch token by token is not
     /// supported (rows would need different positions): decode with batch 1 or equal lengths,
     /// or pass a key-padding mask through [`Self::forward_with_mask`].
-    pub fn forward(&self, ids: Tensor<B, 2, Int>, cache: &mut TargetCache<B>, want: &CaptureRequest) -> Result<TargetOutput<B>> {
+    pub fn forward(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        cache: &mut TargetCache<B>,
+        want: &CaptureRequest,
+    ) -> Result<TargetOutput<B>> {
         let [_, s] = ids.dims();
         let start = cache.len();
         self.run(ids, (start..start + s).collect(), cache, None, want)
@@ -278,13 +297,20 @@ impl<B: Backend> TargetModel<B> {
         let max_id: i64 = ids.clone().max().into_scalar().elem();
         let min_id: i64 = ids.clone().min().into_scalar().elem();
         if min_id < 0 || max_id >= spec.vocab_size as i64 {
-            return Err(Error::Shape(format!("token id {} is outside the vocabulary 0..{}", if min_id < 0 { min_id } else { max_id }, spec.vocab_size)));
+            return Err(Error::Shape(format!(
+                "token id {} is outside the vocabulary 0..{}",
+                if min_id < 0 { min_id } else { max_id },
+                spec.vocab_size
+            )));
         }
         // Captured hidden states, by HF `output_hidden_states` index k (0 = embeddings, k = after
         // layer k-1): the input-of-layer id, which is exact in both conventions.
         let hs_ids: Vec<usize> = want.aux.as_ref().map(|a| a.input_of_layer()).unwrap_or_default();
         if let Some(&k) = hs_ids.iter().find(|&&k| k > self.num_layers()) {
-            return Err(Error::Shape(format!("aux layer (hidden state {k}) is beyond the target's {} layers", self.num_layers())));
+            return Err(Error::Shape(format!(
+                "aux layer (hidden state {k}) is beyond the target's {} layers",
+                self.num_layers()
+            )));
         }
         let g = spec.kv_groups();
         let t = cache.len() + s;

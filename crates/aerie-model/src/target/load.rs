@@ -113,7 +113,14 @@ pub fn check_headers(spec: &TargetSpec, headers: &BTreeMap<String, TensorHeader>
 /// matmul a contiguous row-major `[in, out]` operand. burn-flex's gemm runs that layout 15–35%
 /// faster than the strided one (measured on this workload: [128, 576] × [576, 1536] 3.9 ms
 /// against 6.1 ms; the decode matvec 0.64 ms against 1.05 ms).
-fn linear_weight<B: Backend>(key: &str, t: &HostTensor, out: usize, inp: usize, device: &B::Device, dtype: DType) -> Result<Tensor<B, 2>> {
+fn linear_weight<B: Backend>(
+    key: &str,
+    t: &HostTensor,
+    out: usize,
+    inp: usize,
+    device: &B::Device,
+    dtype: DType,
+) -> Result<Tensor<B, 2>> {
     if t.shape != [out, inp] {
         return Err(Error::Shape(format!("`{key}` has shape {:?}, expected {:?}", t.shape, [out, inp])));
     }
@@ -268,7 +275,8 @@ impl<B: Backend> TargetModel<B> {
         if !problems.is_empty() {
             return Err(Error::Invalid { path: origin, problems });
         }
-        let fetch = |keys: &[&str]| Ok(keys.iter().filter_map(|&k| Some((k.to_string(), tensors.get(k)?.clone()))).collect());
+        let fetch =
+            |keys: &[&str]| Ok(keys.iter().filter_map(|&k| Some((k.to_string(), tensors.get(k)?.clone()))).collect());
         build(spec, fetch, device, dtype)
     }
 }

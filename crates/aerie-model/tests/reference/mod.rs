@@ -196,8 +196,7 @@ pub fn ref_rope_inv_freq(cfg: &DrafterConfig) -> (Vec<f64>, f64) {
             let beta_slow = if *beta_slow == 0.0 { 1.0 } else { *beta_slow };
             let orig = *original_max_position_embeddings as f64;
             let dim = d as f64;
-            let corr_dim =
-                |rot: f64| dim * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
+            let corr_dim = |rot: f64| dim * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
             let low = corr_dim(beta_fast).floor().max(0.0);
             let mut high = corr_dim(beta_slow).ceil().min(dim - 1.0);
             if low == high {
@@ -486,7 +485,13 @@ pub fn ref_head(cfg: &DrafterConfig, w: &RefWeights, h: &[f64]) -> Vec<f64> {
 /// Returns the layer output h (pre final norm) per row. Used by the self-check to verify that
 /// TTT step k at position t equals the last row of the chain
 /// `[(emb(ids[s]), fc(f_s)) at s = 0..t] ++ [(emb(ids[t+j]), h_{j-1}[t]) at t+j, j = 1..k]`.
-pub fn ref_causal_layer(cfg: &DrafterConfig, w: &RefWeights, emb: &[Vec<f64>], hidden: &[Vec<f64>], positions: &[f64]) -> Mat {
+pub fn ref_causal_layer(
+    cfg: &DrafterConfig,
+    w: &RefWeights,
+    emb: &[Vec<f64>],
+    hidden: &[Vec<f64>],
+    positions: &[f64],
+) -> Mat {
     let (inv_freq, scaling) = ref_rope_inv_freq(cfg);
     let n = emb.len();
     let mut rows = Vec::new();
@@ -863,7 +868,10 @@ pub fn random_tiny_checkpoint(cfg: &DrafterConfig, seed: u64) -> TensorMap {
     let mut m = TensorMap::new();
     let mat = |m: &mut TensorMap, key: &str, rows: usize, cols: usize| {
         let mut rng = seeded(seed, key);
-        m.insert(key.to_string(), HostTensor::from_f32(vec![rows, cols], &rand_f32(&mut rng, rows * cols, std), Dtype::F32));
+        m.insert(
+            key.to_string(),
+            HostTensor::from_f32(vec![rows, cols], &rand_f32(&mut rng, rows * cols, std), Dtype::F32),
+        );
     };
     mat(&mut m, "embed_tokens.weight", v, h);
     mat(&mut m, "fc.weight", h, a * ht);
@@ -947,8 +955,17 @@ pub fn random_sequence(cfg: &DrafterConfig, len: usize, seed: u64) -> RefSequenc
     let f32r = |x: f64| x as f32 as f64;
     let ids: Vec<i64> = (0..len).map(|_| rng.below(cfg.vocab_size) as i64).collect();
     let prompt = len / 4;
-    let loss_mask: Vec<f64> =
-        (0..len).map(|t| if t < prompt { 0.0 } else if rng.next_f64() < 0.8 { 1.0 } else { 0.0 }).collect();
+    let loss_mask: Vec<f64> = (0..len)
+        .map(|t| {
+            if t < prompt {
+                0.0
+            } else if rng.next_f64() < 0.8 {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let aw = cfg.num_aux() * cfg.target_hidden_size;
     let aux: Mat = (0..len).map(|_| (0..aw).map(|_| f32r(rng.centered(1.0))).collect()).collect();
     let final_hidden: Mat =

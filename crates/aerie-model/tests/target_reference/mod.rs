@@ -157,9 +157,12 @@ pub fn random_checkpoint(c: &RefConfig, seed: u64, dtype: Dtype) -> TensorMap {
     for i in 0..c.layers {
         let p = |s: &str| format!("model.layers.{i}.{s}");
         put(p("input_layernorm.weight"), vec![h], 0.2, 1.0, &mut rng);
-        for (name, rows, cols, bias) in
-            [("q_proj", q, h, c.qkv_bias), ("k_proj", kv, h, c.qkv_bias), ("v_proj", kv, h, c.qkv_bias), ("o_proj", h, q, c.o_bias)]
-        {
+        for (name, rows, cols, bias) in [
+            ("q_proj", q, h, c.qkv_bias),
+            ("k_proj", kv, h, c.qkv_bias),
+            ("v_proj", kv, h, c.qkv_bias),
+            ("o_proj", h, q, c.o_bias),
+        ] {
             put(p(&format!("self_attn.{name}.weight")), vec![rows, cols], inv(cols), 0.0, &mut rng);
             if bias {
                 put(p(&format!("self_attn.{name}.bias")), vec![rows], 0.1, 0.0, &mut rng);
@@ -182,7 +185,13 @@ pub fn random_checkpoint(c: &RefConfig, seed: u64, dtype: Dtype) -> TensorMap {
 }
 
 fn vec_of(w: &TensorMap, key: &str) -> Vec<f64> {
-    w.get(key).unwrap_or_else(|| panic!("reference: no tensor {key}")).to_f32(key).unwrap().iter().map(|&v| v as f64).collect()
+    w.get(key)
+        .unwrap_or_else(|| panic!("reference: no tensor {key}"))
+        .to_f32(key)
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect()
 }
 
 fn mat_of(w: &TensorMap, key: &str) -> Mat {
@@ -334,8 +343,11 @@ pub fn forward(c: &RefConfig, w: &TensorMap, ids: &[usize], positions: &[usize])
             }
         }
         let post = vec_of(w, &key("post_attention_layernorm.weight"));
-        let (wg, wu, wd) =
-            (mat_of(w, &key("mlp.gate_proj.weight")), mat_of(w, &key("mlp.up_proj.weight")), mat_of(w, &key("mlp.down_proj.weight")));
+        let (wg, wu, wd) = (
+            mat_of(w, &key("mlp.gate_proj.weight")),
+            mat_of(w, &key("mlp.up_proj.weight")),
+            mat_of(w, &key("mlp.down_proj.weight")),
+        );
         for t in 0..s {
             let x = rmsnorm(&next[t], &post, c.eps);
             let gate = linear(&wg, None, &x);

@@ -76,8 +76,7 @@ pub fn metadata() -> ShardMetadata {
     }
 }
 
-/// Write `n` samples (lengths 8..=24) to `dir`. The teacher at token t is the target head applied
-/// to `8 · embed[x_t]`, so the drafter can learn it from the token embedding it is fed.
+/// Write `n` samples (lengths 8..=24) to `dir`, with a teacher the drafter can learn (see below).
 pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardWriterOptions) {
     let mut rng = Rng::new(seed);
     let mut w = ShardWriter::create(dir, metadata(), opts).unwrap();
@@ -86,8 +85,15 @@ pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardW
         let ids: Vec<i32> = (0..len).map(|_| (rng.next() % V as u64) as i32).collect();
         let mask: Vec<u8> = (0..len).map(|t| u8::from(t >= 2)).collect();
         let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.unit()).collect();
-        let fin: Vec<f32> =
-            ids.iter().flat_map(|&id| embed[id as usize * H..(id as usize + 1) * H].iter().map(|v| 8.0 * v)).collect();
+        // Row t (the distribution of token t + 1) is the target head over `6 · aux_high[t - 1]`:
+        // the drafter's step 0 at position t - 1 sees exactly that feature (a linear path through
+        // fc, the residual and lm_head), so it can learn it in a few steps.
+        let fin: Vec<f32> = (0..len)
+            .flat_map(|t| {
+                let at = t.saturating_sub(1) * 3 * H;
+                aux[at + 2 * H..at + 3 * H].iter().map(|a| 6.0 * a).collect::<Vec<f32>>()
+            })
+            .collect();
         w.push(
             SampleRef::new(&ids, &mask, &aux)
                 .with_final_hidden(&fin)

@@ -118,3 +118,15 @@ fn two_devices_through_train_match_grad_accumulation() {
     }
     assert!(worst < 1e-5, "weights differ by up to {worst}");
 }
+
+#[test]
+fn scratch_overfit() {
+    let w = world();
+    let data = ShardDataset::open(&w.train).unwrap();
+    let mut t = trainer(&w, 1, LossKind::SoftCe);
+    for i in 0..60 {
+        let r = t.step(vec![micro(&data, &[0, 1, 2, 3])], 3e-3, i + 1).unwrap();
+        let m = r.sums.metrics(&aerie_model::TttOptions::default().step_weights);
+        eprintln!("{i} loss {:.4} loss0 {:.4} acc0 {:.3} gn {:.3}", r.loss, m.loss_per_step[0], m.acc_per_step[0], r.grad_norm);
+    }
+}

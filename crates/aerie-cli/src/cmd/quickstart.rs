@@ -1,0 +1,274 @@
+//! `aerie quickstart`: the README's main job. From nothing to a trained, evaluated drafter
+//! exported for SGLang, on a CPU: fetch the pinned assets, import SmolLM2 from GGUF, prepare a
+//! ShareGPT subset, build the draft vocabulary, capture, train, evaluate, export.
+//!
+//! Each stage runs the same `aerie` subcommand a user would type (so the quickstart exercises
+//! exactly the public interface) and is skipped when its output already exists, which also makes
+//! an interrupted quickstart resumable.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use aerie_hub::assets::{Asset, AssetStore};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+
+/// The training recipe, with `@WORK@` standing for the work directory.
+const RECIPE: &str = include_str!("../../../../configs/smollm2-quickstart.toml");
+
+/// Arguments of `aerie quickstart`.
+#[derive(Debug, Args)]
+pub struct QuickstartArgs {
+    /// Work directory for every intermediate and final output.
+    #[arg(long, default_value = "aerie-quickstart")]
+    pub workdir: PathBuf,
+    /// ShareGPT conversations to prepare.
+    #[arg(long, default_value_t = 2000)]
+    pub conversations: u64,
+    /// Maximum tokens per sample.
+    #[arg(long, default_value_t = 512)]
+    pub max_length: usize,
+    /// Draft vocabulary size.
+    #[arg(long, default_value_t = 8192)]
+    pub draft_vocab: usize,
+    /// Training samples to capture (the quickstart's budget knob).
+    #[arg(long, default_value_t = 600)]
+    pub train_samples: usize,
+    /// Held-out samples to capture for evaluation.
+    #[arg(long, default_value_t = 64)]
+    pub eval_samples: usize,
+    /// Extra `--set key=value` overrides for the training recipe.
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+    /// Print the final report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct StageTime {
+    stage: String,
+    seconds: f64,
+    skipped: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    workdir: PathBuf,
+    stages: Vec<StageTime>,
+    eval_before: Option<serde_json::Value>,
+    eval_after: serde_json::Value,
+    drafter: PathBuf,
+    sglang_export: PathBuf,
+}
+
+struct Runner {
+    exe: PathBuf,
+    stages: Vec<StageTime>,
+}
+
+impl Runner {
+    /// Run `aerie ARGS` unless `done` exists; stdout is returned when `capture` is set.
+    fn stage(&mut self, name: &str, done: &Path, args: &[OsString], capture: bool) -> Result<String> {
+        if done.exists() && !capture {
+            eprintln!("== {name}: {} exists, skipped", done.display());
+            self.stages.push(StageTime { stage: name.into(), seconds: 0.0, skipped: true });
+            return Ok(String::new());
+        }
+        eprintln!("== {name}: aerie {}", args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
+        let start = Instant::now();
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::inherit());
+        let out = if capture {
+            cmd.stdout(Stdio::piped()).output().with_context(|| format!("running stage {name}"))?
+        } else {
+            let status = cmd.stdout(Stdio::inherit()).status().with_context(|| format!("running stage {name}"))?;
+            std::process::Output { status, stdout: Vec::new(), stderr: Vec::new() }
+        };
+        if !out.status.success() {
+            bail!("stage `{name}` failed ({}); rerun `aerie quickstart` to resume after fixing it", out.status);
+        }
+        self.stages.push(StageTime { stage: name.into(), seconds: start.elapsed().as_secs_f64(), skipped: false });
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+fn os<I: IntoIterator<Item = S>, S: Into<OsString>>(items: I) -> Vec<OsString> {
+    items.into_iter().map(Into::into).collect()
+}
+
+/// Run `aerie quickstart`.
+pub fn run(args: QuickstartArgs) -> Result<()> {
+    let work = std::path::absolute(&args.workdir)?;
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let mut r = Runner { exe: std::env::current_exe()?, stages: Vec::new() };
+
+    let start = Instant::now();
+    let store = AssetStore::from_env();
+    let mut fetched = Vec::new();
+    for asset in [Asset::Smollm2, Asset::Sharegpt, Asset::Mtbench] {
+        eprintln!("== assets: {asset}");
+        fetched.push(store.fetch(asset.spec(), &mut |_, _| {}).with_context(|| format!("fetching asset {asset}"))?);
+    }
+    r.stages.push(StageTime { stage: "assets".into(), seconds: start.elapsed().as_secs_f64(), skipped: false });
+    let (gguf, sharegpt) = (fetched[0].path.clone(), fetched[1].path.clone());
+
+    let target = work.join("smollm2");
+    r.stage(
+        "import",
+        &target.join("config.json"),
+        &os([OsString::from("import"), "gguf".into(), gguf.into(), "--out".into(), target.clone().into()]),
+        false,
+    )?;
+    let prepared = work.join("prepared");
+    r.stage(
+        "prepare",
+        &prepared.join("report.json"),
+        &os([
+            OsString::from("data"),
+            "prepare".into(),
+            "--data".into(),
+            sharegpt.into(),
+            "--tokenizer".into(),
+            target.clone().into(),
+            "--out".into(),
+            prepared.clone().into(),
+            "--max-length".into(),
+            args.max_length.to_string().into(),
+            "--max-samples".into(),
+            args.conversations.to_string().into(),
+            "--split".into(),
+            "eval=0.05".into(),
+        ]),
+        false,
+    )?;
+    let vocab = work.join("vocab.safetensors");
+    r.stage(
+        "vocab",
+        &vocab,
+        &os([
+            OsString::from("vocab"),
+            "build".into(),
+            prepared.clone().into(),
+            "--draft-vocab".into(),
+            args.draft_vocab.to_string().into(),
+            "--out".into(),
+            vocab.clone().into(),
+        ]),
+        false,
+    )?;
+    for (split, n) in [("train", args.train_samples), ("eval", args.eval_samples)] {
+        let out = work.join("shards").join(split);
+        r.stage(
+            &format!("capture {split}"),
+            &out.join(".complete"),
+            &os([
+                OsString::from("capture"),
+                "--target".into(),
+                target.clone().into(),
+                "--data".into(),
+                prepared.clone().into(),
+                "--out".into(),
+                out.clone().into(),
+                "--split".into(),
+                split.into(),
+                "--max-samples".into(),
+                n.to_string().into(),
+            ]),
+            false,
+        )?;
+        std::fs::write(out.join(".complete"), b"")?;
+    }
+
+    let config = work.join("train.toml");
+    std::fs::write(&config, RECIPE.replace("@WORK@", &work.to_string_lossy()))?;
+    let run_dir = work.join("run");
+    let mut train_args = os([OsString::from("train"), config.into()]);
+    for s in &args.set {
+        train_args.push("--set".into());
+        train_args.push(s.into());
+    }
+    r.stage("train", &run_dir.join("summary.json"), &train_args, false)?;
+    let drafter = latest_checkpoint(&run_dir)?;
+
+    let eval = |r: &mut Runner, name: &str, drafter: &Path| -> Result<serde_json::Value> {
+        let out = r.stage(
+            name,
+            Path::new(""),
+            &os([
+                OsString::from("eval"),
+                "loss".into(),
+                "--drafter".into(),
+                drafter.into(),
+                "--data".into(),
+                work.join("shards/eval").into(),
+                "--target-head".into(),
+                target.clone().into(),
+                "--ttt-length".into(),
+                "4".into(),
+                "--json".into(),
+            ]),
+            true,
+        )?;
+        serde_json::from_str(out.trim()).with_context(|| format!("parsing `eval loss` output: {out}"))
+    };
+    let eval_after = eval(&mut r, "eval", &drafter)?;
+    let initial = run_dir.join("initial");
+    let eval_before = if initial.join("config.json").exists() { Some(eval(&mut r, "eval initial", &initial)?) } else { None };
+    let export = work.join("drafter-sglang");
+    r.stage(
+        "export",
+        &export.join("config.json"),
+        &os([
+            OsString::from("export"),
+            drafter.clone().into(),
+            "--to".into(),
+            "sglang".into(),
+            "--out".into(),
+            export.clone().into(),
+            "--target".into(),
+            target.into(),
+        ]),
+        false,
+    )?;
+
+    let report = Report { workdir: work, stages: r.stages, eval_before, eval_after, drafter, sglang_export: export };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in std::fs::read_dir(run).with_context(|| format!("reading {}", run.display()))? {
+        let path = entry?.path();
+        let step = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("checkpoint-")).and_then(|s| s.parse().ok());
+        if let Some(step) = step {
+            if best.as_ref().is_none_or(|(b, _)| step > *b) {
+                best = Some((step, path));
+            }
+        }
+    }
+    best.map(|(_, p)| p).ok_or_else(|| anyhow::anyhow!("{}: no checkpoint-N directory after training", run.display()))
+}
+
+fn print_report(r: &Report) {
+    println!("\naerie quickstart: {}", r.workdir.display());
+    for s in &r.stages {
+        println!("  {:<16} {}", s.stage, if s.skipped { "skipped (output exists)".into() } else { format!("{:.1} s", s.seconds) });
+    }
+    let tau = |v: &serde_json::Value| v["simulated_accept_length"].as_f64().unwrap_or(f64::NAN);
+    if let Some(before) = &r.eval_before {
+        println!("  simulated accept length (held-out, K=4) before training: {:.3}", tau(before));
+    }
+    println!("  simulated accept length (held-out, K=4) after training:  {:.3}", tau(&r.eval_after));
+    println!("  acc per step: {}", r.eval_after["acc_per_step"]);
+    println!("  drafter: {}", r.drafter.display());
+    println!("  SGLang export: {}  (--speculative-draft-model-path)", r.sglang_export.display());
+}

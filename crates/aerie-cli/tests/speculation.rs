@@ -1,0 +1,150 @@
+//! End-to-end runs of the `aerie` binary for acceptance and speedup: `eval accept`, `project`,
+//! `compare` on a tiny synthetic capture, and `measure`'s error path. Fixtures are written with
+//! the library crates (a random tiny drafter, a unit-row target head, one shard).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use aerie_data::shard::{
+    AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+};
+use aerie_model::checkpoint::io::write_safetensors;
+use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
+use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
+
+fn aerie(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aerie")).args(args).output().expect("run aerie")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    drafter: PathBuf,
+    data: PathBuf,
+    head: PathBuf,
+    root: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let cfg = tiny_config();
+    let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
+    let drafter = root.join("drafter");
+    let opts = SaveOptions { include_embedding: true, ..SaveOptions::default() };
+    save_drafter(&random_drafter(&cfg, Dtype::F32, 1), &drafter, &opts).unwrap();
+    let head_vals: Vec<f32> = (0..v * ht).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
+    let head = root.join("head.safetensors");
+    let t = HostTensor::from_f32(vec![v, ht], &head_vals, Dtype::F32);
+    write_safetensors(&head, [("lm_head.weight", &t)]).unwrap();
+    let data = root.join("data");
+    let meta = ShardMetadata {
+        target: "synthetic/tiny-target".into(),
+        target_num_layers: 10,
+        target_vocab_size: v,
+        aux_layer_ids: vec![1, 4, 6],
+        aux_convention: AuxConvention::OutputOfLayer,
+        hidden_size: ht,
+        dtype: FloatDtype::F32,
+        tokenizer_digest: "0".repeat(64),
+        chat_template: "none".into(),
+        teacher: Teacher::FinalHidden,
+        created_by: "aerie-cli tests".into(),
+        extra: BTreeMap::new(),
+    };
+    let mut w = ShardWriter::create(&data, meta, ShardWriterOptions::default()).unwrap();
+    for s in 0..2usize {
+        let n = 10 + s;
+        let ids: Vec<i32> = (0..n).map(|j| ((j * 37 + s) % v) as i32).collect();
+        let mask: Vec<u8> = (0..n).map(|j| (j >= 2) as u8).collect();
+        let aux: Vec<f32> = (0..n * 3 * ht).map(|i| ((i * 31 % 97) as f32 / 97.0) - 0.5).collect();
+        let fin: Vec<f32> = (0..n * ht).map(|i| ((i * 13 % 89) as f32 / 89.0) - 0.5).collect();
+        w.push(SampleRef::new(&ids, &mask, &aux[..]).with_final_hidden(&fin[..])).unwrap();
+    }
+    w.finish().unwrap();
+    Fixture { _dir: dir, drafter, data, head, root }
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn accept_project_and_compare_end_to_end() {
+    let f = fixture();
+    let common = ["--data", p(&f.data), "--target-head", p(&f.head), "--k", "2"];
+    let mut args = vec!["eval", "accept", "--drafter", p(&f.drafter), "--json"];
+    args.extend(common);
+    let json = ok(aerie(&args));
+    let rep: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let tau = rep["tau"].as_f64().unwrap();
+    assert!((1.0..=3.0).contains(&tau), "τ {tau}");
+    assert_eq!(rep["curve"].as_array().unwrap().len(), 2);
+    assert_eq!(rep["rule"], "greedy");
+    assert!(rep["accept_rate_conditional"].is_array() && rep["accept_rate_unconditional"].is_array());
+    // The captured tokens here are arbitrary, not the head's argmax: the report must say so.
+    assert!(rep["captured_not_target_argmax"].as_f64().unwrap() > 0.0);
+    assert!(rep["warnings"][0].as_str().unwrap().contains("decoding τ"));
+
+    let accept = f.root.join("accept.json");
+    std::fs::write(&accept, &json).unwrap();
+    let costs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/costs/kimi-k25-8x-rtx-pro-6000.toml");
+    let proj: serde_json::Value =
+        serde_json::from_str(&ok(aerie(&["project", "--accept", p(&accept), "--costs", p(&costs), "--json"]))).unwrap();
+    assert_eq!(proj["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(proj["rows"][1]["cycle_source"], "measured");
+    let human = ok(aerie(&["project", "--accept", p(&accept), "--costs", p(&costs)]));
+    assert!(human.contains("break-even"), "{human}");
+
+    let out = f.root.join("report");
+    let mut args =
+        vec!["compare", p(&f.drafter), p(&f.drafter), "--names", "a,b", "--costs", p(&costs), "--out", p(&out)];
+    args.extend(common);
+    let table = ok(aerie(&args));
+    assert!(table.contains("| a |") && table.contains("| b |"), "{table}");
+    for name in [
+        "compare.md",
+        "compare.csv",
+        "compare.parquet",
+        "compare.json",
+        "acceptance.png",
+        "acceptance.svg",
+        "speedup.png",
+        "speedup.svg",
+    ] {
+        assert!(out.join(name).is_file(), "{name} missing");
+    }
+}
+
+#[test]
+fn bad_invocations_fail_clearly() {
+    let f = fixture();
+    let out = aerie(&[
+        "eval",
+        "accept",
+        "--drafter",
+        p(&f.drafter),
+        "--data",
+        p(&f.data),
+        "--target-head",
+        p(&f.head),
+        "--topk",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tree-tokens"));
+
+    let prompts = f.root.join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"turns\": [\"hello\"]}\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = aerie(&["measure", "--server", &url, "--prompts", p(&prompts), "--retries", "0", "--json"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refused") || err.contains("connection failed"), "{err}");
+}
