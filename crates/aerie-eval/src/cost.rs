@@ -135,10 +135,10 @@ impl Costs {
             }
         };
         pos(self.t_d_ms, "t_d_ms")?;
-        if let Some(ts) = self.t_s_ms {
-            if !(ts >= 0.0 && ts.is_finite()) {
-                return Err(format!("t_s_ms = {ts}: must be >= 0"));
-            }
+        if let Some(ts) = self.t_s_ms
+            && !(ts >= 0.0 && ts.is_finite())
+        {
+            return Err(format!("t_s_ms = {ts}: must be >= 0"));
         }
         if !(self.overhead_ms >= 0.0 && self.overhead_ms.is_finite()) {
             return Err(format!("overhead_ms = {}: must be >= 0", self.overhead_ms));
@@ -187,10 +187,10 @@ impl Costs {
 
     /// The cycle of `k` draft steps verifying `n` tokens, and whether it was measured.
     pub fn cycle(&self, k: usize, n: usize) -> Option<(f64, CycleSource)> {
-        if n == k + 1 {
-            if let Some(&ms) = self.cycle_ms.get(&k.to_string()) {
-                return Some((ms, CycleSource::Measured));
-            }
+        if n == k + 1
+            && let Some(&ms) = self.cycle_ms.get(&k.to_string())
+        {
+            return Some((ms, CycleSource::Measured));
         }
         Some((k as f64 * self.t_s_ms? + self.verify_ms(n)? + self.overhead_ms, CycleSource::Model))
     }

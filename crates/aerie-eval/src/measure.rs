@@ -146,7 +146,9 @@ fn attempt(
         });
     }
     let reader = BufReader::new(resp_body.into_reader());
-    let (mut first, mut last): (Option<(Instant, u64)>, Option<(Instant, u64)>) = (None, None);
+    // (time, tokens so far) of the first and the latest chunk that carried generated text.
+    let mut first: Option<(Instant, u64)> = None;
+    let mut last: Option<(Instant, u64)> = None;
     let mut final_meta = SpecMeta::default();
     let mut chat_tokens = 0u64;
     for line in reader.lines() {

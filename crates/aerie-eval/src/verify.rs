@@ -204,7 +204,7 @@ pub fn eval_accept<B: Backend>(
     let mut counter = AcceptCounter::new(k);
     let mut done = 0;
     for idx in length_sorted_batches(&lengths, opts.batch_size) {
-        let chunk: Vec<_> = idx.iter().map(|&i| samples[i].clone()).collect();
+        let chunk: Vec<_> = idx.iter().map(|&i| samples[i]).collect();
         let batch = collate::<B>(&chunk, cfg, drafter.vocab(), &teacher, &device)?;
         let [b, l] = batch.input_ids.dims();
         let argmax = teacher_argmax(&chunk, l, head, opts.head_chunk_rows, &device)?;

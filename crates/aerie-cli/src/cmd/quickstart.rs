@@ -17,7 +17,7 @@ use clap::Args;
 use serde::Serialize;
 
 /// The training recipe, with `@WORK@` standing for the work directory.
-const RECIPE: &str = include_str!("../../../../configs/smollm2-quickstart.toml");
+const RECIPE: &str = include_str!("../../../../configs/quickstart-smollm2.toml");
 
 /// Arguments of `aerie quickstart`.
 #[derive(Debug, Args)]

@@ -9,9 +9,10 @@
 //!                   masked tokens, length histogram, the target vocab size
 //! ```
 //!
-//! Everything streams: records are read, encoded and appended one at a time, and each split's
-//! parquet file is written in record batches with bounded row groups, so memory stays flat on
-//! inputs of any size. Files appear under their final names only once complete (temp file,
+//! Everything streams: records are read and normalised in chunks of a few hundred, each chunk is
+//! rendered and tokenised on a thread pool, and the samples are appended in input order (the
+//! output does not depend on the thread count); each split's parquet file is written in record
+//! batches with bounded row groups, so memory stays flat on inputs of any size. Files appear under their final names only once complete (temp file,
 //! fsync, rename). The split of a sample is a pure function of its source id (sha256), so
 //! re-running on grown data keeps every earlier conversation in the split it was in, and
 //! duplicates of one id never straddle train and eval. `sample_id` is the record's position in
@@ -26,7 +27,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::conversation::{DropReason, NormalizeOptions, NormalizeReport, normalize};
+use rayon::prelude::*;
+
+use crate::conversation::{DropReason, NormalizeOptions, NormalizeReport, Normalized, normalize};
 use crate::readers::{ConversationReader, ProgressUnit, ReadOptions, ReadReport};
 use crate::template::{ChatEncoder, ChatTemplate, EncodeOptions, TemplateChoice};
 use crate::tokenizer::TokenizerFiles;
@@ -44,6 +47,8 @@ pub const REPORT_FILE: &str = "report.json";
 pub const TRAIN: &str = "train";
 /// The held-out split.
 pub const EVAL: &str = "eval";
+/// Conversations encoded in parallel per step.
+const CHUNK: usize = 256;
 /// Rejection messages kept verbatim in the report.
 const MAX_EXAMPLES: usize = 10;
 
@@ -70,6 +75,9 @@ pub struct PrepareOptions {
     pub eval_fraction: f64,
     /// Replace an existing prepared dataset in `out`.
     pub overwrite: bool,
+    /// Worker threads for rendering and tokenising; 0 uses every core. The output is the same
+    /// for any number.
+    pub threads: usize,
     /// Target vocabulary size to record; default: the tokenizer directory's
     /// ([`TokenizerFiles::vocab_size`]).
     pub vocab_size: Option<usize>,
@@ -89,6 +97,7 @@ impl PrepareOptions {
             max_samples: None,
             eval_fraction: 0.0,
             overwrite: false,
+            threads: 0,
             vocab_size: None,
         }
     }
@@ -241,46 +250,55 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     let mut examples = Vec::new();
     let mut histogram: BTreeMap<u64, u64> = BTreeMap::new();
     let mut samples = 0u64;
-    let mut last_report = 0u64;
-    while let Some(raw) = reader.next() {
-        let raw = raw?;
-        conversations.count_roles(&raw);
-        let index = raw.index;
-        let normalized = match normalize(raw, &opts.normalize) {
-            Ok(n) => n,
-            Err(reason) => {
-                conversations.drop(reason);
-                continue;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads)
+        .build()
+        .map_err(|e| Error::InvalidOption(format!("cannot start {} worker threads: {e}", opts.threads)))?;
+    let mut chunk: Vec<(u64, Normalized)> = Vec::with_capacity(CHUNK);
+    let mut exhausted = false;
+    while !exhausted && opts.max_samples.is_none_or(|m| samples < m) {
+        // Read and normalise a chunk (sequential), encode it (parallel), write it (sequential,
+        // in input order: the output does not depend on the number of threads).
+        while chunk.len() < CHUNK {
+            let Some(raw) = reader.next() else {
+                exhausted = true;
+                break;
+            };
+            let raw = raw?;
+            conversations.count_roles(&raw);
+            let index = raw.index;
+            match normalize(raw, &opts.normalize) {
+                Ok(n) => chunk.push((index, n)),
+                Err(reason) => conversations.drop(reason),
             }
-        };
-        let conv = normalized.conversation;
-        let sample = match encoder.encode(&conv)? {
-            Ok(s) => s,
-            Err(rejected) => {
-                conversations.drop(rejected.reason);
-                if examples.len() < MAX_EXAMPLES {
-                    examples.push(format!("{} ({:?}): {}", conv.id, rejected.reason, rejected.message));
+        }
+        let encoded: Vec<_> = pool.install(|| chunk.par_iter().map(|(_, n)| encoder.encode(&n.conversation)).collect());
+        for ((index, normalized), result) in chunk.drain(..).zip(encoded) {
+            if opts.max_samples.is_some_and(|m| samples >= m) {
+                break;
+            }
+            let conv = normalized.conversation;
+            let sample = match result? {
+                Ok(s) => s,
+                Err(rejected) => {
+                    conversations.drop(rejected.reason);
+                    if examples.len() < MAX_EXAMPLES {
+                        examples.push(format!("{} ({:?}): {}", conv.id, rejected.reason, rejected.message));
+                    }
+                    continue;
                 }
-                continue;
-            }
-        };
-        let mut trims = normalized.trims;
-        trims.extend(sample.trims.iter().copied());
-        conversations.keep(&trims);
-        let split = split_of(&conv.id, opts.eval_fraction);
-        let w = writers.get_mut(split).expect("split writer exists");
-        w.push(&sample.input_ids, &sample.loss_mask, &conv.id, index as i64)?;
-        *histogram.entry(bucket_of(sample.input_ids.len() as u64)).or_default() += 1;
-        samples += 1;
-        let records = reader.report().records;
-        if records - last_report >= 64 {
-            last_report = records;
-            let (done, total, unit) = reader.progress();
-            progress(&PrepareProgress { done, total, unit, records, samples });
+            };
+            let mut trims = normalized.trims;
+            trims.extend(sample.trims.iter().copied());
+            conversations.keep(&trims);
+            let split = split_of(&conv.id, opts.eval_fraction);
+            let w = writers.get_mut(split).expect("split writer exists");
+            w.push(&sample.input_ids, &sample.loss_mask, &conv.id, index as i64)?;
+            *histogram.entry(bucket_of(sample.input_ids.len() as u64)).or_default() += 1;
+            samples += 1;
         }
-        if opts.max_samples.is_some_and(|m| samples >= m) {
-            break;
-        }
+        let (done, total, unit) = reader.progress();
+        progress(&PrepareProgress { done, total, unit, records: reader.report().records, samples });
     }
     let (done, total, unit) = reader.progress();
     let read = reader.into_report();

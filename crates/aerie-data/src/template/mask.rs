@@ -81,6 +81,9 @@ pub struct ChatEncoder<'a> {
     template: &'a ChatTemplate,
     tokenizer: &'a Tokenizer,
     special_ids: HashSet<u32>,
+    /// Special tokens that split text cleanly (no whitespace stripping), for head-only
+    /// tokenisation: (content, id).
+    cut_tokens: Vec<(String, u32)>,
     opts: EncodeOptions,
 }
 
@@ -110,9 +113,15 @@ impl<'a> ChatEncoder<'a> {
         if opts.max_length == Some(0) {
             return Err(Error::InvalidOption("max_length must be at least 1".into()));
         }
-        let special_ids =
-            tokenizer.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
-        Ok(Self { template, tokenizer, special_ids, opts })
+        let added = tokenizer.get_added_tokens_decoder();
+        let special_ids = added.iter().filter(|(_, t)| t.special).map(|(&id, _)| id).collect();
+        let mut cut_tokens: Vec<(String, u32)> = added
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.lstrip && !t.rstrip && !t.normalized && !t.content.is_empty())
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        cut_tokens.sort_unstable_by_key(|(_, id)| *id);
+        Ok(Self { template, tokenizer, special_ids, cut_tokens, opts })
     }
 
     fn render(
@@ -144,7 +153,7 @@ impl<'a> ChatEncoder<'a> {
                 Ok(s) => s,
                 Err(r) => return Ok(Err(r)),
             };
-            let enc = self.tokenizer.encode(full.as_str(), false).map_err(|e| Error::Tokenizer {
+            let enc = self.tokenize_head(&full).map_err(|e| Error::Tokenizer {
                 path: "tokenizer.json".into(),
                 message: format!("cannot encode conversation `{}`: {e}", conv.id),
             })?;
@@ -195,6 +204,43 @@ impl<'a> ChatEncoder<'a> {
             }
             return Ok(Ok(sample));
         }
+    }
+
+    /// Tokenise `full`, or with a maximum length only a head of it that is certain to hold the
+    /// first `max_length + 1` tokens exactly as tokenising all of it would.
+    ///
+    /// The head ends just after a special token (`<|im_end|>`, ...): the tokenizer splits added
+    /// tokens out before pre-tokenising and normalising, so the tokens before such a split do
+    /// not depend on what follows it. That the split really happened there is checked (the
+    /// head's last token must be that special token at that offset); anything unexpected falls
+    /// back to tokenising everything. The head starts at 4 bytes per wanted token and doubles
+    /// until it holds enough tokens.
+    fn tokenize_head(&self, full: &str) -> tokenizers::Result<tokenizers::Encoding> {
+        let Some(limit) = self.opts.max_length else {
+            return self.tokenizer.encode(full, false);
+        };
+        let mut budget = limit.saturating_add(1).saturating_mul(4);
+        while budget < full.len() {
+            let from = (budget..full.len()).find(|&i| full.is_char_boundary(i)).unwrap_or(full.len());
+            let rest = &full[from..];
+            let next = self
+                .cut_tokens
+                .iter()
+                .filter_map(|(content, id)| rest.find(content.as_str()).map(|at| (from + at, content.len(), *id)))
+                .min_by_key(|&(at, _, id)| (at, id));
+            let Some((at, len, id)) = next else { break };
+            let end = at + len;
+            let enc = self.tokenizer.encode(&full[..end], false)?;
+            let split_there = enc.get_ids().last() == Some(&id) && enc.get_offsets().last() == Some(&(at, end));
+            if enc.len() > limit && split_there {
+                return Ok(enc);
+            }
+            if !split_there {
+                break;
+            }
+            budget = budget.saturating_mul(2);
+        }
+        self.tokenizer.encode(full, false)
     }
 
     /// Byte spans of the assistant turns in `full`, up to the first one starting at or after

@@ -167,3 +167,36 @@ fn spans_without_a_special_token_end_at_the_last_visible_token() {
     // straddling the span start counts toward the assistant side.
     assert_eq!(masked_runs(&tok, &s), [" the answer is 42"]);
 }
+
+#[test]
+fn head_only_tokenisation_matches_tokenising_everything() {
+    let (_d, tok) = tokenizer();
+    let mut turns = Vec::new();
+    for i in 0..30 {
+        turns.push((Role::User, format!("question {i}: is this the {i}th thing?  \n\n")));
+        turns.push((Role::Assistant, format!("answer {i} — ünïcødé 日本 {}\n", "the is ".repeat(i % 7))));
+    }
+    let turns: Vec<(Role, &str)> = turns.iter().map(|(r, c)| (*r, c.as_str())).collect();
+    let c = conv("long", &turns);
+    for t in [
+        ChatTemplate::builtin(BuiltinTemplate::ChatMl),
+        ChatTemplate::builtin(BuiltinTemplate::Llama3),
+        ChatTemplate::builtin(BuiltinTemplate::KimiK2),
+    ] {
+        let full = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
+        for max in [1usize, 7, 40, 333, 1000, 2047, full.input_ids.len() - 1, full.input_ids.len() + 5] {
+            let opts = EncodeOptions { max_length: Some(max), ..EncodeOptions::default() };
+            match encode(&t, &tok, &c, opts) {
+                Ok(s) => {
+                    let n = max.min(full.input_ids.len());
+                    assert_eq!(s.input_ids, full.input_ids[..n], "{} max {max}", t.name());
+                    assert_eq!(s.loss_mask, full.loss_mask[..n], "{} max {max}", t.name());
+                }
+                Err(r) => {
+                    assert_eq!(r.reason, DropReason::NoMaskedTokens);
+                    assert!(full.loss_mask[..max].iter().all(|&m| m == 0));
+                }
+            }
+        }
+    }
+}

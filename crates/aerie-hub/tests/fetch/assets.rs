@@ -148,8 +148,8 @@ fn no_wheel_with_the_pinned_digest_is_an_error() {
     assert!(err.to_string().contains("/pypi/tiny-pkg/9.9/json"), "{err}");
 }
 
-/// Some mirrors and egress proxies serve only the project endpoint: the release is then found
-/// under `releases`, even when it is not the latest.
+/// Some mirrors and egress proxies serve only the project endpoint, with relative file URLs: the
+/// release is then found under `releases`, even when it is not the latest.
 #[test]
 fn project_endpoint_is_the_fallback_for_the_versioned_one() {
     let data = payload();
@@ -157,7 +157,7 @@ fn project_endpoint_is_the_fallback_for_the_versioned_one() {
     let sha = sha256_hex(&whl);
     let server = Server::start(16, |base| {
         let wheel_file = serde_json::json!({"filename": "tiny_pkg-1.0-py3-none-any.whl",
-            "url": format!("{base}/files/tiny.whl"), "size": whl.len(), "digests": {"sha256": sha}});
+            "url": "../../files/tiny.whl", "size": whl.len(), "digests": {"sha256": sha}});
         let json = serde_json::json!({
             "info": {"name": "tiny-pkg", "version": "2.0"},
             "releases": {"1.0": [wheel_file], "2.0": []},

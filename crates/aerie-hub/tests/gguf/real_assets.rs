@@ -1,7 +1,7 @@
 //! Tests on real files, skipped (with a note) unless `AERIE_TEST_ASSETS=1`:
 //!
-//! - `real_assets_smollm2_import`: the SmolLM2-135M-Instruct Q4_1 GGUF (assets.md), found under
-//!   `$AERIE_HOME/assets/` (any depth up to 4) or at `$AERIE_SMOLLM2_GGUF`. Expected token ids
+//! - `real_assets_smollm2_import`: the SmolLM2-135M-Instruct Q4_1 GGUF (assets.md) where
+//!   `aerie assets fetch` puts it under `$AERIE_HOME`, or at `$AERIE_SMOLLM2_GGUF`. Expected token ids
 //!   are llama.cpp's tokenisation of the same file (an independent implementation), and the
 //!   weight values were computed with gguf-py's numpy dequantiser and the Python `permute`.
 //! - `real_assets_llama_cpp_vocab_vectors`: llama.cpp's `models/ggml-vocab-*.gguf` vocabularies
@@ -16,8 +16,6 @@ use safetensors::SafeTensors;
 use serde_json::Value as Json;
 use tokenizers::Tokenizer;
 
-const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 fn enabled(test: &str) -> bool {
     let on = std::env::var("AERIE_TEST_ASSETS").is_ok_and(|v| v == "1");
     if !on {
@@ -26,28 +24,13 @@ fn enabled(test: &str) -> bool {
     on
 }
 
-fn find(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        if path.file_name().is_some_and(|n| n == name) && path.is_file() {
-            return Some(path);
-        }
-        if depth > 0
-            && path.is_dir()
-            && let Some(found) = find(&path, name, depth - 1)
-        {
-            return Some(found);
-        }
+/// `$AERIE_SMOLLM2_GGUF`, else where `aerie assets fetch` puts it
+/// (`$AERIE_HOME/assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`).
+fn smollm2_gguf() -> PathBuf {
+    match std::env::var_os("AERIE_SMOLLM2_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => aerie_hub::assets::asset_path(aerie_hub::assets::Asset::Smollm2),
     }
-    None
-}
-
-fn smollm2_gguf() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("AERIE_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
-    let home = std::env::var("AERIE_HOME").ok()?;
-    find(&Path::new(&home).join("assets"), SMOLLM2, 4)
 }
 
 fn f32s(st: &SafeTensors<'_>, name: &str, start: usize, n: usize) -> Vec<f32> {
@@ -60,12 +43,11 @@ fn real_assets_smollm2_import() {
     if !enabled("real_assets_smollm2_import") {
         return;
     }
-    let Some(src) = smollm2_gguf() else {
-        println!(
-            "note: real_assets_smollm2_import skipped: {SMOLLM2} not under $AERIE_HOME/assets (run `aerie assets fetch`)"
-        );
+    let src = smollm2_gguf();
+    if !src.is_file() {
+        println!("note: real_assets_smollm2_import skipped: {} is missing (run `aerie assets fetch`)", src.display());
         return;
-    };
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smollm2");
     let t0 = Instant::now();

@@ -91,7 +91,7 @@ pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardW
         let fin: Vec<f32> = (0..len)
             .flat_map(|t| {
                 let at = t.saturating_sub(1) * 3 * H;
-                aux[at + 2 * H..at + 3 * H].iter().map(|a| 6.0 * a).collect::<Vec<f32>>()
+                embed[5 * H..6 * H].iter().map(|a| 6.0 * a).collect::<Vec<f32>>()
             })
             .collect();
         w.push(
