@@ -113,13 +113,18 @@ pub fn head_tensor<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor
     Ok(Tensor::from_data(TensorData::new(head.to_f32("lm_head.weight")?, [v, h]), device))
 }
 
-/// Load a drafter and run `eval accept` on it, with a progress bar named `what`.
+/// Samples `eval accept` will read from `data` under `common`.
+pub fn samples(common: &AcceptCommon, data: &ShardDataset) -> usize {
+    common.max_samples.map_or(data.len(), |m| m.min(data.len()))
+}
+
+/// Load a drafter and run `eval accept` on it; `progress(done)` after every batch (samples).
 pub fn accept_one<B: Backend>(
     drafter_dir: &Path,
     common: &AcceptCommon,
     data: &ShardDataset,
     head: Option<&Tensor<B, 2>>,
-    what: &str,
+    progress: &dyn Fn(usize),
     device: &B::Device,
 ) -> Result<AcceptReport> {
     let ckpt = load_drafter(drafter_dir, common.target_for_embedding().as_deref())
@@ -127,12 +132,8 @@ pub fn accept_one<B: Backend>(
     let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
         .with_context(|| format!("building drafter {}", drafter_dir.display()))?;
     let opts = common.options()?;
-    let total = opts.max_samples.map_or(data.len(), |m| m.min(data.len()));
-    let pb = progress::bar(total as u64, what, "samples");
-    let report = eval_accept(&drafter, data, head, &opts, &mut |done, _| pb.set_position(done as u64))
-        .with_context(|| format!("evaluating {} on {}", drafter_dir.display(), common.data.display()))?;
-    pb.finish_and_clear();
-    Ok(report)
+    eval_accept(&drafter, data, head, &opts, &mut |done, _| progress(done))
+        .with_context(|| format!("evaluating {} on {}", drafter_dir.display(), common.data.display()))
 }
 
 /// Open the data and, when the shards need it, the target head.
@@ -161,7 +162,11 @@ pub fn run(args: AcceptArgs) -> Result<()> {
 
 fn accept<B: Backend>(args: &AcceptArgs, device: &B::Device) -> Result<()> {
     let (data, head) = open_data::<B>(&args.common, device)?;
-    let report = accept_one::<B>(&args.drafter, &args.common, &data, head.as_ref(), "eval accept", device)?;
+    let pb = progress::bar(samples(&args.common, &data) as u64, "eval accept", "samples");
+    let report =
+        accept_one::<B>(&args.drafter, &args.common, &data, head.as_ref(), &|d| pb.set_position(d as u64), device);
+    pb.finish_and_clear();
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use super::accept::{AcceptCommon, accept_one, open_data};
+use super::accept::{AcceptCommon, accept_one, open_data, samples};
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.
@@ -51,14 +51,38 @@ pub fn run(args: CompareArgs) -> Result<()> {
 fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::Device) -> Result<()> {
     let (data, head) = open_data::<B>(&args.common, device)?;
     let n = args.drafters.len();
+    let per = samples(&args.common, &data);
+    // One bar across all candidates: n × samples, the current candidate in its prefix.
+    let pb = indicatif::ProgressBar::new((n * per) as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "compare {prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} samples ({per_sec}, ETA {eta})",
+        )
+        .expect("valid template"),
+    );
     let mut cands = Vec::with_capacity(n);
     for (i, dir) in args.drafters.iter().enumerate() {
         let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
-        let what = format!("compare [{}/{n}] {name}", i + 1);
-        let report = accept_one::<B>(dir, &args.common, &data, head.as_ref(), &what, device)?;
-        eprintln!("[{}/{n}] {name}: τ {:.3}", i + 1, report.tau);
+        pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
+        let report = accept_one::<B>(
+            dir,
+            &args.common,
+            &data,
+            head.as_ref(),
+            &|d| pb.set_position((i * per + d) as u64),
+            device,
+        );
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                pb.abandon();
+                return Err(e);
+            }
+        };
+        pb.println(format!("[{}/{n}] {name}: τ {:.3}", i + 1, report.tau));
         cands.push(Candidate::new(name, dir.display().to_string(), report, costs));
     }
+    pb.finish_and_clear();
     let written = write_report(&args.out, &cands, costs)?;
     if args.json {
         let v = serde_json::json!({ "rows": rows(&cands), "files": written });

@@ -239,8 +239,7 @@ impl<B: Backend> TargetModel<B> {
     /// Padding: a right-padded batch run from an EMPTY cache is exact at every real position
     /// (causality keeps a real token from seeing the padding after it), so capture may batch
     /// right-padded sequences in one call. Continuing such a batch token by token is not
-    /// supported (rows would need different positions): decode with batch 1 or equal lengths,
-    /// or pass a key-padding mask through [`Self::forward_with_mask`].
+    /// supported (all rows share one position list): decode with batch 1 or equal lengths.
     pub fn forward(
         &self,
         ids: Tensor<B, 2, Int>,
@@ -257,7 +256,9 @@ impl<B: Backend> TargetModel<B> {
     /// `[1 or B, 1, S, cache.len() + S]`, true = masked. `None` means causal among the new tokens
     /// and the whole prefix visible, as in [`Self::forward`]. The new tokens' keys/values are
     /// appended to `cache` in input order; keep the accepted ones with
-    /// [`TargetCache::truncate`] or [`TargetCache::retain`].
+    /// [`TargetCache::truncate`] or [`TargetCache::retain`]. Every query row of `mask` must
+    /// leave at least one key visible (its own position, normally): a fully masked row has no
+    /// defined softmax.
     pub fn forward_with_mask(
         &self,
         ids: Tensor<B, 2, Int>,

@@ -85,13 +85,14 @@ pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardW
         let ids: Vec<i32> = (0..len).map(|_| (rng.next() % V as u64) as i32).collect();
         let mask: Vec<u8> = (0..len).map(|t| u8::from(t >= 2)).collect();
         let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.unit()).collect();
-        // Row t (the distribution of token t + 1) is the target head over `6 · aux_high[t - 1]`:
-        // the drafter's step 0 at position t - 1 sees exactly that feature (a linear path through
-        // fc, the residual and lm_head), so it can learn it in a few steps.
+        // Row t (the distribution of token t + 1) is the target head over `6 c + 3 aux_high[t-1]`:
+        // a shared direction c (a marginal every sample teaches) plus the high aux feature the
+        // drafter's step 0 sees at position t - 1.
         let fin: Vec<f32> = (0..len)
             .flat_map(|t| {
                 let at = t.saturating_sub(1) * 3 * H;
-                embed[5 * H..6 * H].iter().map(|a| 6.0 * a).collect::<Vec<f32>>()
+                let hi = &aux[at + 2 * H..at + 3 * H];
+                hi.iter().zip(&embed[5 * H..6 * H]).map(|(a, c)| 6.0 * c + 3.0 * a).collect::<Vec<f32>>()
             })
             .collect();
         w.push(
