@@ -34,6 +34,8 @@ enum Command {
     Export(cmd::export::ExportArgs),
     /// Run the target over prepared data and write capture shards (aux features + teacher).
     Capture(cmd::capture::CaptureArgs),
+    /// Train a drafter from a TOML config (fresh or warm start; resumable, data parallel).
+    Train(cmd::train::TrainArgs),
     /// Evaluate a drafter.
     #[command(subcommand)]
     Eval(cmd::eval::EvalCommand),
@@ -65,6 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Export(a) => cmd::export::run(a).map(|()| 0),
         Command::Capture(a) => cmd::capture::run(a).map(|()| 0),
+        Command::Train(a) => cmd::train::run(a).map(|()| 0),
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
         Command::Project(a) => cmd::project::run(a).map(|()| 0),
         Command::Measure(a) => cmd::measure::run(a).map(|()| 0),

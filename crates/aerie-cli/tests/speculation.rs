@@ -91,6 +91,15 @@ fn accept_project_and_compare_end_to_end() {
     assert!(rep["captured_not_target_argmax"].as_f64().unwrap() > 0.0);
     assert!(rep["warnings"][0].as_str().unwrap().contains("decoding τ"));
 
+    let mut args = vec!["eval", "accept", "--drafter", p(&f.drafter)];
+    args.extend(common);
+    let human = aerie(&args);
+    let text = ok(human);
+    assert!(text.contains("bonus token included") && text.contains("α_i (conditional)"), "{text}");
+    if std::env::var_os("AERIE_SHOW").is_some() {
+        eprintln!("{text}");
+    }
+
     let accept = f.root.join("accept.json");
     std::fs::write(&accept, &json).unwrap();
     let costs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/costs/kimi-k25-8x-rtx-pro-6000.toml");

@@ -185,6 +185,24 @@ pub enum DropReason {
     NoMaskedTokens,
 }
 
+impl DropReason {
+    /// The snake_case name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::UnknownRole => "unknown_role",
+            DropReason::EmptyContent => "empty_content",
+            DropReason::MisplacedSystem => "misplaced_system",
+            DropReason::MisplacedTool => "misplaced_tool",
+            DropReason::SameRole => "same_role",
+            DropReason::NoAssistantTurn => "no_assistant_turn",
+            DropReason::TemplateError => "template_error",
+            DropReason::TemplateNotPrefixStable => "template_not_prefix_stable",
+            DropReason::NoMaskedTokens => "no_masked_tokens",
+        }
+    }
+}
+
 /// A change made to a conversation that was kept; counted once per conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -214,6 +232,26 @@ pub enum TrimReason {
     TemplateNotPrefixStable,
     /// Tokens beyond the maximum length removed.
     TruncatedToMaxLength,
+}
+
+impl TrimReason {
+    /// The snake_case name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrimReason::UnknownRole => "unknown_role",
+            TrimReason::EmptyContent => "empty_content",
+            TrimReason::EmptySystem => "empty_system",
+            TrimReason::MisplacedSystem => "misplaced_system",
+            TrimReason::MisplacedTool => "misplaced_tool",
+            TrimReason::SameRole => "same_role",
+            TrimReason::MergedSameRole => "merged_same_role",
+            TrimReason::MergedSystem => "merged_system",
+            TrimReason::LeadingNonUser => "leading_non_user",
+            TrimReason::TrailingNonAssistant => "trailing_non_assistant",
+            TrimReason::TemplateNotPrefixStable => "template_not_prefix_stable",
+            TrimReason::TruncatedToMaxLength => "truncated_to_max_length",
+        }
+    }
 }
 
 /// Counts of what happened to each conversation, from [`normalize`] to the last stage that may

@@ -171,10 +171,10 @@ fn print_report(r: &PrepareReport, secs: f64) {
     println!("template    {}", r.template);
     println!("kept        {} of {} conversations", c.kept, c.conversations);
     for (reason, n) in &c.dropped {
-        println!("  dropped   {n:>8}  {}", serde_json::to_value(reason).unwrap_or_default().as_str().unwrap_or("?"));
+        println!("  dropped   {n:>8}  {}", reason.as_str());
     }
     for (reason, n) in &c.trimmed {
-        println!("  trimmed   {n:>8}  {}", serde_json::to_value(reason).unwrap_or_default().as_str().unwrap_or("?"));
+        println!("  trimmed   {n:>8}  {}", reason.as_str());
     }
     for (name, s) in &r.splits {
         println!(

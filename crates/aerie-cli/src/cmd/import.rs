@@ -2,6 +2,7 @@
 //! `LlamaForCausalLM` directory (float32 safetensors, config, tokenizer), written atomically
 //! and read back before it is moved into place.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -37,14 +38,16 @@ pub fn run(cmd: ImportCommand) -> Result<()> {
             let report = import_gguf(&file, &out, ImportOptions { force })
                 .with_context(|| format!("importing {} into {}", file.display(), out.display()))?;
             let secs = t0.elapsed().as_secs_f64();
+            // writeln! rather than println!: a closed pipe (`| head`) is an error, not a panic.
             if json {
                 let mut v = serde_json::to_value(&report)?;
                 v["seconds"] = secs.into();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?)?;
             } else {
                 let h = &report.hparams;
                 let types: Vec<String> = report.source_types.iter().map(|(t, n)| format!("{n} {t}")).collect();
-                println!(
+                writeln!(
+                    std::io::stdout(),
                     "imported {} → {} in {secs:.1}s: {} tensors ({}), {:.1}M parameters as float32, \
                      {} layers × hidden {} ({} heads / {} KV heads of {}), vocab {}, {} embeddings, \
                      tokenizer pre `{}`; read back and verified",
@@ -61,7 +64,7 @@ pub fn run(cmd: ImportCommand) -> Result<()> {
                     h.vocab_size,
                     if report.tie_word_embeddings { "tied" } else { "untied" },
                     report.pre_tokenizer,
-                );
+                )?;
             }
             Ok(())
         }

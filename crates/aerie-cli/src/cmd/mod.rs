@@ -15,4 +15,5 @@ pub mod inspect;
 pub mod measure;
 pub mod project;
 pub mod quickstart;
+pub mod train;
 pub mod vocab;

@@ -36,8 +36,8 @@ use crate::tokenizer::TokenizerFiles;
 use crate::{Error, Result};
 
 pub use dataset::{PreparedDataset, PreparedSample, PreparedSamples};
-pub(crate) use writer::write_bytes_atomic as write_atomic;
 pub use writer::{columns, schema};
+pub(crate) use writer::{parent_dir, write_bytes_atomic as write_atomic};
 
 /// The `format` of `report.json`.
 pub const PREPARED_FORMAT: &str = "aerie-prepared/1";
@@ -259,7 +259,10 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     while !exhausted && opts.max_samples.is_none_or(|m| samples < m) {
         // Read and normalise a chunk (sequential), encode it (parallel), write it (sequential,
         // in input order: the output does not depend on the number of threads).
-        while chunk.len() < CHUNK {
+        // With a sample cap, read no more records than could still be kept, so that every
+        // record read is also counted (kept or dropped) in the report.
+        let want = opts.max_samples.map_or(CHUNK, |m| CHUNK.min((m - samples) as usize));
+        while chunk.len() < want {
             let Some(raw) = reader.next() else {
                 exhausted = true;
                 break;
@@ -283,7 +286,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
                 Err(rejected) => {
                     conversations.drop(rejected.reason);
                     if examples.len() < MAX_EXAMPLES {
-                        examples.push(format!("{} ({:?}): {}", conv.id, rejected.reason, rejected.message));
+                        examples.push(format!("{} ({}): {}", conv.id, rejected.reason.as_str(), rejected.message));
                     }
                     continue;
                 }

@@ -48,6 +48,14 @@ fn perr(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Parquet { path: path.to_owned(), message: e.to_string() }
 }
 
+/// The directory holding `path` (`.` for a bare file name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
 /// Fsync the directory so a rename in it survives a crash (no-op off Unix).
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
@@ -63,7 +71,7 @@ pub(crate) fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .and_then(|()| File::open(&tmp)?.sync_all())
         .map_err(|e| Error::io(&tmp, e))
         .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)))
-        .and_then(|()| sync_dir(path.parent().unwrap_or(Path::new("."))));
+        .and_then(|()| sync_dir(parent_dir(path)));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -168,7 +176,7 @@ impl SplitWriter {
             let _ = std::fs::remove_file(&self.tmp);
         }
         result?;
-        sync_dir(self.path.parent().unwrap_or(Path::new(".")))?;
+        sync_dir(parent_dir(&self.path))?;
         Ok(std::mem::take(&mut self.stats))
     }
 }

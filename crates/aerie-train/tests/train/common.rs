@@ -1,5 +1,5 @@
 //! A tiny synthetic world: a target (config.json + a safetensors file with head and embedding),
-//! a draft vocab file, captured shards whose teacher is learnable from the token embeddings, and
+//! a draft vocab file, captured shards whose teacher a drafter can learn, and
 //! config text pointing at all of it.
 #![allow(dead_code)]
 

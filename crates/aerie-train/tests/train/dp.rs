@@ -118,20 +118,3 @@ fn two_devices_through_train_match_grad_accumulation() {
     }
     assert!(worst < 1e-5, "weights differ by up to {worst}");
 }
-
-#[test]
-fn scratch_overfit() {
-    let w = world();
-    let data = ShardDataset::open(&w.train).unwrap();
-    let ev = ShardDataset::open(&w.eval).unwrap();
-    let mut t = trainer(&w, 1, LossKind::SoftCe);
-    let head = t.replicas()[0].head.clone().unwrap();
-    for i in 0..150u64 {
-        let s = (i as usize * 4) % 24;
-        let r = t.step(vec![micro(&data, &[s, s + 1, s + 2, s + 3])], 3e-3, i + 1).unwrap();
-        if i % 30 == 0 || i == 149 {
-            let m = aerie_eval::loss::eval_loss(&t.valid(), &ev, Some(&head), &Default::default(), &mut |_, _| {}).unwrap();
-            eprintln!("{i} train {:.4} eval {:.4} eval0 {:.4}", r.loss, m.loss, m.loss_per_step[0]);
-        }
-    }
-}

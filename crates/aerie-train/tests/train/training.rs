@@ -33,11 +33,6 @@ fn loss_decreases_over_thirty_steps() {
     assert_eq!(evals.iter().map(|e| e["step"].as_u64().unwrap()).collect::<Vec<_>>(), vec![15, 30]);
     let after = evals[1]["metrics"]["loss"].as_f64().unwrap();
     let (first, last) = (before.loss, after);
-    for l in &train {
-        eprintln!("step {} loss {:.3} loss0 {:.3} acc0 {:.3} gn {:.3} lr {:.5}", l["step"], l["loss"].as_f64().unwrap(), l["loss_k"][0].as_f64().unwrap(), l["acc_k"][0].as_f64().unwrap(), l["grad_norm"].as_f64().unwrap(), l["lr"].as_f64().unwrap());
-    }
-    eprintln!("held-out loss_k before {:?}", before.loss_per_step);
-    eprintln!("held-out loss_k after  {}", evals[1]["metrics"]["loss_per_step"]);
     assert!(last < 0.8 * first, "held-out loss did not decrease enough: {first:.4} before, {last:.4} after");
     let acc0 = evals[1]["metrics"]["acc_per_step"][0].as_f64().unwrap();
     assert!(acc0 > before.acc_per_step[0], "acc_0 {acc0} vs {} before", before.acc_per_step[0]);
