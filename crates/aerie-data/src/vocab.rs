@@ -1,6 +1,6 @@
 //! The draft vocabulary (eagle3.md §4): which Vd of the target's V token ids the drafter's
-//! `lm_head` predicts, stored as `d2t` (int64 [Vd], offsets: `target = draft + d2t[draft]`) and
-//! `t2d` (bool [V], membership).
+//! `lm_head` predicts, stored as `d2t` (`int64 [Vd]`, offsets: `target = draft + d2t[draft]`) and
+//! `t2d` (`bool [V]`, membership).
 //!
 //! [`DraftVocab::build`] counts the token ids under the loss mask of a prepared dataset, takes
 //! the Vd most frequent (ties broken by the lower id), pads with the lowest unused ids `0, 1, ..`
@@ -175,7 +175,7 @@ impl DraftVocab {
         self.target_ids.iter().map(|&t| counts.counts.get(t as usize).copied().unwrap_or(0)).sum()
     }
 
-    /// Write `d2t` (I64 [Vd]) and `t2d` (BOOL [V]) to a safetensors file, atomically, with
+    /// Write `d2t` (`I64 [Vd]`) and `t2d` (`BOOL [V]`) to a safetensors file, atomically, with
     /// `metadata` plus `format`, `draft_vocab_size` and `vocab_size`.
     pub fn write(&self, path: &Path, metadata: &HashMap<String, String>) -> Result<()> {
         let d2t: Vec<u8> = self.d2t().iter().flat_map(|v| v.to_le_bytes()).collect();

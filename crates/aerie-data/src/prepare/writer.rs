@@ -24,9 +24,9 @@ const ROW_GROUP_BYTES: usize = 64 << 20;
 
 /// Column names of a prepared split.
 pub mod columns {
-    /// list<int32>: token ids.
+    /// `list<int32>`: token ids.
     pub const INPUT_IDS: &str = "input_ids";
-    /// list<uint8>: 1 on tokens to train on.
+    /// `list<uint8>`: 1 on tokens to train on.
     pub const LOSS_MASK: &str = "loss_mask";
     /// string: the source conversation's id.
     pub const SOURCE_ID: &str = "source_id";

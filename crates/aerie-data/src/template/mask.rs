@@ -171,7 +171,9 @@ impl<'a> ChatEncoder<'a> {
                     match prev {
                         Some(p) => {
                             messages.truncate(p + 1);
-                            trims.push(TrimReason::TemplateNotPrefixStable);
+                            if !trims.contains(&TrimReason::TemplateNotPrefixStable) {
+                                trims.push(TrimReason::TemplateNotPrefixStable);
+                            }
                             continue;
                         }
                         None => {

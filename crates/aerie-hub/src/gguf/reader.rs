@@ -417,9 +417,11 @@ impl GgufFile {
             ggml_type: info.ggml_type.to_string(),
             supported: super::dequant::SUPPORTED.join(", "),
         })?;
-        let start = (self.data_start + info.offset) as usize;
-        self.mmap
-            .get(start..start + n_bytes as usize)
+        // Checked at open for the tensors of this file; checked again for a `TensorInfo` built
+        // by hand.
+        let range = self.data_start.checked_add(info.offset).and_then(|s| Some(s..s.checked_add(n_bytes)?));
+        range
+            .and_then(|r| self.mmap.get(usize::try_from(r.start).ok()?..usize::try_from(r.end).ok()?))
             .ok_or_else(|| self.format_error(format!("tensor `{}` lies outside the file", info.name)))
     }
 

@@ -6,5 +6,6 @@ mod config;
 mod dp;
 mod nan;
 mod resume;
+mod throughput;
 mod training;
 mod warm_start;
