@@ -146,7 +146,8 @@ pub fn save<B: AutodiffBackend>(
         tensors: model.to_tensors(Dtype::F32),
         dir: PathBuf::new(),
     };
-    let opts = SaveOptions { dialect: Dialect::Sglang, dtype: Some(Dtype::F32), include_embedding: false, overwrite: false };
+    let opts =
+        SaveOptions { dialect: Dialect::Sglang, dtype: Some(Dtype::F32), include_embedding: false, overwrite: false };
     save_drafter(&ckpt, &tmp, &opts)?;
     let sd = tmp.join(STATE_DIR);
     std::fs::create_dir(&sd).map_err(|e| Error::io(&sd, e))?;

@@ -66,7 +66,7 @@ pub fn held_out(dataset: usize, index: usize, fraction: f64) -> bool {
     if fraction <= 0.0 {
         return false;
     }
-    let h = SplitMix(((dataset as u64) << 40) ^ (index as u64) ^ 0x5EED_0FE7_A1).next_u64();
+    let h = SplitMix(((dataset as u64) << 40) ^ (index as u64) ^ 0x005E_ED0F_E7A1).next_u64();
     (h >> 11) as f64 / (1u64 << 53) as f64 <= fraction
 }
 

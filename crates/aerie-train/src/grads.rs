@@ -55,10 +55,7 @@ pub fn with_stable_ids<B: Backend>(drafter: Drafter<B>) -> Result<Drafter<B>> {
     if mapper.unknown.is_empty() {
         Ok(drafter)
     } else {
-        Err(Error::Options(format!(
-            "internal: drafter parameters without a canonical name: {:?}",
-            mapper.unknown
-        )))
+        Err(Error::Options(format!("internal: drafter parameters without a canonical name: {:?}", mapper.unknown)))
     }
 }
 

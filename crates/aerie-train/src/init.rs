@@ -40,7 +40,8 @@ pub fn read_vocab_file(path: &Path, vocab_size: Option<usize>) -> Result<VocabMa
     }
     let t2d = if files.contains("t2d")? { files.load(&["t2d"])?.remove("t2d") } else { None };
     let d2t = files.load(&["d2t"])?.remove("d2t").expect("loaded above").to_i64("d2t")?;
-    let t2d: Option<Vec<bool>> = t2d.map(|t| t.to_i64("t2d").map(|v| v.iter().map(|&x| x != 0).collect())).transpose()?;
+    let t2d: Option<Vec<bool>> =
+        t2d.map(|t| t.to_i64("t2d").map(|v| v.iter().map(|&x| x != 0).collect())).transpose()?;
     let v = match (&t2d, vocab_size) {
         (Some(t), Some(v)) if t.len() != v => {
             return Err(init_err(path, format!("t2d has {} entries, the target vocab is {v}", t.len())));
@@ -71,8 +72,17 @@ pub fn fresh_config(target_config: &Path, vocab: &VocabMap, shape: &ShapeOverrid
     let text = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
     let mut m = Map::new();
     for key in [
-        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-        "rms_norm_eps", "max_position_embeddings", "vocab_size", "rope_theta", "rope_scaling", "rope_parameters",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "vocab_size",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
     ] {
         if let Some(v) = text.get(key).filter(|v| !v.is_null()) {
             m.insert(key.into(), v.clone());
@@ -209,7 +219,13 @@ fn fresh(cfg: &TrainConfig) -> Result<Initial> {
         dc.vocab_size
     )];
     Ok(Initial {
-        checkpoint: DrafterCheckpoint { config: dc, dialect: Dialect::Sglang, weight_dtype: Dtype::F32, tensors, dir: PathBuf::new() },
+        checkpoint: DrafterCheckpoint {
+            config: dc,
+            dialect: Dialect::Sglang,
+            weight_dtype: Dtype::F32,
+            tensors,
+            dir: PathBuf::new(),
+        },
         notes,
     })
 }
@@ -217,7 +233,9 @@ fn fresh(cfg: &TrainConfig) -> Result<Initial> {
 fn vocab_of(ckpt: &DrafterCheckpoint) -> Result<VocabMap> {
     let c = &ckpt.config;
     match ckpt.tensors.get("d2t") {
-        Some(t) => VocabMap::from_d2t(&t.to_i64("d2t")?, c.vocab_size).map_err(|m| init_err(&ckpt.dir, format!("d2t: {m}"))),
+        Some(t) => {
+            VocabMap::from_d2t(&t.to_i64("d2t")?, c.vocab_size).map_err(|m| init_err(&ckpt.dir, format!("d2t: {m}")))
+        }
         None => Ok(VocabMap::identity(c.vocab_size)),
     }
 }
@@ -270,7 +288,7 @@ fn remap_vocab(ckpt: &mut DrafterCheckpoint, old: &VocabMap, new: &VocabMap, see
     for (i, &t) in old.target_ids().iter().enumerate() {
         old_row[t] = i;
     }
-    let mut rng = SplitMix(seed ^ 0x7265_6D61_70);
+    let mut rng = SplitMix(seed ^ 0x0072_656D_6170);
     let mut normal = || {
         let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
         let v = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;

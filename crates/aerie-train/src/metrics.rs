@@ -191,9 +191,13 @@ impl MetricsLog {
             if !body.is_empty() {
                 body.push('\n');
             }
-            std::fs::write(&path, body).map_err(|e| Error::io(&path, e))?;
+            // Atomically: a kill here must not lose the lines that stay.
+            let tmp = run.join(".metrics.jsonl.tmp");
+            std::fs::write(&tmp, body).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+        let file =
+            std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
         Ok(Self { path, file })
     }
 

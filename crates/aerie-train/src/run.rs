@@ -73,7 +73,10 @@ fn start(cfg: &TrainConfig, resume: Option<&Path>, micro_per_step: usize) -> Res
     if !differences.is_empty() {
         return Err(resume_err(
             &run,
-            format!("the config differs from the run's in keys that change the result:\n  - {}", differences.join("\n  - ")),
+            format!(
+                "the config differs from the run's in keys that change the result:\n  - {}",
+                differences.join("\n  - ")
+            ),
         ));
     }
     if state.config_hash != hash(&fingerprint(cfg)) {
@@ -196,13 +199,15 @@ pub fn train<B: AutodiffBackend>(
     std::fs::write(&cfg_copy, &config_toml).map_err(|e| Error::io(&cfg_copy, e))?;
 
     let dc = &st.checkpoint.config;
-    for (dir, set) in cfg.data.train.iter().zip(&catalog.train_sets).chain(cfg.data.eval.iter().zip(&catalog.eval_sets)) {
+    for (dir, set) in cfg.data.train.iter().zip(&catalog.train_sets).chain(cfg.data.eval.iter().zip(&catalog.eval_sets))
+    {
         check_compatible(dc, set.metadata()).map_err(|e| Error::Init { path: dir.clone(), message: e.to_string() })?;
     }
     let model = with_stable_ids(Drafter::<B>::from_tensors(dc, &st.checkpoint.tensors, &main)?)?;
     let heads = teacher_head::<B>(cfg, &catalog, &st.checkpoint, &devices, &model)?;
     let eval_head = heads[0].clone();
-    let mut trainer = Trainer::new(model, devices.iter().cloned().zip(heads).collect(), cfg.ttt_options(), cfg.loss, &cfg.optim)?;
+    let mut trainer =
+        Trainer::new(model, devices.iter().cloned().zip(heads).collect(), cfg.ttt_options(), cfg.loss, &cfg.optim)?;
     if let Some(ckpt) = &st.resumed_from {
         trainer.load_optimizer_record(checkpoint::load_optimizer::<B>(ckpt, &main)?);
     }
@@ -216,7 +221,10 @@ pub fn train<B: AutodiffBackend>(
     if let Some(s) = &st.state
         && s.epoch_rng_state != epoch_seed(cfg.seed, s.epoch)
     {
-        return Err(resume_err(&run, "the saved data-order PRNG state does not match this build's (the data order would differ)"));
+        return Err(resume_err(
+            &run,
+            "the saved data-order PRNG state does not match this build's (the data order would differ)",
+        ));
     }
     let mut notes = st.notes.clone();
     notes.push(format!(

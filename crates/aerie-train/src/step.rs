@@ -43,6 +43,9 @@ pub fn adamw<B: AutodiffBackend>(o: &OptimConfig) -> Adam<B> {
         .init()
 }
 
+/// A replica's device and its copy of the target head (`None`: a top-k teacher).
+pub type DeviceHead<B> = (burn::tensor::ops::Device<B>, Option<TargetHead<<B as AutodiffBackend>::InnerBackend>>);
+
 /// One device taking part in a step.
 pub struct Replica<B: AutodiffBackend> {
     /// Its device.
@@ -117,7 +120,7 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// `heads[0].0`; one replica per `(device, head)`.
     pub fn new(
         model: Drafter<B>,
-        devices: Vec<(B::Device, Option<TargetHead<B::InnerBackend>>)>,
+        devices: Vec<DeviceHead<B>>,
         ttt: TttOptions,
         loss: LossKind,
         optim: &OptimConfig,
@@ -134,14 +137,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 Replica { device, head, model }
             })
             .collect();
-        Ok(Self {
-            model: Some(model),
-            optim: adamw(optim),
-            replicas,
-            ttt,
-            loss,
-            max_grad_norm: optim.max_grad_norm,
-        })
+        Ok(Self { model: Some(model), optim: adamw(optim), replicas, ttt, loss, max_grad_norm: optim.max_grad_norm })
     }
 
     /// The current weights (on the main device).
@@ -238,10 +234,8 @@ impl<B: AutodiffBackend> Trainer<B> {
         if micro.is_empty() {
             return Err(Error::Options(format!("step {step}: no micro-batch")));
         }
-        let padded: f64 = micro
-            .iter()
-            .map(|m| (m.samples.len() * m.samples.iter().map(|s| s.len()).max().unwrap_or(0)) as f64)
-            .sum();
+        let padded: f64 =
+            micro.iter().map(|m| (m.samples.len() * m.samples.iter().map(|s| s.len()).max().unwrap_or(0)) as f64).sum();
         let prepared = self.prepare(micro)?;
         let masks: Vec<&BatchMasks> = prepared.iter().flatten().map(|p| &p.masks).collect();
         let norm = Normalisers::of(&masks, self.ttt.ttt_length);

@@ -29,16 +29,16 @@ pub struct QuickstartArgs {
     #[arg(long, default_value_t = 2000)]
     pub conversations: u64,
     /// Maximum tokens per sample.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 384)]
     pub max_length: usize,
     /// Draft vocabulary size.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 4096)]
     pub draft_vocab: usize,
     /// Training samples to capture (the quickstart's budget knob).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 120)]
     pub train_samples: usize,
     /// Held-out samples to capture for evaluation.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 16)]
     pub eval_samples: usize,
     /// Extra `--set key=value` overrides for the training recipe.
     #[arg(long = "set")]

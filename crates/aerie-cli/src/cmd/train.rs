@@ -147,7 +147,7 @@ fn go<B: AutodiffBackend>(cfg: &TrainConfig, args: &TrainArgs, devices: Vec<B::D
     };
     let result = train(cfg, &opts, &mut observer);
     pb.finish_and_clear();
-    Ok(result.with_context(|| format!("training with {}", args.config.display()))?)
+    result.with_context(|| format!("training with {}", args.config.display()))
 }
 
 fn print_summary(s: &Summary) {

@@ -1,7 +1,8 @@
 //! The real ShareGPT V3 file (assets.md): truncated at 125,509,632 bytes, 17,671 complete
 //! conversations before the cut. Runs only with `AERIE_TEST_ASSETS=1` and the file present at
-//! `$AERIE_SHAREGPT` (default: `data/assets/ShareGPT_V3_unfiltered_cleaned_split.json` in the
-//! workspace).
+//! `$AERIE_SHAREGPT`, else where `aerie assets fetch sharegpt` puts it
+//! (`$AERIE_HOME/assets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json`, `AERIE_HOME`
+//! defaulting to `~/.cache/aerie`).
 
 use std::path::PathBuf;
 
@@ -13,7 +14,12 @@ fn sharegpt_path() -> Option<PathBuf> {
         return None;
     }
     let path = std::env::var_os("AERIE_SHAREGPT").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/assets/ShareGPT_V3_unfiltered_cleaned_split.json")
+        let home = std::env::var_os("AERIE_HOME")
+            .filter(|h| !h.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::home_dir().map(|h| h.join(".cache").join("aerie")))
+            .unwrap_or_else(|| std::env::temp_dir().join("aerie"));
+        home.join("assets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json")
     });
     if path.is_file() {
         Some(path)

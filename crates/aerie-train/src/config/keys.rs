@@ -33,7 +33,12 @@ pub const KEYS: &[KeyDoc] = &[
     k("output_dir", "required", false, "run directory: checkpoint-<step>/, metrics.jsonl, summary.json"),
     k("ttt_length", "7", true, "K, unrolled draft steps of the TTT objective"),
     k("step_weight_decay", "0.8", true, "step k's loss is weighted step_weight_decay^k"),
-    k("loss", "\"soft_ce\"", true, "objective: soft_ce | tv (mean over pm of 1-α) | lk (λ·KL + (1-λ)(1-α), λ = exp(-α) detached)"),
+    k(
+        "loss",
+        "\"soft_ce\"",
+        true,
+        "objective: soft_ce | tv (mean over pm of 1-α) | lk (λ·KL + (1-λ)(1-α), λ = exp(-α) detached)",
+    ),
     k("precision", "\"f32\"", true, "f32 (bf16 compute on CUDA is not implemented yet)"),
     k("log_every", "10", false, "write a metrics.jsonl line every N optimizer steps"),
     k("eval_every", "0", false, "evaluate on held-out data every N steps (0: only at the end)"),
@@ -41,7 +46,12 @@ pub const KEYS: &[KeyDoc] = &[
     k("keep_last", "3", false, "keep the newest N checkpoints (0: keep all)"),
     k("data.train", "required", true, "training shard directories (aerie-shard/1)"),
     k("data.eval", "[]", false, "held-out shard directories"),
-    k("data.eval_fraction", "0.0", true, "without data.eval: hold out this fraction of training samples (hash of dataset position and sample index)"),
+    k(
+        "data.eval_fraction",
+        "0.0",
+        true,
+        "without data.eval: hold out this fraction of training samples (hash of dataset position and sample index)",
+    ),
     k("data.batch_tokens", "4096", true, "token budget of one micro-batch, B·Lmax with padding counted"),
     k("data.max_length", "unset", true, "skip samples longer than this many tokens"),
     k("data.bucket_window", "256", true, "samples per shuffled window sorted by length before batching"),
@@ -51,7 +61,12 @@ pub const KEYS: &[KeyDoc] = &[
     k("init.target_config", "target.path", true, "fresh: the target's config.json (or model directory)"),
     k("init.vocab", "unset", true, "draft vocab file from `aerie vocab build` (d2t/t2d); required for fresh"),
     k("init.drafter", "unset", true, "warm_start: the drafter directory"),
-    k("init.allow_vocab_override", "false", true, "warm_start: switch to init.vocab when it differs from the drafter's map"),
+    k(
+        "init.allow_vocab_override",
+        "false",
+        true,
+        "warm_start: switch to init.vocab when it differs from the drafter's map",
+    ),
     k("init.shape.hidden_size", "target's", true, "fresh: H"),
     k("init.shape.intermediate_size", "target's", true, "fresh: I"),
     k("init.shape.num_attention_heads", "target's", true, "fresh: nH"),
@@ -129,8 +144,7 @@ fn unknown(key: &str, source: &Path) -> Error {
     let hint = match suggest(key) {
         Some(s) => format!("; did you mean `{s}`?"),
         None => {
-            let here: Vec<&str> =
-                KEYS.iter().map(|k| k.key).filter(|k| split(k).0 == section).collect();
+            let here: Vec<&str> = KEYS.iter().map(|k| k.key).filter(|k| split(k).0 == section).collect();
             format!("; valid keys{}: {}", if section.is_empty() { "" } else { " here" }, here.join(", "))
         }
     };

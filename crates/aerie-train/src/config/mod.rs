@@ -427,7 +427,10 @@ impl TrainConfig {
                     bad("init.vocab", "is required for a fresh drafter (the file `aerie vocab build` writes)");
                 }
                 if i.target_config.is_none() && !self.target.path.as_deref().is_some_and(Path::is_dir) {
-                    bad("init.target_config", "is required for a fresh drafter unless `target.path` is a model directory");
+                    bad(
+                        "init.target_config",
+                        "is required for a fresh drafter unless `target.path` is a model directory",
+                    );
                 }
                 if i.drafter.is_some() {
                     bad("init.drafter", "is only used with kind = \"warm_start\"");

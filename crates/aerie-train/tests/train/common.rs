@@ -6,7 +6,9 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use aerie_data::shard::{AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher};
+use aerie_data::shard::{
+    AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+};
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::{Dtype, HostTensor, synthetic};
 use aerie_train::{Event, RunOptions, Summary, TrainConfig, train};
@@ -129,8 +131,11 @@ pub fn world_with(opts: ShardWriterOptions) -> World {
     let target_file = root.path().join("target.safetensors");
     write_safetensors(&target_file, [("embed_tokens.weight", &e), ("lm_head.weight", &h)]).unwrap();
     // Also a model directory layout.
-    write_safetensors(&target_dir.join("model.safetensors"), [("model.embed_tokens.weight", &e), ("lm_head.weight", &h)])
-        .unwrap();
+    write_safetensors(
+        &target_dir.join("model.safetensors"),
+        [("model.embed_tokens.weight", &e), ("lm_head.weight", &h)],
+    )
+    .unwrap();
     let vocab = root.path().join("vocab.safetensors");
     write_vocab(&vocab, 3);
     let train = root.path().join("train");

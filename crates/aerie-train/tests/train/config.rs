@@ -35,7 +35,10 @@ fn defaults_follow_the_reference_recipe() {
 fn unknown_keys_name_the_nearest_valid_key() {
     let text = format!("{MIN}[optim]\nlrr = 1e-4\n");
     let e = TrainConfig::from_toml_str(&text, Path::new("my.toml"), &[]).unwrap_err().to_string();
-    assert!(e.contains("my.toml") && e.contains("unknown key `optim.lrr`") && e.contains("did you mean `optim.lr`"), "{e}");
+    assert!(
+        e.contains("my.toml") && e.contains("unknown key `optim.lrr`") && e.contains("did you mean `optim.lr`"),
+        "{e}"
+    );
     let text = MIN.replace("output_dir", "ttt_lenght = 3\noutput_dir");
     let e = TrainConfig::from_toml_str(&text, Path::new("my.toml"), &[]).unwrap_err().to_string();
     assert!(e.contains("did you mean `ttt_length`"), "{e}");

@@ -36,7 +36,19 @@ fn loss_decreases_over_thirty_steps() {
     assert!(last < 0.8 * first, "held-out loss did not decrease enough: {first:.4} before, {last:.4} after");
     let acc0 = evals[1]["metrics"]["acc_per_step"][0].as_f64().unwrap();
     assert!(acc0 > before.acc_per_step[0], "acc_0 {acc0} vs {} before", before.acc_per_step[0]);
-    for key in ["step", "epoch", "loss", "loss_k", "acc_k", "alpha_k", "accept_length", "lr", "grad_norm", "tokens_per_s", "elapsed_s"] {
+    for key in [
+        "step",
+        "epoch",
+        "loss",
+        "loss_k",
+        "acc_k",
+        "alpha_k",
+        "accept_length",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "elapsed_s",
+    ] {
         assert!(!train[0][key].is_null(), "metrics line lacks `{key}`");
     }
     assert_eq!(train[0]["acc_k"].as_array().unwrap().len(), 7);
