@@ -266,7 +266,8 @@ pub fn train<B: AutodiffBackend>(
     let mut window = Window::default();
     let mut plan: Option<(u64, Vec<MicroBatch>)> = None;
     let mut saved_at: Option<u64> = st.state.as_ref().map(|s| s.step);
-    let mut evaluated_at: Option<u64> = None;
+    // A resume of a finished run has nothing left to do, its final evaluation included.
+    let mut evaluated_at: Option<u64> = st.state.as_ref().filter(|s| s.step >= total).map(|s| s.step);
     let do_eval = !catalog.eval_sets.is_empty() || !catalog.held_out.is_empty();
 
     let state_of = |step, epoch, cursor, tokens, padded, elapsed| TrainingState {
