@@ -97,13 +97,16 @@ struct SquaredNorm<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            self.total += g.square().sum().into_scalar().elem::<f64>();
+            // Rows first: burn-flex reduces a whole tensor of more than 64K elements in rayon
+            // chunks whose combination order is not fixed; per-row sums are sequential, and the
+            // row count stays under one chunk for every drafter tensor.
+            self.total += g.square().sum_dim(D - 1).sum().into_scalar().elem::<f64>();
         }
     }
 }
 
 /// The global L2 norm over all of `model`'s gradients (one scalar per tensor summed in f64, in
-/// parameter order, so it is deterministic).
+/// parameter order, so it is reproducible bit for bit on the CPU).
 pub fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &GradientsParams) -> f64 {
     let mut v = SquaredNorm { grads, total: 0.0 };
     model.visit::<SquaredNorm<'_>>(&mut v);
