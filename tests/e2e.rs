@@ -14,14 +14,20 @@ use std::process::Command;
 use aerie_data::shard::{
     AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
-use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, HostTensor, SaveOptions, save_drafter};
 use aerie_model::checkpoint::io::write_safetensors;
-use reference::{RefSequence, random_sequence, random_tiny_checkpoint, ref_metrics, ref_teacher_from_hidden, ref_ttt, tiny_config};
+use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, HostTensor, SaveOptions, save_drafter};
+use reference::{
+    RefSequence, random_sequence, random_tiny_checkpoint, ref_metrics, ref_teacher_from_hidden, ref_ttt, tiny_config,
+};
 use serde_json::Value;
 
 fn aerie(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_aerie")).args(args).output().expect("run aerie");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -53,7 +59,8 @@ fn fixture() -> Fixture {
     save_drafter(&ckpt, &drafter, &SaveOptions { include_embedding: true, ..Default::default() }).unwrap();
 
     // Three sequences of different lengths: eval batches them with right padding.
-    let seqs: Vec<RefSequence> = [9, 5, 7].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 100 + i as u64)).collect();
+    let seqs: Vec<RefSequence> =
+        [9, 5, 7].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 100 + i as u64)).collect();
     let head = &seqs[0].target_lm_head;
     let head_values: Vec<f32> = head.iter().flatten().map(|&x| x as f32).collect();
     let head_path = root.join("head.safetensors");
@@ -99,18 +106,38 @@ fn eval_loss_matches_the_reference_with_padding_gqa_and_k7() {
     let refs: Vec<_> = f
         .seqs
         .iter()
-        .map(|s| ref_ttt(&cfg, &weights, &s.ids, &s.loss_mask, &s.aux, &ref_teacher_from_hidden(&s.final_hidden, head), 7))
+        .map(|s| {
+            ref_ttt(&cfg, &weights, &s.ids, &s.loss_mask, &s.aux, &ref_teacher_from_hidden(&s.final_hidden, head), 7)
+        })
         .collect();
     let want = ref_metrics(&refs, 21);
     for batch in ["3", "1"] {
         let (code, out, err) = aerie(&[
-            "eval", "loss", "--drafter", &f.drafter, "--data", &f.shards, "--target-head", &f.head, "--ttt-length", "7",
-            "--batch-size", batch, "--json",
+            "eval",
+            "loss",
+            "--drafter",
+            &f.drafter,
+            "--data",
+            &f.shards,
+            "--target-head",
+            &f.head,
+            "--ttt-length",
+            "7",
+            "--batch-size",
+            batch,
+            "--json",
         ]);
         assert_eq!(code, 0, "eval loss failed: {err}");
         let got: Value = serde_json::from_str(out.trim()).unwrap();
-        assert!(close(got["loss"].as_f64().unwrap(), want.loss), "batch {batch}: loss {} vs {}", got["loss"], want.loss);
-        for (name, w) in [("loss_per_step", &want.loss_k), ("acc_per_step", &want.acc_k), ("accept_rate_per_step", &want.alpha_k)] {
+        assert!(
+            close(got["loss"].as_f64().unwrap(), want.loss),
+            "batch {batch}: loss {} vs {}",
+            got["loss"],
+            want.loss
+        );
+        for (name, w) in
+            [("loss_per_step", &want.loss_k), ("acc_per_step", &want.acc_k), ("accept_rate_per_step", &want.alpha_k)]
+        {
             let g: Vec<f64> = got[name].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
             assert_eq!(g.len(), 7, "{name} has one entry per step");
             for k in 0..7 {
@@ -135,7 +162,8 @@ fn export_round_trips_and_inspect_lints() {
     let spec = f.root.join("spec").to_string_lossy().into_owned();
     let back = f.root.join("back").to_string_lossy().into_owned();
     assert_eq!(aerie(&["export", &f.drafter, "--to", "speculators", "--out", &spec, "--include-embedding"]).0, 0);
-    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(Path::new(&spec).join("config.json")).unwrap()).unwrap();
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&spec).join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["speculators_model_type"], "eagle3");
     assert_eq!(cfg["eagle_aux_hidden_state_layer_ids"], serde_json::json!([2, 4, 6]));
     assert_eq!(cfg["norm_before_residual"], false);
@@ -149,7 +177,8 @@ fn export_round_trips_and_inspect_lints() {
     std::fs::create_dir(&broken).unwrap();
     std::fs::copy(Path::new(&f.drafter).join("config.json"), broken.join("config.json")).unwrap();
     let ckpt = aerie_model::checkpoint::load_drafter(Path::new(&f.drafter), None).unwrap();
-    let kept: Vec<(&String, &HostTensor)> = ckpt.tensors.iter().filter(|(k, _)| k.as_str() != "d2t" && k.as_str() != "t2d").collect();
+    let kept: Vec<(&String, &HostTensor)> =
+        ckpt.tensors.iter().filter(|(k, _)| k.as_str() != "d2t" && k.as_str() != "t2d").collect();
     write_safetensors(&broken.join("model.safetensors"), kept).unwrap();
     let (code, out, _) = aerie(&["inspect", &broken.to_string_lossy(), "--json"]);
     assert_eq!(code, 2);
@@ -161,11 +190,22 @@ fn eval_loss_refuses_shards_of_another_aux_layout() {
     let f = fixture();
     let other = f.root.join("other");
     std::fs::create_dir(&other).unwrap();
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(Path::new(&f.drafter).join("config.json")).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&f.drafter).join("config.json")).unwrap()).unwrap();
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = serde_json::json!([1, 2, 5]);
     std::fs::write(other.join("config.json"), cfg.to_string()).unwrap();
     std::fs::copy(Path::new(&f.drafter).join("model.safetensors"), other.join("model.safetensors")).unwrap();
-    let (code, _, err) = aerie(&["eval", "loss", "--drafter", &other.to_string_lossy(), "--data", &f.shards, "--target-head", &f.head, "--json"]);
+    let (code, _, err) = aerie(&[
+        "eval",
+        "loss",
+        "--drafter",
+        &other.to_string_lossy(),
+        "--data",
+        &f.shards,
+        "--target-head",
+        &f.head,
+        "--json",
+    ]);
     assert_ne!(code, 0);
     assert!(err.contains("aux layers differ"), "{err}");
 }

@@ -154,8 +154,7 @@ pub fn capture<B: Backend>(
             (Some(k), Some(logits)) => {
                 let logprobs = log_softmax(logits.cast(DType::F32), 2);
                 let (values, indices) = logprobs.topk_with_indices(k, 2);
-                let ids: Vec<i32> =
-                    indices.into_data().convert::<i32>().into_vec::<i32>().expect("i32 top-k ids");
+                let ids: Vec<i32> = indices.into_data().convert::<i32>().into_vec::<i32>().expect("i32 top-k ids");
                 Some((ids, to_f32(values)))
             }
             _ => None,
@@ -177,11 +176,8 @@ pub fn capture<B: Backend>(
     let manifest = writer.finish()?;
     let dataset = ShardDataset::open(out)?;
     let verify = dataset.verify()?;
-    let bytes: u64 = manifest
-        .shards
-        .iter()
-        .map(|s| std::fs::metadata(out.join(&s.file)).map(|m| m.len()).unwrap_or(0))
-        .sum();
+    let bytes: u64 =
+        manifest.shards.iter().map(|s| std::fs::metadata(out.join(&s.file)).map(|m| m.len()).unwrap_or(0)).sum();
     Ok(CaptureReport {
         resumed_samples,
         captured_samples,

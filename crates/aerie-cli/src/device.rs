@@ -43,9 +43,9 @@ macro_rules! with_backend {
                 $body
             }
             #[cfg(not(feature = "cuda"))]
-            $crate::device::DeviceArg::Cuda(_) => anyhow::bail!(
-                "this aerie was built without CUDA: rebuild with `cargo build --release --features cuda`"
-            ),
+            $crate::device::DeviceArg::Cuda(_) => {
+                anyhow::bail!("this aerie was built without CUDA: rebuild with `cargo build --release --features cuda`")
+            }
         }
     }};
 }

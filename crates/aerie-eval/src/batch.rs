@@ -119,9 +119,7 @@ pub fn collate<B: Backend>(
     }
     // Padding rows of a top-k teacher: point at id 0 with log-prob 0; they are masked.
     let teacher: TeacherTargets<B> = match teacher {
-        TeacherSource::Head(head) => {
-            head.targets(Tensor::from_data(TensorData::new(fin, [b, l, ht]), device))
-        }
+        TeacherSource::Head(head) => head.targets(Tensor::from_data(TensorData::new(fin, [b, l, ht]), device)),
         TeacherSource::TopK => targets_from_topk(&topk_ids, &topk_lp, k, [b, l], vocab, device),
     };
     Ok(TttBatch {

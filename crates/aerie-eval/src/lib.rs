@@ -6,15 +6,15 @@
 //! shared with training.
 #![deny(missing_docs)]
 
+pub mod accept;
 pub mod batch;
+pub mod compare;
+pub mod cost;
 mod error;
 pub mod loss;
-pub mod accept;
-pub mod verify;
-pub mod cost;
 pub mod measure;
-pub mod sglang;
-pub mod compare;
 pub mod plot;
+pub mod sglang;
+pub mod verify;
 
 pub use error::{Error, Result};

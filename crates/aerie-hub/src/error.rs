@@ -40,7 +40,9 @@ pub enum Error {
         problem: String,
     },
     /// A tensor is stored in a ggml type that aerie cannot dequantise.
-    #[error("{path}: tensor `{tensor}` is stored as ggml type {ggml_type}, which aerie cannot dequantise (supported: {supported})")]
+    #[error(
+        "{path}: tensor `{tensor}` is stored as ggml type {ggml_type}, which aerie cannot dequantise (supported: {supported})"
+    )]
     GgufTensorType {
         /// The GGUF file.
         path: PathBuf,

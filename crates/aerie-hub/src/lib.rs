@@ -25,8 +25,8 @@
 //! ```
 #![deny(missing_docs)]
 
-mod error;
 pub mod assets;
+mod error;
 pub mod export;
 pub mod gguf;
 pub mod hf;

@@ -176,8 +176,16 @@ pub fn trainable_keys(config: &DrafterConfig) -> Vec<String> {
         keys.extend((0..config.num_aux()).map(|i| format!("fc_norm.{i}.weight")));
     }
     for k in [
-        "input_layernorm", "hidden_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-        "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+        "input_layernorm",
+        "hidden_norm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "post_attention_layernorm",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
     ] {
         keys.push(format!("midlayer.{k}.weight"));
     }
@@ -225,9 +233,7 @@ impl<B: Backend> Drafter<B> {
         if !problems.is_empty() {
             return Err(Error::Shape(problems.join("; ")));
         }
-        let get = |name: &str| {
-            tensors.get(name).ok_or_else(|| Error::Shape(format!("missing tensor `{name}`")))
-        };
+        let get = |name: &str| tensors.get(name).ok_or_else(|| Error::Shape(format!("missing tensor `{name}`")));
         let (h, ht, i, d) = (c.hidden_size, c.target_hidden_size, c.intermediate_size, c.head_dim);
         let (nh, nkv, a) = (c.num_attention_heads, c.num_key_value_heads, c.num_aux());
         let lin = |name: &str, out: usize, inp: usize| -> Result<Linear<B>> {
@@ -255,7 +261,13 @@ impl<B: Backend> Drafter<B> {
             Vec::new()
         };
         Ok(Self {
-            embed_tokens: host_to_tensor("embed_tokens.weight", get("embed_tokens.weight")?, [c.vocab_size, h], device, dtype)?,
+            embed_tokens: host_to_tensor(
+                "embed_tokens.weight",
+                get("embed_tokens.weight")?,
+                [c.vocab_size, h],
+                device,
+                dtype,
+            )?,
             fc: lin("fc.weight", h, a * ht)?,
             fc_norm,
             midlayer: Eagle3Layer {
@@ -304,10 +316,7 @@ impl<B: Backend> Drafter<B> {
         put("midlayer.self_attn.k_proj.weight", tensor_to_host(m.self_attn.k_proj.weight.val(), dtype));
         put("midlayer.self_attn.v_proj.weight", tensor_to_host(m.self_attn.v_proj.weight.val(), dtype));
         put("midlayer.self_attn.o_proj.weight", tensor_to_host(m.self_attn.o_proj.weight.val(), dtype));
-        put(
-            "midlayer.post_attention_layernorm.weight",
-            tensor_to_host(m.post_attention_layernorm.weight.val(), dtype),
-        );
+        put("midlayer.post_attention_layernorm.weight", tensor_to_host(m.post_attention_layernorm.weight.val(), dtype));
         put("midlayer.mlp.gate_proj.weight", tensor_to_host(m.mlp.gate_proj.weight.val(), dtype));
         put("midlayer.mlp.up_proj.weight", tensor_to_host(m.mlp.up_proj.weight.val(), dtype));
         put("midlayer.mlp.down_proj.weight", tensor_to_host(m.mlp.down_proj.weight.val(), dtype));
@@ -348,12 +357,8 @@ impl<B: Backend> Drafter<B> {
             return self.fc.forward(aux);
         }
         let ht = self.config.target_hidden_size;
-        let parts = self
-            .fc_norm
-            .iter()
-            .enumerate()
-            .map(|(k, n)| n.forward(aux.clone().narrow(2, k * ht, ht)))
-            .collect();
+        let parts =
+            self.fc_norm.iter().enumerate().map(|(k, n)| n.forward(aux.clone().narrow(2, k * ht, ht))).collect();
         self.fc.forward(Tensor::cat(parts, 2))
     }
 

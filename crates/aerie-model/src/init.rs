@@ -2,10 +2,10 @@
 //! N(0, 0.02), norm weights 1. Deterministic for a seed, host-side, so a fresh drafter is the same
 //! on every backend and machine.
 
+use crate::DrafterConfig;
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
 use crate::drafter::trainable_keys;
 use crate::vocab::VocabMap;
-use crate::DrafterConfig;
 
 /// splitmix64: tiny, fast, and fully determined by the seed.
 struct SplitMix(u64);

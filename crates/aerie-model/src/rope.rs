@@ -12,17 +12,11 @@ use crate::{RopeConfig, RopeScaling};
 /// sin (1 except for YaRN), exactly as transformers computes them.
 pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> (Vec<f64>, f64) {
     let d = head_dim as f64;
-    let base: Vec<f64> =
-        (0..head_dim / 2).map(|i| 1.0 / rope.theta.powf((2 * i) as f64 / d)).collect();
+    let base: Vec<f64> = (0..head_dim / 2).map(|i| 1.0 / rope.theta.powf((2 * i) as f64 / d)).collect();
     match &rope.scaling {
         RopeScaling::Default => (base, 1.0),
         RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => {
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
             let old = *original_max_position_embeddings as f64;
             let low_wavelen = old / low_freq_factor;
             let high_wavelen = old / high_freq_factor;
@@ -35,8 +29,7 @@ pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> (Vec<f64>, f64) {
                     } else if wavelen > low_wavelen {
                         f / factor
                     } else {
-                        let smooth =
-                            (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 })
@@ -52,8 +45,7 @@ pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> (Vec<f64>, f64) {
             mscale,
             mscale_all_dim,
         } => {
-            let get_mscale =
-                |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
             let attention = match (attention_factor, mscale, mscale_all_dim) {
                 (Some(a), _, _) => *a,
                 (None, Some(m), Some(ma)) if *m != 0.0 && *ma != 0.0 => {
@@ -63,8 +55,7 @@ pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> (Vec<f64>, f64) {
             };
             let max_pos = *original_max_position_embeddings as f64;
             let correction_dim = |rotations: f64| {
-                d * (max_pos / (rotations * 2.0 * std::f64::consts::PI)).ln()
-                    / (2.0 * rope.theta.ln())
+                d * (max_pos / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * rope.theta.ln())
             };
             let low = correction_dim(*beta_fast).floor().max(0.0);
             let high = correction_dim(*beta_slow).ceil().min(d - 1.0);
@@ -76,8 +67,7 @@ pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> (Vec<f64>, f64) {
                     let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
                     let extrapolation_factor = 1.0 - ramp;
                     let interpolation = extrapolation / factor;
-                    interpolation * (1.0 - extrapolation_factor)
-                        + extrapolation * extrapolation_factor
+                    interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
                 })
                 .collect();
             (freqs, attention)
@@ -102,12 +92,7 @@ impl Rotary {
 
     /// `(cos, sin)` of shape `[L, head_dim]` for positions `start..start + len`, halves
     /// duplicated as HF does (`emb = cat(freqs, freqs)`).
-    pub fn tables<B: Backend>(
-        &self,
-        start: usize,
-        len: usize,
-        device: &B::Device,
-    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    pub fn tables<B: Backend>(&self, start: usize, len: usize, device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let d = self.head_dim;
         let mut cos = Vec::with_capacity(len * d);
         let mut sin = Vec::with_capacity(len * d);

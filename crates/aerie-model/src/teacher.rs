@@ -67,11 +67,7 @@ impl<B: Backend> TargetHead<B> {
         let p = softmax(draft.clone(), 1);
         let pf = (draft - log_z).exp();
         let in_draft = self.t2d.clone().select(0, argmax).cast(x.dtype());
-        TeacherTargets {
-            p: p.reshape([b, l, vd]),
-            pf: pf.reshape([b, l, vd]),
-            in_draft: in_draft.reshape([b, l]),
-        }
+        TeacherTargets { p: p.reshape([b, l, vd]), pf: pf.reshape([b, l, vd]), in_draft: in_draft.reshape([b, l]) }
     }
 
     /// Full-vocabulary log-partition `[N, 1]` and argmax `[N]` (first index on ties), chunked.
@@ -93,8 +89,7 @@ impl<B: Backend> TargetHead<B> {
                 (Some(m), Some(s), Some(a)) => {
                     let better = cmax.clone().greater(m.clone());
                     let new_max = m.clone().max_pair(cmax);
-                    let s = s * (m - new_max.clone()).exp()
-                        + (logits - new_max.clone()).exp().sum_dim(1);
+                    let s = s * (m - new_max.clone()).exp() + (logits - new_max.clone()).exp().sum_dim(1);
                     run_arg = Some(a.mask_where(better, carg));
                     run_max = Some(new_max);
                     run_sum = Some(s);

@@ -146,10 +146,7 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
     }
     let vd = cfg.draft_vocab_size;
     if batch.teacher.p.dims() != [b, l, vd] {
-        return Err(Error::Shape(format!(
-            "teacher is {:?}, expected [{b}, {l}, {vd}]",
-            batch.teacher.p.dims()
-        )));
+        return Err(Error::Shape(format!("teacher is {:?}, expected [{b}, {l}, {vd}]", batch.teacher.p.dims())));
     }
     let device = batch.aux.device();
     let positions = batch.valid.clone().sum().into_scalar().elem::<f64>().round() as usize;
@@ -169,7 +166,8 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
     let mut steps = Vec::with_capacity(opts.ttt_length);
     let mut loss: Option<Tensor<B, 1>> = None;
     for (k, &weight) in opts.step_weights.iter().enumerate() {
-        let (ids_k, m_k, pm_k) = (shift_ids(ids.clone(), k), shift_left(m.clone(), k, 0.0), shift_left(pm.clone(), k, 0.0));
+        let (ids_k, m_k, pm_k) =
+            (shift_ids(ids.clone(), k), shift_left(m.clone(), k, 0.0), shift_left(pm.clone(), k, 0.0));
         let p_k = shift_left(p.clone(), k, 1.0 / vd as f32);
         let pf_k = shift_left(pf.clone(), k, 0.0);
         let (cos, sin) = drafter.rotary().tables::<B>(k, l, &device);
@@ -266,10 +264,8 @@ impl TttSums {
     pub fn metrics(&self, step_weights: &[f64]) -> TttMetrics {
         let div = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let loss_per_step: Vec<f64> = self.ce.iter().map(|&c| div(c, self.positions)).collect();
-        let acc_per_step: Vec<f64> =
-            self.correct.iter().zip(&self.m_count).map(|(&c, &m)| div(c, m)).collect();
-        let accept_rate_per_step =
-            self.alpha.iter().zip(&self.pm_count).map(|(&a, &p)| div(a, p)).collect();
+        let acc_per_step: Vec<f64> = self.correct.iter().zip(&self.m_count).map(|(&c, &m)| div(c, m)).collect();
+        let accept_rate_per_step = self.alpha.iter().zip(&self.pm_count).map(|(&a, &p)| div(a, p)).collect();
         let loss = loss_per_step.iter().zip(step_weights).map(|(l, w)| l * w).sum();
         TttMetrics {
             loss,

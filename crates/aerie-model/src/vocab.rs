@@ -13,11 +13,7 @@ pub struct VocabMap {
 impl VocabMap {
     /// The identity map (Vd = V), used when a drafter has no reduced vocabulary.
     pub fn identity(vocab_size: usize) -> Self {
-        Self {
-            d2t: vec![0; vocab_size],
-            t2d: vec![true; vocab_size],
-            target_ids: (0..vocab_size).collect(),
-        }
+        Self { d2t: vec![0; vocab_size], t2d: vec![true; vocab_size], target_ids: (0..vocab_size).collect() }
     }
 
     /// Build from the target ids of the draft vocabulary; they must be strictly ascending and
@@ -46,9 +42,7 @@ impl VocabMap {
         for (i, &off) in d2t.iter().enumerate() {
             let t = i as i64 + off;
             if t < 0 || t >= vocab_size as i64 {
-                return Err(format!(
-                    "d2t[{i}] = {off} maps draft id {i} to target id {t}, outside 0..{vocab_size}"
-                ));
+                return Err(format!("d2t[{i}] = {off} maps draft id {i} to target id {t}, outside 0..{vocab_size}"));
             }
             ids.push(t as usize);
         }

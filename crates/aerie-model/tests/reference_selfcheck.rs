@@ -35,8 +35,18 @@ fn assert_ttt_close(a: &RefTtt, b: &RefTtt, tol: f64, what: &str) {
     assert_vec_close(&a.alpha_sum, &b.alpha_sum, tol, &format!("{what} alpha_sum"));
     for k in 0..a.logits_per_step.len() {
         for t in 0..a.logits_per_step[k].len() {
-            assert_vec_close(&a.logits_per_step[k][t], &b.logits_per_step[k][t], tol, &format!("{what} logits[{k}][{t}]"));
-            assert_vec_close(&a.hidden_per_step[k][t], &b.hidden_per_step[k][t], tol, &format!("{what} hidden[{k}][{t}]"));
+            assert_vec_close(
+                &a.logits_per_step[k][t],
+                &b.logits_per_step[k][t],
+                tol,
+                &format!("{what} logits[{k}][{t}]"),
+            );
+            assert_vec_close(
+                &a.hidden_per_step[k][t],
+                &b.hidden_per_step[k][t],
+                tol,
+                &format!("{what} hidden[{k}][{t}]"),
+            );
         }
     }
 }
@@ -228,7 +238,12 @@ fn rope_position_zero_is_identity_and_norm_is_preserved() {
     for scaling in [
         RopeScaling::Default,
         RopeScaling::Linear { factor: 2.0 },
-        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 64 },
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        },
         RopeScaling::Yarn {
             factor: 4.0,
             original_max_position_embeddings: 64,
@@ -653,12 +668,18 @@ fn ttt_step_equals_causal_chain_serving_view() {
         ("plain", false, false, false, RopeScaling::Default),
         ("fc_norm+yarn", true, false, false, yarn.clone()),
         ("norm_output", false, true, false, RopeScaling::Default),
-        ("norm_before_residual+llama3", false, false, true, RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 16,
-        }),
+        (
+            "norm_before_residual+llama3",
+            false,
+            false,
+            true,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 16,
+            },
+        ),
     ] {
         let mut cfg = tiny_config();
         cfg.fc_norm = fc_norm;
@@ -692,7 +713,12 @@ fn ttt_step_equals_causal_chain_serving_view() {
                     pos.push((t + j) as f64);
                 }
                 let out = ref_causal_layer(&cfg, &w, &emb, &hid, &pos);
-                assert_vec_close(out.last().unwrap(), &r.hidden_per_step[k][t], 1e-12, &format!("{variant} step {k} pos {t}"));
+                assert_vec_close(
+                    out.last().unwrap(),
+                    &r.hidden_per_step[k][t],
+                    1e-12,
+                    &format!("{variant} step {k} pos {t}"),
+                );
                 assert_vec_close(&ref_head(&cfg, &w, out.last().unwrap()), &r.logits_per_step[k][t], 1e-12, "logits");
             }
         }
@@ -786,7 +812,8 @@ fn metrics_of_a_real_batch_are_sane() {
     let cfg = tiny_config();
     let w = random_tiny_checkpoint(&cfg, 81);
     let lens = [5usize, 9, 3];
-    let runs: Vec<RefTtt> = lens.iter().enumerate().map(|(i, &l)| run(&cfg, &w, &random_sequence(&cfg, l, 90 + i as u64), 3)).collect();
+    let runs: Vec<RefTtt> =
+        lens.iter().enumerate().map(|(i, &l)| run(&cfg, &w, &random_sequence(&cfg, l, 90 + i as u64), 3)).collect();
     let m = ref_metrics(&runs, lens.iter().sum());
     let total_ce: f64 = runs.iter().map(|r| r.ce_sum[0]).sum();
     assert_close(m.loss_k[0], total_ce / 17.0, 1e-15, "padded batch divides by real positions");

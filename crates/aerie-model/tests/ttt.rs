@@ -11,8 +11,7 @@ mod reference;
 use aerie_model::checkpoint::{HostTensor, TensorMap};
 use aerie_model::teacher::targets_from_topk;
 use aerie_model::{
-    Drafter, DrafterConfig, RopeScaling, TargetHead, TeacherTargets, TttBatch, TttOptions, VocabMap,
-    ttt_forward,
+    Drafter, DrafterConfig, RopeScaling, TargetHead, TeacherTargets, TttBatch, TttOptions, VocabMap, ttt_forward,
 };
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
@@ -121,7 +120,8 @@ fn check_against_reference(cfg: &DrafterConfig, len: usize, k: usize, seed: u64)
     let s = random_sequence(cfg, len, seed + 1);
     let dev = Default::default();
     let drafter = Drafter::<B>::from_tensors(cfg, &w, &dev).unwrap();
-    let out = ttt_forward(&drafter, &batch::<B>(cfg, &w, &[&s], &s, DType::F32, 7), &TttOptions::geometric(k, 0.8)).unwrap();
+    let out =
+        ttt_forward(&drafter, &batch::<B>(cfg, &w, &[&s], &s, DType::F32, 7), &TttOptions::geometric(k, 0.8)).unwrap();
     let want = reference_for(cfg, &w, &s, &s, k);
     assert_sums_close("single sequence", &per_seq(&out, 0), &want, 1e-5);
     let m = reference::ref_metrics(&[want], len);
@@ -186,7 +186,8 @@ fn ttt_matches_reference_rope_scalings() {
 fn padded_batch_gives_each_sequence_its_own_sums() {
     let cfg = tiny_config();
     let w = with_embed(&cfg, 5);
-    let seqs: Vec<RefSequence> = [9, 5, 7].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 20 + i as u64)).collect();
+    let seqs: Vec<RefSequence> =
+        [9, 5, 7].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 20 + i as u64)).collect();
     let dev = Default::default();
     let drafter = Drafter::<B>::from_tensors(&cfg, &w, &dev).unwrap();
     let opts = TttOptions::geometric(7, 0.8);
@@ -233,7 +234,10 @@ fn chunked_teacher_matches_unchunked_and_full_topk() {
             assert!((p - q).abs() < 1e-5, "{name}[{i}]: {p} vs {q}");
         }
     }
-    assert_eq!(a.in_draft.clone().into_data().into_vec::<f32>().unwrap(), c.in_draft.into_data().into_vec::<f32>().unwrap());
+    assert_eq!(
+        a.in_draft.clone().into_data().into_vec::<f32>().unwrap(),
+        c.in_draft.into_data().into_vec::<f32>().unwrap()
+    );
     assert_eq!(a.in_draft.into_data().into_vec::<f32>().unwrap(), b.in_draft.into_data().into_vec::<f32>().unwrap());
 }
 
@@ -244,7 +248,14 @@ fn loss_f64(drafter: &Drafter<AD>, batch: &TttBatch<AD>, opts: &TttOptions) -> f
 }
 
 /// Perturb entry `idx` of a 2-D parameter chosen by `pick` and return the loss.
-fn perturbed<F>(drafter: &Drafter<AD>, batch: &TttBatch<AD>, opts: &TttOptions, pick: &F, idx: [usize; 2], delta: f64) -> f64
+fn perturbed<F>(
+    drafter: &Drafter<AD>,
+    batch: &TttBatch<AD>,
+    opts: &TttOptions,
+    pick: &F,
+    idx: [usize; 2],
+    delta: f64,
+) -> f64
 where
     F: Fn(&mut Drafter<AD>) -> &mut Param<Tensor<AD, 2>>,
 {
@@ -254,7 +265,8 @@ where
     let [r, c] = w.dims();
     let mut bump = vec![0f64; r * c];
     bump[idx[0] * c + idx[1]] = delta;
-    let bump = Tensor::<AD, 1>::from_data(TensorData::new(bump, [r * c]), &Default::default()).cast(w.dtype()).reshape([r, c]);
+    let bump =
+        Tensor::<AD, 1>::from_data(TensorData::new(bump, [r * c]), &Default::default()).cast(w.dtype()).reshape([r, c]);
     *p = Param::from_tensor((w + bump).detach());
     loss_f64(&d, batch, opts)
 }
@@ -287,7 +299,9 @@ fn gradients_match_finite_differences() {
         let g = pick(&mut probe).grad(&grads).expect("gradient present");
         let c = g.dims()[1];
         let analytic = g.into_data().into_vec::<f64>().unwrap()[idx[0] * c + idx[1]];
-        let fd = (perturbed(&drafter, &batch, &opts, &pick, idx, eps) - perturbed(&drafter, &batch, &opts, &pick, idx, -eps)) / (2.0 * eps);
+        let fd = (perturbed(&drafter, &batch, &opts, &pick, idx, eps)
+            - perturbed(&drafter, &batch, &opts, &pick, idx, -eps))
+            / (2.0 * eps);
         assert!(
             (analytic - fd).abs() <= 1e-6 * analytic.abs().max(fd.abs()).max(1e-3),
             "{name}{idx:?}: analytic {analytic} vs finite difference {fd}"
@@ -311,4 +325,3 @@ fn checkpoint_tensors_round_trip_through_the_module() {
     assert_eq!(back.len() + 1, w.len(), "everything but the embedding comes back");
     let _ = HostTensor::from_f32(vec![1], &[0.0], aerie_model::checkpoint::Dtype::F32);
 }
-

@@ -159,8 +159,9 @@ fn bench<B: AutodiffBackend>(args: &TttArgs, device: &B::Device) -> Result<TttBe
     }
     // The draft vocabulary: every (V / Vd)-th target id, enough to exercise d2t.
     let stride = config.vocab_size / config.draft_vocab_size;
-    let vocab = VocabMap::from_target_ids((0..config.draft_vocab_size).map(|j| j * stride).collect(), config.vocab_size)
-        .map_err(anyhow::Error::msg)?;
+    let vocab =
+        VocabMap::from_target_ids((0..config.draft_vocab_size).map(|j| j * stride).collect(), config.vocab_size)
+            .map_err(anyhow::Error::msg)?;
     let tensors = init_tensors(&config, &vocab, None, 0);
     let trainable_params = tensors
         .iter()
@@ -172,9 +173,14 @@ fn bench<B: AutodiffBackend>(args: &TttArgs, device: &B::Device) -> Result<TttBe
     let (b, l) = (args.batch, args.seq_len);
     B::seed(device, 0);
     let aw = config.num_aux() * config.target_hidden_size;
-    let head_weight = Tensor::<B::InnerBackend, 2>::random([config.vocab_size, config.target_hidden_size], Distribution::Normal(0.0, 0.05), device);
+    let head_weight = Tensor::<B::InnerBackend, 2>::random(
+        [config.vocab_size, config.target_hidden_size],
+        Distribution::Normal(0.0, 0.05),
+        device,
+    );
     let head = TargetHead::new(head_weight, &vocab, 8192);
-    let teacher = head.targets(Tensor::random([b, l, config.target_hidden_size], Distribution::Normal(0.0, 1.0), device));
+    let teacher =
+        head.targets(Tensor::random([b, l, config.target_hidden_size], Distribution::Normal(0.0, 1.0), device));
     let batch = TttBatch::<B> {
         input_ids: Tensor::<B, 2, Int>::random([b, l], Distribution::Uniform(0.0, config.vocab_size as f64), device),
         loss_mask: Tensor::ones([b, l], device),

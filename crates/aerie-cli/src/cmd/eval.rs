@@ -81,17 +81,16 @@ fn head_tensor<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor<B, 
 }
 
 fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
-    let target = args
-        .target
-        .clone()
-        .or_else(|| args.target_head.clone().filter(|p| p.is_dir()));
+    let target = args.target.clone().or_else(|| args.target_head.clone().filter(|p| p.is_dir()));
     let ckpt = load_drafter(&args.drafter, target.as_deref())
         .with_context(|| format!("loading drafter {}", args.drafter.display()))?;
     let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
         .with_context(|| format!("building drafter {}", args.drafter.display()))?;
     let data = ShardDataset::open(&args.data)?;
     let head = match (&args.target_head, data.metadata().teacher.has_final_hidden()) {
-        (Some(path), true) => Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.head_chunk_rows)),
+        (Some(path), true) => {
+            Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.head_chunk_rows))
+        }
         (None, true) if data.metadata().teacher.topk().is_none() => bail!(
             "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
             args.data.display()

@@ -73,7 +73,10 @@ fn print_human(r: &InspectReport) {
         r.aux.convention_in_config,
         r.aux.target_num_layers.map_or(String::new(), |n| format!(", target has {n} layers"))
     );
-    println!("rope       theta {} {:?}  max_position_embeddings {}", r.rope.theta, r.rope.scaling, c.max_position_embeddings);
+    println!(
+        "rope       theta {} {:?}  max_position_embeddings {}",
+        r.rope.theta, r.rope.scaling, c.max_position_embeddings
+    );
     for t in &r.tensors {
         println!("  {:<44} {:<5} {:?}", t.file_key, t.dtype.to_string(), t.shape);
     }

@@ -217,7 +217,8 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     };
     let eval_after = eval(&mut r, "eval", &drafter)?;
     let initial = run_dir.join("initial");
-    let eval_before = if initial.join("config.json").exists() { Some(eval(&mut r, "eval initial", &initial)?) } else { None };
+    let eval_before =
+        if initial.join("config.json").exists() { Some(eval(&mut r, "eval initial", &initial)?) } else { None };
     let export = work.join("drafter-sglang");
     r.stage(
         "export",
@@ -248,7 +249,11 @@ fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
     let mut best: Option<(u64, PathBuf)> = None;
     for entry in std::fs::read_dir(run).with_context(|| format!("reading {}", run.display()))? {
         let path = entry?.path();
-        let step = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("checkpoint-")).and_then(|s| s.parse().ok());
+        let step = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|s| s.parse().ok());
         if let Some(step) = step {
             if best.as_ref().is_none_or(|(b, _)| step > *b) {
                 best = Some((step, path));
@@ -261,7 +266,11 @@ fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
 fn print_report(r: &Report) {
     println!("\naerie quickstart: {}", r.workdir.display());
     for s in &r.stages {
-        println!("  {:<16} {}", s.stage, if s.skipped { "skipped (output exists)".into() } else { format!("{:.1} s", s.seconds) });
+        println!(
+            "  {:<16} {}",
+            s.stage,
+            if s.skipped { "skipped (output exists)".into() } else { format!("{:.1} s", s.seconds) }
+        );
     }
     let tau = |v: &serde_json::Value| v["simulated_accept_length"].as_f64().unwrap_or(f64::NAN);
     if let Some(before) = &r.eval_before {
