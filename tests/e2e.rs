@@ -5,7 +5,6 @@
 //! Tolerance: 1e-5 relative (the burn forward runs in f32; see crates/aerie-model/tests/ttt.rs).
 
 #[path = "../crates/aerie-model/tests/reference/mod.rs"]
-#[allow(dead_code)]
 mod reference;
 
 use std::path::Path;

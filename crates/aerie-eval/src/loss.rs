@@ -50,7 +50,7 @@ pub fn eval_loss<B: Backend>(
     let mut sums = TttSums::default();
     let mut done = 0;
     for idx in length_sorted_batches(&lengths, opts.batch_size) {
-        let chunk: Vec<_> = idx.iter().map(|&i| samples[i].clone()).collect();
+        let chunk: Vec<_> = idx.iter().map(|&i| samples[i]).collect();
         let batch = collate::<B>(&chunk, cfg, drafter.vocab(), &teacher, &device)?;
         sums.add(&ttt_forward(drafter, &batch, &opts.ttt)?);
         done += chunk.len();

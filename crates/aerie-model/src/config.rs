@@ -160,13 +160,13 @@ impl DrafterConfig {
     /// Check the shape relations the forward relies on; returns a message per problem.
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
+        if self.num_key_value_heads == 0 || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             p.push(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             p.push(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if self.draft_vocab_size > self.vocab_size {

@@ -293,7 +293,7 @@ impl<B: Backend> Drafter<B> {
             norm: norm("norm.weight", h)?,
             lm_head: lin("lm_head.weight", c.draft_vocab_size, h)?,
             config: c.clone(),
-            vocab: vocab,
+            vocab,
             rotary: Rotary::new(&c.rope, d),
         })
     }

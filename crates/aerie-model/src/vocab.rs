@@ -22,10 +22,10 @@ impl VocabMap {
         if let Some(w) = target_ids.windows(2).find(|w| w[0] >= w[1]) {
             return Err(format!("draft target ids not strictly ascending at {} >= {}", w[0], w[1]));
         }
-        if let Some(&last) = target_ids.last() {
-            if last >= vocab_size {
-                return Err(format!("draft target id {last} out of range for vocab {vocab_size}"));
-            }
+        if let Some(&last) = target_ids.last()
+            && last >= vocab_size
+        {
+            return Err(format!("draft target id {last} out of range for vocab {vocab_size}"));
         }
         let mut t2d = vec![false; vocab_size];
         for &t in &target_ids {

@@ -254,10 +254,10 @@ fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix("checkpoint-"))
             .and_then(|s| s.parse().ok());
-        if let Some(step) = step {
-            if best.as_ref().is_none_or(|(b, _)| step > *b) {
-                best = Some((step, path));
-            }
+        if let Some(step) = step
+            && best.as_ref().is_none_or(|(b, _)| step > *b)
+        {
+            best = Some((step, path));
         }
     }
     best.map(|(_, p)| p).ok_or_else(|| anyhow::anyhow!("{}: no checkpoint-N directory after training", run.display()))
