@@ -1,13 +1,13 @@
 //! `aerie eval loss`: teacher-forced TTT metrics of a drafter on captured shards.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use aerie_data::shard::ShardDataset;
 use aerie_eval::loss::{EvalLossOptions, eval_loss};
-use aerie_model::checkpoint::{load_drafter, load_target_head};
+use aerie_model::checkpoint::load_drafter;
 use aerie_model::{Drafter, TargetHead, TttOptions};
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
 
 use crate::device::{DeviceArg, with_backend};
@@ -71,15 +71,6 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
     }
 }
 
-fn head_tensor<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor<B, 2>> {
-    let head = load_target_head(path)?;
-    let [v, h] = match head.shape[..] {
-        [v, h] => [v, h],
-        _ => bail!("{}: the target head must be 2-D [V, Ht], found {:?}", path.display(), head.shape),
-    };
-    Ok(Tensor::from_data(TensorData::new(head.to_f32("lm_head.weight")?, [v, h]), device))
-}
-
 fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     let target = args.target.clone().or_else(|| args.target_head.clone().filter(|p| p.is_dir()));
     let ckpt = load_drafter(&args.drafter, target.as_deref())
@@ -88,9 +79,11 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
         .with_context(|| format!("building drafter {}", args.drafter.display()))?;
     let data = ShardDataset::open(&args.data)?;
     let head = match (&args.target_head, data.metadata().teacher.has_final_hidden()) {
-        (Some(path), true) => {
-            Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.head_chunk_rows))
-        }
+        (Some(path), true) => Some(TargetHead::new(
+            crate::cmd::accept::head_tensor::<B>(path, device)?,
+            drafter.vocab(),
+            args.head_chunk_rows,
+        )),
         (None, true) if data.metadata().teacher.topk().is_none() => bail!(
             "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
             args.data.display()
