@@ -194,7 +194,8 @@ pub fn trainable_keys(config: &DrafterConfig) -> Vec<String> {
     keys
 }
 
-fn host_to_tensor<B: Backend, const D: usize>(
+/// A host tensor of exactly `shape` as a device tensor of `dtype` (shared with the target loader).
+pub(crate) fn host_to_tensor<B: Backend, const D: usize>(
     name: &str,
     t: &HostTensor,
     shape: [usize; D],

@@ -136,20 +136,6 @@ fn linear_weight<B: Backend>(
     Ok(x.transpose())
 }
 
-fn to_tensor<B: Backend, const D: usize>(
-    key: &str,
-    t: &HostTensor,
-    shape: [usize; D],
-    device: &B::Device,
-    dtype: DType,
-) -> Result<Tensor<B, D>> {
-    if t.shape != shape {
-        return Err(Error::Shape(format!("`{key}` has shape {:?}, expected {shape:?}", t.shape)));
-    }
-    let x = Tensor::<B, D>::from_data(TensorData::new(t.to_f32(key)?, shape), device);
-    Ok(if dtype == DType::F32 { x } else { x.cast(dtype) })
-}
-
 /// Builds modules from one batch of fetched tensors.
 struct Builder<'a, B: Backend> {
     tensors: TensorMap,
@@ -161,7 +147,7 @@ struct Builder<'a, B: Backend> {
 impl<B: Backend> Builder<'_, B> {
     fn take<const D: usize>(&mut self, key: &str, shape: [usize; D]) -> Result<Tensor<B, D>> {
         let t = self.tensors.remove(key).ok_or_else(|| Error::Shape(format!("tensor `{key}` was not loaded")))?;
-        to_tensor(key, &t, shape, self.device, self.dtype)
+        crate::drafter::host_to_tensor(key, &t, shape, self.device, self.dtype)
     }
 
     fn linear(&mut self, key: &str, out: usize, inp: usize) -> Result<Tensor<B, 2>> {
