@@ -55,6 +55,7 @@ compile_error!("aerie-data reads shards in place and supports little-endian targ
 
 mod arrowutil;
 pub mod conversation;
+pub mod generation;
 mod error;
 pub mod prepare;
 pub mod readers;

@@ -10,10 +10,12 @@ pub mod accept;
 pub mod batch;
 pub mod compare;
 pub mod cost;
+pub mod decode;
 mod error;
 pub mod loss;
 pub mod measure;
 pub mod plot;
+pub mod prompts;
 pub mod sglang;
 pub mod verify;
 

@@ -106,11 +106,13 @@ pub struct DraftTree {
     pub nodes: Vec<Vec<TreeNode>>,
 }
 
-/// splitmix64 with a uniform in [0, 1): seeded, portable, enough for drafting.
-struct SplitMix(u64);
+/// splitmix64 with a uniform in [0, 1): seeded, portable, enough for drafting and verification.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    fn uniform(&mut self) -> f64 {
+    /// The next uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -120,7 +122,7 @@ impl SplitMix {
 }
 
 /// Inverse-CDF sample of `probs` (sums to ~1); the last index with mass absorbs rounding.
-fn sample_index(probs: &[f32], u: f64) -> usize {
+pub fn sample_index(probs: &[f32], u: f64) -> usize {
     let mut acc = 0.0f64;
     let mut last = 0;
     for (i, &p) in probs.iter().enumerate() {
@@ -259,7 +261,7 @@ pub fn draft_chain<B: Backend>(
 }
 
 /// Top-`w` (log q, draft id) per row of f32 logits `[R, L, Vd]`, on the host as `[R·L][w]`.
-fn top_children<B: Backend>(logits: Tensor<B, 3>, w: usize) -> Vec<Vec<(f64, u32)>> {
+pub fn top_children<B: Backend>(logits: Tensor<B, 3>, w: usize) -> Vec<Vec<(f64, u32)>> {
     let (vals, idx) = log_softmax(logits, 2).topk_with_indices(w, 2);
     let vals = host_f32(vals);
     let idx = host_ids(idx);

@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod decode;
 mod error;
 
 pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};

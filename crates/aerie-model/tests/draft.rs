@@ -138,3 +138,105 @@ fn sampling_is_seeded_and_q_is_a_distribution() {
     let aux = Tensor::<B, 3>::from_data(TensorData::new(c.aux.clone(), [1, 8, c.aw]), &dev);
     assert!(draft_chain(&c.drafter, &ids, &aux, &bad).is_err());
 }
+
+mod decode_mode {
+    //! [`aerie_model::decode`]: the KV-cached drafter of real speculative decoding agrees with the
+    //! all-positions drafting above (tolerance 1e-5 relative on q: same f32 arithmetic in a
+    //! different order of matmuls).
+
+    use super::*;
+    use aerie_model::decode::{BranchKv, DraftKv};
+    use burn::tensor::activation::softmax;
+
+    fn aux_rows(c: &Case, from: usize, to: usize) -> Tensor<B, 3> {
+        let v = c.aux[from * c.aw..to * c.aw].to_vec();
+        Tensor::from_data(TensorData::new(v, [1, to - from, c.aw]), &Default::default())
+    }
+
+    fn next_ids(c: &Case, from: usize, to: usize) -> Vec<u32> {
+        c.ids[from + 1..to + 1].iter().map(|&i| i as u32).collect()
+    }
+
+    fn host(t: Tensor<B, 3>) -> Vec<f32> {
+        t.into_data().iter::<f32>().collect()
+    }
+
+    fn argmax(v: &[f32]) -> u32 {
+        v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5 * scale.max(1e-3), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn cached_chain_equals_all_positions_drafting() {
+        let c = case(12, 5);
+        let steps = 4;
+        let opts = ChainOptions { steps, sampling: DraftSampling::Greedy, keep_q: true };
+        let full = run(&c, &[(c.ids.clone(), c.aux.clone())], &opts);
+        let vd = c.drafter.config().draft_vocab_size;
+        let d2t = c.drafter.vocab().d2t().to_vec();
+        for t in [0usize, 4, 10] {
+            // Extend positions 0..=t in two pieces (prefill, then one verify's worth).
+            let mut cache = DraftKv::<B>::default();
+            let cut = t / 2;
+            if cut > 0 {
+                c.drafter.extend(&next_ids(&c, 0, cut), aux_rows(&c, 0, cut), &mut cache).unwrap();
+            }
+            let mut out = c.drafter.extend(&next_ids(&c, cut, t + 1), aux_rows(&c, cut, t + 1), &mut cache).unwrap();
+            assert_eq!(cache.len(), t + 1);
+            let mut path = BranchKv::<B>::default();
+            for k in 0..steps {
+                let q = host(softmax(out.logits.clone(), 2));
+                let want_q = host(full.q[k].clone().narrow(1, t, 1));
+                close(&q, &want_q);
+                let d = argmax(&q);
+                assert_eq!(d, full.draft_ids[k][t], "step {k} at t {t}");
+                assert_eq!(q.len(), vd);
+                let target = (d as i64 + d2t[d as usize]) as u32;
+                if k + 1 < steps {
+                    out = c.drafter.draft_step(&[target], out.hidden.clone(), &cache, &mut path).unwrap();
+                }
+            }
+            assert_eq!(path.depth(), steps - 1);
+        }
+    }
+
+    #[test]
+    fn branches_in_one_step_equal_separate_chains() {
+        let c = case(9, 7);
+        let mut cache = DraftKv::<B>::default();
+        let first = c.drafter.extend(&next_ids(&c, 0, 6), aux_rows(&c, 0, 6), &mut cache).unwrap();
+        let tokens = [3u32, 11, 5];
+        let alone: Vec<(Vec<f32>, Vec<f32>)> = tokens
+            .iter()
+            .map(|&tok| {
+                let mut path = BranchKv::default();
+                let o1 = c.drafter.draft_step(&[tok], first.hidden.clone(), &cache, &mut path).unwrap();
+                let o2 = c.drafter.draft_step(&[2], o1.hidden.clone(), &cache, &mut path).unwrap();
+                (host(o1.logits), host(o2.logits))
+            })
+            .collect();
+        // All three as one batch of branches, then a re-ordering select before the second step.
+        let mut path = BranchKv::default();
+        let hidden = Tensor::cat(vec![first.hidden.clone(); 3], 0);
+        let o1 = c.drafter.draft_step(&tokens, hidden, &cache, &mut path).unwrap();
+        let vd = c.drafter.config().draft_vocab_size;
+        let l1 = host(o1.logits.clone());
+        for (i, (want, _)) in alone.iter().enumerate() {
+            close(&l1[i * vd..(i + 1) * vd], want);
+        }
+        let order = [2usize, 0, 1];
+        let mut path = path.select(&order);
+        let rows = aerie_model::decode::row_index::<B>(&order, &Default::default());
+        let o2 = c.drafter.draft_step(&[2, 2, 2], o1.hidden.select(0, rows), &cache, &mut path).unwrap();
+        let l2 = host(o2.logits);
+        for (r, &i) in order.iter().enumerate() {
+            close(&l2[r * vd..(r + 1) * vd], &alone[i].1);
+        }
+    }
+}

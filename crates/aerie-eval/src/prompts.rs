@@ -1,0 +1,146 @@
+//! Prompt files for decoding benchmarks, one JSON object per line:
+//! - MT-Bench (`question.jsonl` of FastChat): `{"question_id": 81, "category": "writing",
+//!   "turns": ["...", "..."]}`: each turn a user message; later turns follow the model's own
+//!   earlier answers;
+//! - `{"prompt": "..."}`: one user message;
+//! - `{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`: a fixed
+//!   context ending with a user message, answered once.
+//!
+//! An `id` (or `question_id`) names the prompt in reports; the line number otherwise.
+
+use std::path::Path;
+
+use aerie_data::conversation::{Message, Role};
+use serde_json::Value;
+
+use crate::{Error, Result};
+
+/// One prompt of a prompt file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    /// `id` / `question_id`, or the 1-based line number.
+    pub id: String,
+    /// MT-Bench category when given.
+    pub category: Option<String>,
+    /// Messages before the first answer (system prompt and first user turn, or a fixed context).
+    pub context: Vec<Message>,
+    /// User turns after the first answer, each answered in turn (MT-Bench's second turn).
+    pub follow_ups: Vec<String>,
+}
+
+impl Prompt {
+    /// Number of answers this prompt asks for.
+    pub fn turns(&self) -> usize {
+        1 + self.follow_ups.len()
+    }
+}
+
+fn bad(path: &Path, line: usize, message: impl std::fmt::Display) -> Error {
+    Error::Input { path: path.to_owned(), message: format!("line {line}: {message}") }
+}
+
+/// Read a prompt file; every malformed line is an error naming the file and line.
+pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).map_err(|e| bad(path, n, format!("not valid JSON: {e}")))?;
+        let obj = v.as_object().ok_or_else(|| bad(path, n, "expected a JSON object"))?;
+        let id = match obj.get("id").or_else(|| obj.get("question_id")) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(x)) => x.to_string(),
+            _ => n.to_string(),
+        };
+        let category = obj.get("category").and_then(Value::as_str).map(str::to_owned);
+        let (context, follow_ups) = if let Some(turns) = obj.get("turns") {
+            let turns: Vec<String> = turns
+                .as_array()
+                .ok_or_else(|| bad(path, n, "`turns` must be a list of strings"))?
+                .iter()
+                .map(|t| t.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad(path, n, "`turns` must be a list of strings"))?;
+            let Some((first, rest)) = turns.split_first() else {
+                return Err(bad(path, n, "`turns` is empty"));
+            };
+            (vec![Message::new(Role::User, first.clone())], rest.to_vec())
+        } else if let Some(p) = obj.get("prompt") {
+            let p = p.as_str().ok_or_else(|| bad(path, n, "`prompt` must be a string"))?;
+            (vec![Message::new(Role::User, p)], Vec::new())
+        } else if let Some(msgs) = obj.get("messages") {
+            let msgs = msgs.as_array().ok_or_else(|| bad(path, n, "`messages` must be a list"))?;
+            let mut context = Vec::with_capacity(msgs.len());
+            for m in msgs {
+                let role = m
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .and_then(Role::from_source)
+                    .ok_or_else(|| bad(path, n, "every message needs a known `role` (system, user, assistant)"))?;
+                let content = m
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(path, n, "every message needs a string `content`"))?;
+                context.push(Message::new(role, content));
+            }
+            if context.last().is_none_or(|m| m.role != Role::User) {
+                return Err(bad(path, n, "`messages` must end with a user message (the one to answer)"));
+            }
+            (context, Vec::new())
+        } else {
+            return Err(bad(path, n, "expected `turns` (MT-Bench), `prompt` or `messages`"));
+        };
+        out.push(Prompt { id, category, context, follow_ups });
+    }
+    if out.is_empty() {
+        return Err(Error::Input { path: path.to_owned(), message: "holds no prompts".into() });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<Vec<Prompt>> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.jsonl");
+        std::fs::write(&p, text).unwrap();
+        read_prompts(&p)
+    }
+
+    #[test]
+    fn all_three_shapes() {
+        let got = read(concat!(
+            r#"{"question_id": 81, "category": "writing", "turns": ["a", "b"]}"#,
+            "\n\n",
+            r#"{"prompt": "hi"}"#,
+            "\n",
+            r#"{"id": "x", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}"#,
+            "\n"
+        ))
+        .unwrap();
+        assert_eq!(got.len(), 3);
+        assert_eq!((got[0].id.as_str(), got[0].turns()), ("81", 2));
+        assert_eq!(got[0].follow_ups, vec!["b".to_string()]);
+        assert_eq!(got[1].id, "3");
+        assert_eq!(got[2].context.len(), 2);
+        assert_eq!(got[2].context[0].role, Role::System);
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let e = read("{\"prompt\": \"a\"}\n{\"turns\": []}\n").unwrap_err().to_string();
+        assert!(e.contains("p.jsonl: line 2") && e.contains("empty"), "{e}");
+        let e = read("{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("end with a user message"), "{e}");
+        let e = read("not json\n").unwrap_err().to_string();
+        assert!(e.contains("p.jsonl: line 1") && e.contains("JSON"), "{e}");
+        assert!(read("\n").unwrap_err().to_string().contains("no prompts"));
+    }
+}
