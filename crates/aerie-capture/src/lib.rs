@@ -8,10 +8,15 @@
 //!
 //! Captures resume: shards are committed atomically in input order, so a rerun after `kill -9`
 //! skips the committed samples and produces exactly the dataset an uninterrupted run produces.
+//!
+//! [`regenerate()`] is the other job that runs the target: it replaces every assistant turn of a
+//! chat dataset by the target's own answer (self-distillation data), resumable the same way.
 #![deny(missing_docs)]
 
 mod error;
+pub mod regenerate;
 mod run;
 
 pub use error::{Error, Result};
+pub use regenerate::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate};
 pub use run::{CaptureOptions, CaptureProgress, CaptureReport, capture};

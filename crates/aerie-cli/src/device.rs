@@ -12,6 +12,16 @@ pub enum DeviceArg {
     Cuda(usize),
 }
 
+impl std::fmt::Display for DeviceArg {
+    /// The spelling `--device` accepts.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
 impl FromStr for DeviceArg {
     type Err = String;
 

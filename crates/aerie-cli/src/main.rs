@@ -6,6 +6,7 @@
 
 mod cmd;
 mod device;
+mod model_ref;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,8 @@ enum Command {
     Export(cmd::export::ExportArgs),
     /// Run the target over prepared data and write capture shards (aux features + teacher).
     Capture(cmd::capture::CaptureArgs),
+    /// Replace every assistant turn of chat data by the target's own answer (self-distillation).
+    Regenerate(cmd::regenerate::RegenerateArgs),
     /// Train a drafter from a TOML config (fresh or warm start; resumable, data parallel).
     Train(cmd::train::TrainArgs),
     /// Evaluate a drafter.
@@ -67,6 +70,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Export(a) => cmd::export::run(a).map(|()| 0),
         Command::Capture(a) => cmd::capture::run(a).map(|()| 0),
+        Command::Regenerate(a) => cmd::regenerate::run(a).map(|()| 0),
         Command::Train(a) => cmd::train::run(a).map(|()| 0),
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
         Command::Project(a) => cmd::project::run(a).map(|()| 0),

@@ -65,3 +65,4 @@ pub mod tokenizer;
 pub mod vocab;
 
 pub use error::{Error, MetadataError, Result};
+pub use shard::write_bytes_atomic;

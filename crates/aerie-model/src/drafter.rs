@@ -6,7 +6,7 @@
 //! Field paths reproduce the canonical checkpoint keys (`fc.weight`, `midlayer.self_attn.q_proj.weight`, ...).
 
 use burn::module::Module;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData, activation::softmax, backend::Backend};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
 use crate::layers::{Linear, Mlp, RmsNorm, upcast};
@@ -93,18 +93,27 @@ impl<B: Backend> Eagle3Attention<B> {
         let q = q.reshape([b, nkv, g * l, d]).mul_scalar(1.0 / (d as f64).sqrt());
         let dtype = q.dtype();
 
-        // Scores against the step-0 keys (causal), then one diagonal score per later step.
-        let mut scores = vec![q.clone().matmul(k0.swap_dims(2, 3)).mask_fill(causal.clone(), f32::NEG_INFINITY)];
-        for (kd, _) in &cache.diagonal {
-            scores.push((q.clone() * tile(kd.clone(), g)).sum_dim(3));
+        // Softmax over [causal step-0 scores | one diagonal score per later step], written out so
+        // that the `[.., g·L, L]` block is never concatenated, normalised or sliced: with the row
+        // max m (a constant for the gradient), out = (e0·v0 + Σ_j e_j·v_j) / (Σ e0 + Σ_j e_j),
+        // e = exp(score − m); the division happens on the `[.., g·L, d]` result. Float32 whatever
+        // the activation dtype.
+        let s0 = upcast(q.clone().matmul(k0.swap_dims(2, 3))).mask_fill(causal.clone(), f32::NEG_INFINITY);
+        let diag: Vec<Tensor<B, 4>> =
+            cache.diagonal.iter().map(|(kd, _)| upcast((q.clone() * tile(kd.clone(), g)).sum_dim(3))).collect();
+        let mut max = s0.clone().detach().max_dim(3);
+        for s in &diag {
+            max = max.max_pair(s.clone().detach());
         }
-        let n_diag = cache.diagonal.len();
-        let weights = softmax(upcast(Tensor::cat(scores, 3)), 3).cast(dtype);
-        let mut out = weights.clone().narrow(3, 0, l).matmul(v0);
-        for (j, (_, vd)) in cache.diagonal.iter().enumerate() {
-            out = out + weights.clone().narrow(3, l + j, 1) * tile(vd.clone(), g);
+        let e0 = (s0 - max.clone()).exp();
+        let mut denom = e0.clone().sum_dim(3);
+        let mut out = e0.cast(dtype).matmul(v0);
+        for (s, (_, vd)) in diag.into_iter().zip(&cache.diagonal) {
+            let e = (s - max.clone()).exp();
+            denom = denom + e.clone();
+            out = out + e.cast(dtype) * tile(vd.clone(), g);
         }
-        debug_assert_eq!(weights.dims()[3], l + n_diag);
+        let out = out / denom.cast(dtype);
         let out = out.reshape([b, nh, l, d]).swap_dims(1, 2).reshape([b, l, nh * d]);
         self.o_proj.forward(out)
     }

@@ -7,13 +7,15 @@
 //! (causal attention never looks right, and every per-position quantity is masked). The loss is
 //! normalised by the number of real token positions (B·L when nothing is padded).
 
-use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend};
+use burn::tensor::{Bool, DType, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend};
 use serde::Serialize;
 
 use crate::drafter::{Drafter, TttCache};
 use crate::layers::upcast;
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
+
+mod fused;
 
 /// One padded batch for the TTT forward.
 #[derive(Debug, Clone)]
@@ -119,19 +121,70 @@ fn shift_ids<B: Backend>(x: Tensor<B, 2, Int>, k: usize) -> Tensor<B, 2, Int> {
     Tensor::cat(vec![x.narrow(1, k, l - k), pad], 1)
 }
 
-/// `[1, 1, g·L, L]` mask, true where key position s is after query position t.
-fn causal_mask<B: Backend>(groups: usize, l: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
-    let mut mask = Vec::with_capacity(groups * l * l);
+/// `[B, nKV, g·L, L]` mask, true where key position s is after query position t, built at its
+/// full shape: burn-flex copies a broadcast (stride-0) mask into a contiguous one on every
+/// `mask_fill`, element by element.
+fn causal_mask<B: Backend>(b: usize, nkv: usize, groups: usize, l: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
+    let mut row_block = Vec::with_capacity(groups * l * l);
     for _ in 0..groups {
         for t in 0..l {
-            mask.extend((0..l).map(|s| s > t));
+            row_block.extend((0..l).map(|s| s > t));
         }
     }
-    Tensor::from_data(TensorData::new(mask, [1, 1, groups * l, l]), device)
+    let mut mask = Vec::with_capacity(b * nkv * row_block.len());
+    for _ in 0..b * nkv {
+        mask.extend_from_slice(&row_block);
+    }
+    Tensor::from_data(TensorData::new(mask, [b, nkv, groups * l, l]), device)
+}
+
+/// How [`ttt_forward_with`] computes each step's loss over the draft vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossPath {
+    /// [`LossPath::Fused`] on CPU backends (burn-flex, burn-ndarray) with f32/f64 logits,
+    /// [`LossPath::Tensor`] elsewhere (a GPU keeps everything on the device).
+    #[default]
+    Auto,
+    /// burn tensor ops: log-softmax, products and reductions over `[B, L, Vd]`, each
+    /// differentiated by autodiff. Works on every backend.
+    Tensor,
+    /// One fused pass per position on the host with analytic gradients (see `ttt/fused.rs`);
+    /// falls back to `Tensor` for logits that are neither f32 nor f64.
+    Fused,
+}
+
+impl LossPath {
+    fn fused_for<B: Backend>(self, dtype: DType) -> bool {
+        let host_backend = || {
+            let name = core::any::type_name::<B>();
+            name.contains("burn_flex") || name.contains("burn_ndarray")
+        };
+        matches!(dtype, DType::F32 | DType::F64)
+            && match self {
+                LossPath::Tensor => false,
+                LossPath::Fused => true,
+                LossPath::Auto => host_backend(),
+            }
+    }
 }
 
 /// Run the K-step training-time test on one batch.
 pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: &TttOptions) -> Result<TttOutput<B>> {
+    ttt_forward_with(drafter, batch, opts, LossPath::Auto)
+}
+
+fn host_f32<B: Backend>(t: &Tensor<B, 2>) -> Vec<f32> {
+    t.clone().detach().into_data().convert::<f32>().into_vec::<f32>().expect("f32 data")
+}
+
+/// [`ttt_forward`] with an explicit [`LossPath`] (both give the same values and gradients up to
+/// float rounding; tests compare them).
+pub fn ttt_forward_with<B: Backend>(
+    drafter: &Drafter<B>,
+    batch: &TttBatch<B>,
+    opts: &TttOptions,
+    path: LossPath,
+) -> Result<TttOutput<B>> {
     opts.validate()?;
     let cfg = drafter.config();
     let [b, l] = batch.input_ids.dims();
@@ -155,49 +208,146 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
     // x_{t+2}; the loss mask is not shifted but zeroed at each sequence's last position.
     let ids = shift_ids(batch.input_ids.clone(), 1);
     let m = batch.loss_mask.clone() * shift_left(batch.valid.clone(), 1, 0.0);
-    let p = shift_left(batch.teacher.p.clone(), 1, 1.0 / vd as f32);
-    let pf = shift_left(batch.teacher.pf.clone(), 1, 0.0);
     let pm = m.clone() * shift_left(batch.teacher.in_draft.clone(), 1, 0.0);
 
     let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
-    let causal = causal_mask::<B>(groups, l, &device).expand([b, cfg.num_key_value_heads, groups * l, l]);
+    let causal = causal_mask::<B>(b, cfg.num_key_value_heads, groups, l, &device);
     let mut hidden = drafter.fuse_aux(batch.aux.clone());
     let mut cache = TttCache::default();
     let mut steps = Vec::with_capacity(opts.ttt_length);
     let mut loss: Option<Tensor<B, 1>> = None;
+    let mut scorer: Option<Scorer<B>> = None;
     for (k, &weight) in opts.step_weights.iter().enumerate() {
-        let (ids_k, m_k, pm_k) =
-            (shift_ids(ids.clone(), k), shift_left(m.clone(), k, 0.0), shift_left(pm.clone(), k, 0.0));
-        let p_k = shift_left(p.clone(), k, 1.0 / vd as f32);
-        let pf_k = shift_left(pf.clone(), k, 0.0);
         let (cos, sin) = drafter.rotary().tables::<B>(k, l, &device);
-        let out = drafter.midlayer.forward_ttt(drafter.embed(ids_k), hidden, &cos, &sin, &causal, &mut cache);
-        let logq = log_softmax(upcast(drafter.logits(out.clone())), 2);
+        let out =
+            drafter.midlayer.forward_ttt(drafter.embed(shift_ids(ids.clone(), k)), hidden, &cos, &sin, &causal, &mut cache);
+        let logits = upcast(drafter.logits(out.clone()));
         hidden = drafter.carry(out);
-
-        let ce_tok = pm_k.clone() * (p_k.clone() * logq.clone()).sum_dim(2).neg().reshape([b, l]);
-        let ce_sum = ce_tok.clone().sum_dim(1).reshape([b]);
-        let q = logq.clone().exp();
-        let alpha_tok = pm_k.clone() * q.min_pair(pf_k).sum_dim(2).reshape([b, l]);
-        let alpha_sum = alpha_tok.clone().sum_dim(1).reshape([b]);
-        let hit = logq.detach().argmax(2).equal(p_k.argmax(2)).float().cast(pm_k.dtype()).reshape([b, l]);
-        let correct = (pm_k.clone() * hit).sum_dim(1).reshape([b]);
-        let step_loss = ce_sum.clone().sum().mul_scalar(weight / positions.max(1) as f64);
+        let scorer = scorer.get_or_insert_with(|| Scorer::new(path, logits.dtype(), batch, &m, &pm));
+        let step = scorer.step(logits, k);
+        let step_loss = step.ce_sum.clone().sum().mul_scalar(weight / positions.max(1) as f64);
         loss = Some(match loss {
             Some(acc) => acc + step_loss,
             None => step_loss,
         });
-        steps.push(StepStats {
-            ce_sum,
-            correct,
-            m_count: m_k.sum_dim(1).reshape([b]),
-            pm_count: pm_k.sum_dim(1).reshape([b]),
-            alpha_sum,
-            ce_tok,
-            alpha_tok,
-        });
+        steps.push(step);
     }
     Ok(TttOutput { loss: loss.expect("K >= 1"), steps, positions })
+}
+
+/// Scores one step's logits against the teacher, by tensor ops or on the host.
+enum Scorer<B: Backend> {
+    Tensor { p: Tensor<B, 3>, pf: Tensor<B, 3>, m: Tensor<B, 2>, pm: Tensor<B, 2> },
+    Host32(HostScorer<f32>),
+    Host64(HostScorer<f64>),
+}
+
+struct HostScorer<T> {
+    teacher: fused::HostTeacher<T>,
+    m: Vec<f32>,
+    pm: Vec<f32>,
+    shape: [usize; 2],
+}
+
+impl<B: Backend> Scorer<B> {
+    fn new(path: LossPath, dtype: DType, batch: &TttBatch<B>, m: &Tensor<B, 2>, pm: &Tensor<B, 2>) -> Self {
+        let vd = batch.teacher.p.dims()[2];
+        if !path.fused_for::<B>(dtype) {
+            return Scorer::Tensor {
+                p: shift_left(batch.teacher.p.clone(), 1, 1.0 / vd as f32),
+                pf: shift_left(batch.teacher.pf.clone(), 1, 0.0),
+                m: m.clone(),
+                pm: pm.clone(),
+            };
+        }
+        let shape = batch.input_ids.dims();
+        let (m, pm) = (host_f32(m), host_f32(pm));
+        match dtype {
+            DType::F64 => Scorer::Host64(HostScorer {
+                teacher: fused::HostTeacher::new(&batch.teacher.p, &batch.teacher.pf),
+                m,
+                pm,
+                shape,
+            }),
+            _ => Scorer::Host32(HostScorer {
+                teacher: fused::HostTeacher::new(&batch.teacher.p, &batch.teacher.pf),
+                m,
+                pm,
+                shape,
+            }),
+        }
+    }
+
+    fn step(&self, logits: Tensor<B, 3>, k: usize) -> StepStats<B> {
+        match self {
+            Scorer::Tensor { p, pf, m, pm } => tensor_step(logits, p, pf, m, pm, k),
+            Scorer::Host32(h) => host_step(h, logits, k),
+            Scorer::Host64(h) => host_step(h, logits, k),
+        }
+    }
+}
+
+/// The tensor formulation of one step (eagle3.md §3).
+fn tensor_step<B: Backend>(
+    logits: Tensor<B, 3>,
+    p: &Tensor<B, 3>,
+    pf: &Tensor<B, 3>,
+    m: &Tensor<B, 2>,
+    pm: &Tensor<B, 2>,
+    k: usize,
+) -> StepStats<B> {
+    let [b, l, vd] = logits.dims();
+    let (m_k, pm_k) = (shift_left(m.clone(), k, 0.0), shift_left(pm.clone(), k, 0.0));
+    let p_k = shift_left(p.clone(), k, 1.0 / vd as f32);
+    let pf_k = shift_left(pf.clone(), k, 0.0);
+    let logq = log_softmax(logits, 2);
+    let ce_tok = pm_k.clone() * (p_k.clone() * logq.clone()).sum_dim(2).neg().reshape([b, l]);
+    let ce_sum = ce_tok.clone().sum_dim(1).reshape([b]);
+    let q = logq.clone().exp();
+    let alpha_tok = pm_k.clone() * q.min_pair(pf_k).sum_dim(2).reshape([b, l]);
+    let alpha_sum = alpha_tok.clone().sum_dim(1).reshape([b]);
+    let hit = logq.detach().argmax(2).equal(p_k.argmax(2)).float().cast(pm_k.dtype()).reshape([b, l]);
+    let correct = (pm_k.clone() * hit).sum_dim(1).reshape([b]);
+    StepStats {
+        ce_sum,
+        correct,
+        m_count: m_k.sum_dim(1).reshape([b]),
+        pm_count: pm_k.sum_dim(1).reshape([b]),
+        alpha_sum,
+        ce_tok,
+        alpha_tok,
+    }
+}
+
+/// The fused host formulation of one step: values from `fused::step`, gradients through
+/// `fused::surrogate`.
+fn host_step<B: Backend, T: fused::Real>(h: &HostScorer<T>, logits: Tensor<B, 3>, k: usize) -> StepStats<B> {
+    let [b, l, vd] = logits.dims();
+    let device = logits.device();
+    let dtype = logits.dtype();
+    let z = logits.clone().detach().into_data().convert::<T>().into_vec::<T>().expect("logits data");
+    let r = fused::step(&z, &h.teacher, &h.pm, h.shape, k);
+    drop(z);
+    let vec1 = |v: Vec<f64>| Tensor::<B, 1>::from_data(TensorData::new(v, [b]), (&device, dtype));
+    let tok = |v: Vec<T>| Tensor::<B, 1>::from_data(TensorData::new(v, [b * l]), (&device, dtype)).reshape([b, l]);
+    let shifted_sums = |v: &[f32]| {
+        let mut s = vec![0f64; b];
+        for (r, acc) in s.iter_mut().enumerate() {
+            *acc = (k..l).map(|t| v[r * l + t] as f64).sum();
+        }
+        s
+    };
+    let ce_tok = tok(r.ce) + fused::surrogate(&logits, r.g_ce, [b, l, vd]);
+    let alpha_tok = tok(r.alpha) + fused::surrogate(&logits, r.g_alpha, [b, l, vd]);
+    StepStats {
+        ce_sum: ce_tok.clone().sum_dim(1).reshape([b]),
+        correct: vec1(r.correct),
+        m_count: vec1(shifted_sums(&h.m)),
+        pm_count: vec1(shifted_sums(&h.pm)),
+        alpha_sum: alpha_tok.clone().sum_dim(1).reshape([b]),
+        ce_tok,
+        alpha_tok,
+    }
 }
 
 /// Host-side sums of [`StepStats`] over many batches, turned into the public metrics of

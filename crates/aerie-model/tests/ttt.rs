@@ -10,6 +10,7 @@ mod reference;
 
 use aerie_model::checkpoint::{HostTensor, TensorMap};
 use aerie_model::teacher::targets_from_topk;
+use aerie_model::ttt::{LossPath, TttOutput, ttt_forward_with};
 use aerie_model::{
     Drafter, DrafterConfig, RopeScaling, TargetHead, TeacherTargets, TttBatch, TttOptions, VocabMap, ttt_forward,
 };
@@ -324,4 +325,121 @@ fn checkpoint_tensors_round_trip_through_the_module() {
     }
     assert_eq!(back.len() + 1, w.len(), "everything but the embedding comes back");
     let _ = HostTensor::from_f32(vec![1], &[0.0], aerie_model::checkpoint::Dtype::F32);
+}
+
+/// An objective that weights every position's CE and α differently (as the TV and LK losses of
+/// aerie-train do), so both per-token tensors carry gradient.
+fn token_objective(out: &TttOutput<AD>) -> Tensor<AD, 1> {
+    let mut total: Option<Tensor<AD, 1>> = None;
+    for (k, s) in out.steps.iter().enumerate() {
+        let [b, l] = s.ce_tok.dims();
+        let u: Vec<f64> = (0..b * l).map(|i| 0.3 + 0.1 * ((i * 7 + k * 3) % 5) as f64).collect();
+        let v: Vec<f64> = (0..b * l).map(|i| -0.5 + 0.2 * ((i * 5 + k) % 7) as f64).collect();
+        let w = |x: Vec<f64>| {
+            Tensor::<AD, 1>::from_data(TensorData::new(x, [b * l]), (&Default::default(), DType::F64)).reshape([b, l])
+        };
+        let term = (s.ce_tok.clone() * w(u) + s.alpha_tok.clone() * w(v)).sum();
+        total = Some(match total {
+            Some(t) => t + term,
+            None => term,
+        });
+    }
+    total.unwrap()
+}
+
+fn grads_of(drafter: &Drafter<AD>, g: &<AD as burn::tensor::backend::AutodiffBackend>::Gradients) -> Vec<f64> {
+    let mut out = Vec::new();
+    for p in [
+        &drafter.fc.weight,
+        &drafter.midlayer.self_attn.q_proj.weight,
+        &drafter.midlayer.self_attn.k_proj.weight,
+        &drafter.midlayer.mlp.down_proj.weight,
+        &drafter.lm_head.weight,
+    ] {
+        out.extend(p.grad(g).unwrap().into_data().into_vec::<f64>().unwrap());
+    }
+    out
+}
+
+#[test]
+fn fused_and_tensor_loss_paths_agree() {
+    let cfg = tiny_config();
+    let w = with_embed(&cfg, 11);
+    let seqs: Vec<RefSequence> = [9, 6].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 50 + i as u64)).collect();
+    let refs: Vec<&RefSequence> = seqs.iter().collect();
+    let dev = Default::default();
+    let drafter = Drafter::<AD>::from_tensors_as(&cfg, &w, &dev, DType::F64).unwrap();
+    let batch = batch::<AD>(&cfg, &w, &refs, &seqs[0], DType::F64, 16);
+    let opts = TttOptions::geometric(4, 0.8);
+    let run = |path| {
+        let out = ttt_forward_with(&drafter, &batch, &opts, path).unwrap();
+        let loss = out.loss.clone().into_data().into_vec::<f64>().unwrap()[0];
+        let sums: Vec<Vec<f64>> = out
+            .steps
+            .iter()
+            .flat_map(|s| [&s.ce_sum, &s.correct, &s.m_count, &s.pm_count, &s.alpha_sum])
+            .map(|t| t.clone().into_data().into_vec::<f64>().unwrap())
+            .collect();
+        let g_loss = grads_of(&drafter, &out.loss.backward());
+        let out = ttt_forward_with(&drafter, &batch, &opts, path).unwrap();
+        let g_tok = grads_of(&drafter, &token_objective(&out).backward());
+        (loss, sums, g_loss, g_tok)
+    };
+    let (fused, tensor) = (run(LossPath::Fused), run(LossPath::Tensor));
+    assert!(close(fused.0, tensor.0, 1e-12), "loss {} vs {}", fused.0, tensor.0);
+    for (i, (a, b)) in fused.1.iter().flatten().zip(tensor.1.iter().flatten()).enumerate() {
+        assert!(close(*a, *b, 1e-12), "step sum {i}: fused {a} vs tensor {b}");
+    }
+    for (what, a, b) in [("loss", &fused.2, &tensor.2), ("token objective", &fused.3, &tensor.3)] {
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f64, |m, x| m.max(x.abs()));
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-10 * scale.max(1e-3), "{what} gradient {i}: fused {x} vs tensor {y}");
+        }
+    }
+}
+
+#[test]
+fn alpha_gradients_match_finite_differences() {
+    let cfg = tiny_config();
+    let w = with_embed(&cfg, 12);
+    let s = random_sequence(&cfg, 7, 60);
+    let dev = Default::default();
+    let drafter = Drafter::<AD>::from_tensors_as(&cfg, &w, &dev, DType::F64).unwrap();
+    let batch = batch::<AD>(&cfg, &w, &[&s], &s, DType::F64, 16);
+    let opts = TttOptions::geometric(3, 0.8);
+    let objective = |d: &Drafter<AD>| {
+        let out = ttt_forward_with(d, &batch, &opts, LossPath::Fused).unwrap();
+        token_objective(&out)
+    };
+    let grads = objective(&drafter).backward();
+    let eps = (2f64).powi(-17);
+    type Pick = fn(&mut Drafter<AD>) -> &mut Param<Tensor<AD, 2>>;
+    let picks: [(&str, Pick, [usize; 2]); 3] = [
+        ("lm_head", |d| &mut d.lm_head.weight, [4, 8]),
+        ("q_proj", |d| &mut d.midlayer.self_attn.q_proj.weight, [5, 20]),
+        ("fc", |d| &mut d.fc.weight, [3, 17]),
+    ];
+    for (name, pick, idx) in picks {
+        let mut probe = drafter.clone();
+        let g = pick(&mut probe).grad(&grads).expect("gradient present");
+        let c = g.dims()[1];
+        let analytic = g.into_data().into_vec::<f64>().unwrap()[idx[0] * c + idx[1]];
+        let at = |delta: f64| {
+            let mut d = drafter.clone();
+            let p = pick(&mut d);
+            let wv = p.val();
+            let [r, c] = wv.dims();
+            let mut bump = vec![0f64; r * c];
+            bump[idx[0] * c + idx[1]] = delta;
+            let bump = Tensor::<AD, 1>::from_data(TensorData::new(bump, [r * c]), (&dev, DType::F64)).reshape([r, c]);
+            *p = Param::from_tensor((wv + bump).detach());
+            objective(&d).into_data().into_vec::<f64>().unwrap()[0]
+        };
+        let fd = (at(eps) - at(-eps)) / (2.0 * eps);
+        assert!(
+            (analytic - fd).abs() <= 1e-6 * analytic.abs().max(fd.abs()).max(1e-3),
+            "{name}{idx:?}: analytic {analytic} vs finite difference {fd}"
+        );
+    }
 }

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config};
 use aerie_model::checkpoint::io::WeightFiles;
 use aerie_model::checkpoint::{
-    Dialect, DrafterCheckpoint, Dtype, HostTensor, load_drafter_with_notes, load_target_embedding, load_target_head,
+    Dialect, DrafterCheckpoint, Dtype, HostTensor, TensorMap, load_drafter_with_notes, load_target_embedding,
+    load_target_head,
 };
 use aerie_model::{DrafterConfig, VocabMap};
 use serde_json::{Map, Value, json};
@@ -206,18 +207,25 @@ fn fresh(cfg: &TrainConfig) -> Result<Initial> {
     let vocab = read_vocab_file(vocab_path, t2d_hint)?;
     let dc = fresh_config(&target_config, &vocab, &cfg.init.shape)?;
     let embed = load_embedding(cfg, &dc)?;
-    let tensors = aerie_model::init::init_tensors(&dc, &vocab, Some(embed), cfg.seed);
-    let notes = vec![format!(
-        "fresh drafter: H {}, I {}, {} heads ({} KV) of {}, aux layers {:?} (output of layer), Vd {} of V {}",
-        dc.hidden_size,
-        dc.intermediate_size,
-        dc.num_attention_heads,
-        dc.num_key_value_heads,
-        dc.head_dim,
-        dc.aux_layers.output_of_layer(),
-        dc.draft_vocab_size,
-        dc.vocab_size
-    )];
+    let mut tensors = aerie_model::init::init_tensors(&dc, &vocab, Some(embed), cfg.seed);
+    let mut notes = Vec::new();
+    if cfg.init.from_target {
+        notes.push(target_init(cfg, &dc, &vocab, &mut tensors)?);
+    }
+    notes.insert(
+        0,
+        format!(
+            "fresh drafter: H {}, I {}, {} heads ({} KV) of {}, aux layers {:?} (output of layer), Vd {} of V {}",
+            dc.hidden_size,
+            dc.intermediate_size,
+            dc.num_attention_heads,
+            dc.num_key_value_heads,
+            dc.head_dim,
+            dc.aux_layers.output_of_layer(),
+            dc.draft_vocab_size,
+            dc.vocab_size
+        ),
+    );
     Ok(Initial {
         checkpoint: DrafterCheckpoint {
             config: dc,
@@ -228,6 +236,85 @@ fn fresh(cfg: &TrainConfig) -> Result<Initial> {
         },
         notes,
     })
+}
+
+/// Where a target keeps its final RMSNorm weight.
+const TARGET_NORM_KEYS: &[&str] =
+    &["model.norm.weight", "language_model.model.norm.weight", "model.language_model.norm.weight", "norm.weight"];
+
+/// `init.from_target`: make the fresh drafter start where the target ends. lm_head = the target
+/// head's rows of the draft ids (ascending target id, the d2t order), norm = the target's final
+/// norm, fc = identity on the LAST aux feature (the deepest captured layer) and zero on the
+/// others, o_proj and down_proj zero (both residual branches closed). At step 0 the drafter is
+/// then a "logit lens" of that layer, restricted to the draft vocab; every other weight keeps the
+/// reference init, and the closed branches open from the first step (their gradients are not
+/// zero). Needs H = Ht (the default shape).
+fn target_init(cfg: &TrainConfig, dc: &DrafterConfig, vocab: &VocabMap, tensors: &mut TensorMap) -> Result<String> {
+    let (h, ht, a) = (dc.hidden_size, dc.target_hidden_size, dc.num_aux());
+    let src = cfg.target.head_source().ok_or_else(|| {
+        Error::config(&cfg.output_dir, "`init.from_target` needs the target: set `target.path` (or `target.head`)")
+    })?;
+    if h != ht {
+        return Err(init_err(
+            src,
+            format!("`init.from_target` needs hidden_size = the target's ({ht}); init.shape.hidden_size is {h}"),
+        ));
+    }
+    let xinit = std::env::var("AERIE_XINIT").unwrap_or_default();
+    let skip = |part: &str| xinit.split(',').any(|p| p == part);
+    let head = load_head(src, dc)?.to_f32("lm_head.weight")?;
+    let mut rows = Vec::with_capacity(vocab.draft_vocab_size() * h);
+    for &t in vocab.target_ids() {
+        rows.extend_from_slice(&head[t * h..(t + 1) * h]);
+    }
+    if !skip("nohead") {
+        tensors.insert(
+            "lm_head.weight".into(),
+            HostTensor::from_f32(vec![vocab.draft_vocab_size(), h], &rows, Dtype::F32),
+        );
+    }
+
+    let norm_src = cfg.target.path.as_deref().unwrap_or(src);
+    let files = if norm_src.is_dir() { WeightFiles::open_dir(norm_src)? } else { WeightFiles::open_file(norm_src) };
+    let mut norm = None;
+    for key in TARGET_NORM_KEYS {
+        if files.contains(key)? {
+            norm = files.load(&[key])?.remove(*key);
+            break;
+        }
+    }
+    let norm = norm.ok_or_else(|| {
+        init_err(norm_src, format!("`init.from_target`: no final norm weight under any of {TARGET_NORM_KEYS:?}"))
+    })?;
+    if norm.shape != [h] {
+        return Err(init_err(norm_src, format!("the target's final norm is {:?}, expected [{h}]", norm.shape)));
+    }
+    if !skip("nonorm") {
+        tensors.insert("norm.weight".into(), HostTensor::from_f32(vec![h], &norm.to_f32("norm.weight")?, Dtype::F32));
+    }
+
+    let scale: f32 = std::env::var("AERIE_XINIT_FC").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0);
+    if !skip("nofc") {
+        let mut fc = vec![0.0f32; h * a * ht];
+        for i in 0..h {
+            fc[i * a * ht + (a - 1) * ht + i] = scale;
+        }
+        tensors.insert("fc.weight".into(), HostTensor::from_f32(vec![h, a * ht], &fc, Dtype::F32));
+    }
+    if !skip("nozero") {
+        for key in ["midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"] {
+            let shape = tensors.get(key).map(|t| t.shape.clone()).ok_or_else(|| init_err(src, format!("no {key}")))?;
+            let n = shape.iter().product();
+            tensors.insert(key.into(), HostTensor::from_f32(shape, &vec![0.0; n], Dtype::F32));
+        }
+    }
+    Ok(format!(
+        "target-initialised (init.from_target): lm_head = target head rows of the {} draft ids, norm = target final norm, \
+         fc passes aux layer {} through, o_proj and down_proj zero{}",
+        vocab.draft_vocab_size(),
+        dc.aux_layers.output_of_layer().last().copied().unwrap_or_default(),
+        if xinit.is_empty() { String::new() } else { format!(" [AERIE_XINIT={xinit}]") }
+    ))
 }
 
 fn vocab_of(ckpt: &DrafterCheckpoint) -> Result<VocabMap> {

@@ -18,8 +18,8 @@ use crate::progress;
 /// Arguments of `aerie eval accept`.
 #[derive(Debug, Args)]
 pub struct AcceptArgs {
-    /// Drafter directory (SGLang or speculators layout).
-    #[arg(long)]
+    /// Drafter directory (SGLang or speculators layout) or hub id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub drafter: PathBuf,
     #[command(flatten)]
     pub common: AcceptCommon,
@@ -35,12 +35,13 @@ pub struct AcceptCommon {
     #[arg(long)]
     pub data: PathBuf,
     /// Target lm_head: a safetensors file with `lm_head.weight`, or the target model directory.
-    /// Not needed when the shards carry a top-k teacher only.
-    #[arg(long)]
+    /// Not needed when the shards carry a top-k teacher only. A hub id names the target's
+    /// snapshot directory.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target_head: Option<PathBuf>,
     /// Target model to take `embed_tokens` from when a drafter does not ship it; defaults to
-    /// --target-head when that is a directory.
-    #[arg(long)]
+    /// --target-head when that is a directory. A directory, file or hub id.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: Option<PathBuf>,
     /// Draft steps K (chain length, or tree depth).
     #[arg(long = "k", default_value_t = 3)]

@@ -16,8 +16,9 @@ use crate::progress;
 /// Arguments of `aerie capture`.
 #[derive(Debug, Args)]
 pub struct CaptureArgs {
-    /// Target model directory (HF layout, e.g. from `aerie import gguf`).
-    #[arg(long)]
+    /// Target model directory (HF layout, e.g. from `aerie import gguf`) or hub id
+    /// `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: PathBuf,
     /// Prepared dataset (`aerie data prepare`).
     #[arg(long)]

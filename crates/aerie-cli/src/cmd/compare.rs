@@ -15,8 +15,8 @@ use crate::device::with_backend;
 /// Arguments of `aerie compare`.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Candidate drafter directories.
-    #[arg(required = true)]
+    /// Candidate drafter directories or hub ids `org/name[@revision]`.
+    #[arg(required = true, value_parser = crate::model_ref::parse)]
     pub drafters: Vec<PathBuf>,
     /// Names for the candidates, comma-separated, in order (default: directory names).
     #[arg(long, value_delimiter = ',')]

@@ -33,8 +33,9 @@ pub struct PrepareArgs {
     /// Chat data: ShareGPT JSON array, JSONL, or parquet (file or HF dataset directory).
     #[arg(long)]
     pub data: PathBuf,
-    /// Tokenizer directory (tokenizer.json, tokenizer_config.json, optionally config.json).
-    #[arg(long)]
+    /// Tokenizer directory (tokenizer.json, tokenizer_config.json, optionally config.json) or hub
+    /// id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub tokenizer: PathBuf,
     /// Output directory for the prepared dataset.
     #[arg(long)]

@@ -21,24 +21,28 @@ pub enum EvalCommand {
     /// Serving-mode acceptance: drafts from the drafter's own tokens, verified against the
     /// target; τ, per-position rates, τ(k).
     Accept(super::accept::AcceptArgs),
+    /// Real speculative decoding on the native target, beside plain decoding of the same
+    /// prompts: τ, tokens/s of both, measured T_d / T_s / T_v(n), greedy identity.
+    Decode(super::decode::DecodeArgs),
 }
 
 /// Arguments of `aerie eval loss`.
 #[derive(Debug, Args)]
 pub struct LossArgs {
-    /// Drafter directory (SGLang or speculators layout).
-    #[arg(long)]
+    /// Drafter directory (SGLang or speculators layout) or hub id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub drafter: PathBuf,
     /// Captured shard directory (aerie-shard/1).
     #[arg(long)]
     pub data: PathBuf,
     /// Target lm_head: a safetensors file with `lm_head.weight`, or the target model directory
-    /// (tied embeddings allowed). Not needed when the shards carry a top-k teacher only.
-    #[arg(long)]
+    /// (tied embeddings allowed), or its hub id. Not needed when the shards carry a top-k
+    /// teacher only.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target_head: Option<PathBuf>,
     /// Target model (directory or safetensors file) to take `embed_tokens` from when the drafter
-    /// does not ship it; defaults to --target-head when that is a directory.
-    #[arg(long)]
+    /// does not ship it (or its hub id); defaults to --target-head when that is a directory.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: Option<PathBuf>,
     /// Unrolled draft steps K.
     #[arg(long, default_value_t = 7)]
@@ -68,6 +72,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::Loss(args) => with_backend!(args.device, |B, dev| loss::<B>(&args, &dev)),
         EvalCommand::Accept(args) => super::accept::run(args),
+        EvalCommand::Decode(args) => super::decode::run(args),
     }
 }
 

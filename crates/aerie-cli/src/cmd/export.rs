@@ -11,7 +11,8 @@ use clap::Args;
 /// Arguments of `aerie export`.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// Source drafter directory (either dialect).
+    /// Source drafter directory (either dialect) or hub id `org/name[@revision]`.
+    #[arg(value_parser = crate::model_ref::parse)]
     pub dir: PathBuf,
     /// `sglang` (midlayer.*, output-of-layer aux ids) or `speculators` (layers.0.*, vLLM).
     #[arg(long, value_parser = parse_dialect)]
@@ -19,8 +20,9 @@ pub struct ExportArgs {
     /// Output directory (written atomically).
     #[arg(long)]
     pub out: PathBuf,
-    /// Target model: supplies the embedding and layer count when the source lacks them.
-    #[arg(long)]
+    /// Target model (directory or hub id): supplies the embedding and layer count when the
+    /// source lacks them.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: Option<PathBuf>,
     /// Float dtype to write (`f32`, `bf16`, `f16`); default keeps the source's, bit-identical.
     #[arg(long, value_parser = parse_dtype)]

@@ -70,12 +70,12 @@ pub fn run(cmd: HubCommand) -> Result<()> {
 
 /// One byte bar per file, replaced when the next file starts.
 #[derive(Default)]
-struct FileBars {
+pub(crate) struct FileBars {
     current: Option<(String, ProgressBar)>,
 }
 
 impl FileBars {
-    fn update(&mut self, file: &str, done: u64, total: u64) {
+    pub(crate) fn update(&mut self, file: &str, done: u64, total: u64) {
         if self.current.as_ref().is_none_or(|(f, _)| f != file) {
             self.finish();
             let pb = ProgressBar::new(total);
@@ -94,7 +94,7 @@ impl FileBars {
         }
     }
 
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Some((_, pb)) = self.current.take() {
             pb.finish_and_clear();
         }

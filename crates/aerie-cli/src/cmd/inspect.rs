@@ -10,10 +10,12 @@ use clap::Args;
 /// Arguments of `aerie inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// Drafter directory.
+    /// Drafter directory or hub id `org/name[@revision]`.
+    #[arg(value_parser = crate::model_ref::parse)]
     pub dir: PathBuf,
-    /// Target model directory (enables the checks against the target: layer count, context).
-    #[arg(long)]
+    /// Target model directory or hub id (enables the checks against the target: layer count,
+    /// context).
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]

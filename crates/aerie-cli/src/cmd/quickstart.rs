@@ -19,6 +19,10 @@ use serde::Serialize;
 /// The training recipe, with `@WORK@` standing for the work directory.
 const RECIPE: &str = include_str!("../../../../configs/quickstart-smollm2.toml");
 
+/// Drafts per verify step of the held-out evaluation: the target is τ ≥ 2.0 at k = 3
+/// (SGLang's `--speculative-num-steps 3`).
+const EVAL_K: usize = 3;
+
 /// Arguments of `aerie quickstart`.
 #[derive(Debug, Args)]
 pub struct QuickstartArgs {
@@ -58,9 +62,19 @@ struct StageTime {
 #[derive(Debug, Serialize)]
 struct Report {
     workdir: PathBuf,
+    /// Wall time of the whole quickstart (stages skipped because their output existed cost ~0).
+    total_seconds: f64,
     stages: Vec<StageTime>,
-    eval_before: Option<serde_json::Value>,
+    /// Draft steps of the held-out evaluation (`eval loss --ttt-length`): τ is the simulated
+    /// accept length of a chain of `eval_k` drafts, in [1, eval_k + 1].
+    eval_k: usize,
+    /// `eval loss` of the initial drafter (0 training steps) on the held-out shards.
+    eval_before: serde_json::Value,
+    /// `eval loss` of the trained drafter on the same shards.
     eval_after: serde_json::Value,
+    /// Token positions trained on and the training throughput (from the run's `summary.json`).
+    train_tokens: Option<f64>,
+    train_tokens_per_s: Option<f64>,
     drafter: PathBuf,
     sglang_export: PathBuf,
 }
@@ -185,14 +199,38 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
 
     let config = work.join("train.toml");
     std::fs::write(&config, RECIPE.replace("@WORK@", &work.to_string_lossy()))?;
+    // Both runs leave the held-out evaluation to the `eval loss` stages below (one evaluation
+    // each, before and after, with the same command and settings).
+    let train_args = |extra: &[&str]| {
+        let mut a = os([OsString::from("train"), config.clone().into()]);
+        for s in args.set.iter().map(String::as_str).chain(["data.eval=[]"]).chain(extra.iter().copied()) {
+            a.push("--set".into());
+            a.push(s.into());
+        }
+        a
+    };
+    // The initial drafter (0 steps, the same recipe and seed): the "before" of the report.
+    let initial_dir = work.join("initial");
+    let initial_out = initial_dir.to_string_lossy().into_owned();
+    r.stage(
+        "initial drafter",
+        &initial_dir.join("summary.json"),
+        &train_args(&["optim.max_steps=0", &format!("output_dir={initial_out}")]),
+        false,
+    )?;
+    let initial = latest_checkpoint(&initial_dir)?;
     let run_dir = work.join("run");
-    let mut train_args = os([OsString::from("train"), config.into()]);
-    for s in &args.set {
-        train_args.push("--set".into());
-        train_args.push(s.into());
+    let mut main_args = train_args(&[]);
+    if !run_dir.join("summary.json").exists() && latest_checkpoint(&run_dir).is_ok() {
+        // An interrupted training run: continue it from its newest checkpoint.
+        main_args.push("--resume".into());
+        main_args.push(run_dir.clone().into());
     }
-    r.stage("train", &run_dir.join("summary.json"), &train_args, false)?;
+    r.stage("train", &run_dir.join("summary.json"), &main_args, false)?;
     let drafter = latest_checkpoint(&run_dir)?;
+    let training = std::fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
 
     let eval = |r: &mut Runner, name: &str, drafter: &Path| -> Result<serde_json::Value> {
         let out = r.stage(
@@ -208,17 +246,15 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
                 "--target-head".into(),
                 target.clone().into(),
                 "--ttt-length".into(),
-                "4".into(),
+                EVAL_K.to_string().into(),
                 "--json".into(),
             ]),
             true,
         )?;
         serde_json::from_str(out.trim()).with_context(|| format!("parsing `eval loss` output: {out}"))
     };
+    let eval_before = eval(&mut r, "eval initial", &initial)?;
     let eval_after = eval(&mut r, "eval", &drafter)?;
-    let initial = run_dir.join("initial");
-    let eval_before =
-        if initial.join("config.json").exists() { Some(eval(&mut r, "eval initial", &initial)?) } else { None };
     let export = work.join("drafter-sglang");
     r.stage(
         "export",
@@ -236,7 +272,18 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         false,
     )?;
 
-    let report = Report { workdir: work, stages: r.stages, eval_before, eval_after, drafter, sglang_export: export };
+    let report = Report {
+        workdir: work,
+        total_seconds: start.elapsed().as_secs_f64(),
+        stages: r.stages,
+        eval_k: EVAL_K,
+        eval_before,
+        eval_after,
+        train_tokens: training.as_ref().and_then(|t| t["tokens"].as_f64()),
+        train_tokens_per_s: training.as_ref().and_then(|t| t["tokens_per_s"].as_f64()),
+        drafter,
+        sglang_export: export,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -272,12 +319,25 @@ fn print_report(r: &Report) {
             if s.skipped { "skipped (output exists)".into() } else { format!("{:.1} s", s.seconds) }
         );
     }
-    let tau = |v: &serde_json::Value| v["simulated_accept_length"].as_f64().unwrap_or(f64::NAN);
-    if let Some(before) = &r.eval_before {
-        println!("  simulated accept length (held-out, K=4) before training: {:.3}", tau(before));
+    println!("  {:<16} {:.1} s ({:.1} min)", "total", r.total_seconds, r.total_seconds / 60.0);
+    if let (Some(t), Some(rate)) = (r.train_tokens, r.train_tokens_per_s) {
+        println!("  trained on {t:.0} token positions ({rate:.0} tokens/s)");
     }
-    println!("  simulated accept length (held-out, K=4) after training:  {:.3}", tau(&r.eval_after));
-    println!("  acc per step: {}", r.eval_after["acc_per_step"]);
+    let tau = |v: &serde_json::Value| v["simulated_accept_length"].as_f64().unwrap_or(f64::NAN);
+    let acc = |v: &serde_json::Value| {
+        let a: Vec<String> = v["acc_per_step"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_f64())
+            .map(|x| format!("{x:.3}"))
+            .collect();
+        a.join(", ")
+    };
+    let k = r.eval_k;
+    println!("  held-out simulated accept length at k = {k} (τ in [1, {}], teacher-forced):", k + 1);
+    println!("    before training: {:.3}   acc per step [{}]", tau(&r.eval_before), acc(&r.eval_before));
+    println!("    after training:  {:.3}   acc per step [{}]", tau(&r.eval_after), acc(&r.eval_after));
     println!("  drafter: {}", r.drafter.display());
     println!("  SGLang export: {}  (--speculative-draft-model-path)", r.sglang_export.display());
 }

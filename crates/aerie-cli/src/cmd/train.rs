@@ -71,9 +71,49 @@ fn parse_set(items: &[String]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Config keys that name a model or drafter: a hub id `org/name[@revision]` there resolves as
+/// `--target` does on the command line (see `model_ref`).
+const MODEL_KEYS: [&str; 5] = ["init.drafter", "init.target_config", "target.path", "target.head", "target.embedding"];
+
+/// Whether `s` has the shape of a hub id (`org/name`, optionally `@revision`), not of a path.
+fn looks_like_hub_id(s: &str) -> bool {
+    let repo = s.split_once('@').map_or(s, |(r, _)| r);
+    !s.starts_with(['/', '.', '~']) && repo.split('/').count() == 2 && repo.split('/').all(|p| !p.is_empty())
+}
+
+/// `--set` overrides that replace hub ids in the model keys of `config` (after the user's own
+/// overrides) by their local snapshot directories. Paths that exist, and values that are not
+/// hub ids, are left to the config loader.
+fn hub_overrides(config: &std::path::Path, overrides: &[(String, String)]) -> Result<Vec<(String, String)>> {
+    let Ok(text) = std::fs::read_to_string(config) else { return Ok(Vec::new()) };
+    let Ok(table) = toml::from_str::<toml::Table>(&text) else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for key in MODEL_KEYS {
+        let from_set = overrides.iter().rev().find(|(k, _)| k == key).map(|(_, raw)| {
+            match toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v")) {
+                Some(toml::Value::String(s)) => s,
+                _ => raw.clone(),
+            }
+        });
+        let from_file = || {
+            let (section, leaf) = key.split_once('.')?;
+            table.get(section)?.get(leaf)?.as_str().map(str::to_owned)
+        };
+        let Some(value) = from_set.or_else(from_file) else { continue };
+        if std::path::Path::new(&value).exists() || !looks_like_hub_id(&value) {
+            continue;
+        }
+        let path = crate::model_ref::resolve(&value).with_context(|| format!("config key `{key}` = \"{value}\""))?;
+        out.push((key.to_owned(), toml::Value::String(path.display().to_string()).to_string()));
+    }
+    Ok(out)
+}
+
 /// Run `aerie train`.
 pub fn run(args: TrainArgs) -> Result<()> {
-    let overrides = parse_set(&args.set)?;
+    let mut overrides = parse_set(&args.set)?;
+    let resolved = hub_overrides(&args.config, &overrides)?;
+    overrides.extend(resolved);
     let cfg = TrainConfig::load(&args.config, &overrides)?;
     let devices = match &args.devices {
         Some(list) => parse_devices(list)?,
@@ -181,5 +221,29 @@ mod tests {
         assert!(parse_devices("gpu").is_err());
         assert_eq!(parse_set(&["optim.lr=5e-5".into()]).unwrap(), vec![("optim.lr".into(), "5e-5".into())]);
         assert!(parse_set(&["optim.lr".into()]).is_err());
+    }
+
+    #[test]
+    fn hub_ids_in_model_keys() {
+        assert!(looks_like_hub_id("AQ-MedAI/Kimi-K2-Instruct-eagle3"));
+        assert!(looks_like_hub_id("org/name@v1.0"));
+        assert!(!looks_like_hub_id("/models/org/name"));
+        assert!(!looks_like_hub_id("./org/name"));
+        assert!(!looks_like_hub_id("runs/a/drafter"));
+        assert!(!looks_like_hub_id("drafter"));
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        let local = dir.path().join("d");
+        std::fs::create_dir(&local).unwrap();
+        std::fs::write(
+            &cfg,
+            format!("[init]\ndrafter = \"{}\"\n[target]\npath = \"/nonexistent/x/y\"\n", local.display()),
+        )
+        .unwrap();
+        // A local path and a non-hub path are left alone.
+        assert!(hub_overrides(&cfg, &[]).unwrap().is_empty());
+        // A --set value wins over the file's.
+        let sets = [("target.path".to_owned(), format!("\"{}\"", local.display()))];
+        assert!(hub_overrides(&cfg, &sets).unwrap().is_empty());
     }
 }

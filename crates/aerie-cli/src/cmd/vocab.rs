@@ -28,8 +28,8 @@ pub struct BuildArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Keep the mapping of this drafter (directory with model.safetensors, or the file) and
-    /// report its coverage on this data.
-    #[arg(long)]
+    /// report its coverage on this data; or a hub id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub keep_from: Option<PathBuf>,
     /// Target vocabulary size V (default: the one recorded by `data prepare`).
     #[arg(long)]

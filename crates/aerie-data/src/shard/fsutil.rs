@@ -61,8 +61,9 @@ pub(crate) fn write_atomic(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) 
     result
 }
 
-/// Write `bytes` to `path` atomically.
-pub(crate) fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Write `bytes` to `path` atomically (temp file beside it, fsync, rename, directory fsync):
+/// readers see the old file or the whole new one, never a torn write.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic(path, |tmp| {
         let mut f = File::create(tmp).map_err(|e| Error::io(tmp, e))?;
         f.write_all(bytes).map_err(|e| Error::io(tmp, e))

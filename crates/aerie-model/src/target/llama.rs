@@ -157,7 +157,8 @@ pub struct TargetBody<B: Backend> {
 pub struct TargetModel<B: Backend> {
     /// `model.*`.
     pub model: TargetBody<B>,
-    /// `lm_head` (`[V, H]`); `None` when tied to the embedding.
+    /// `lm_head` (`[V, H]`); with tied embeddings the loader fills it with a copy of the
+    /// embedding laid out for the matmul. `None` (the embedding is used) only when built by hand.
     pub lm_head: Option<Linear<B>>,
     #[module(skip)]
     pub(super) spec: TargetSpec,
@@ -381,6 +382,44 @@ impl<B: Backend> TargetModel<B> {
             let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(std::mem::take(&mut next), [1, n]), &device);
             let logits = self.forward(ids, &mut cache, &want)?.logits.expect("logits were asked for");
             let token = logits.argmax(2).into_data().iter::<i64>().next().expect("one position") as u32;
+            out.push(token);
+            if eos_ids.contains(&token) {
+                break;
+            }
+            next.push(token as i64);
+        }
+        Ok(out)
+    }
+
+    /// Decoding with the KV cache (batch 1) where `pick` chooses every new token from the logits
+    /// of the last position (`[V]`, still on the device): [`Self::generate`] is this with an
+    /// argmax; samplers pull the row to the host. Feeds `prompt_ids`, then appends the picked
+    /// token up to `max_new_tokens` times, stopping after emitting any of `eos_ids`. Returns the
+    /// new tokens only (the stopping eos included).
+    pub fn generate_with(
+        &self,
+        prompt_ids: &[u32],
+        max_new_tokens: usize,
+        eos_ids: &[u32],
+        pick: &mut dyn FnMut(Tensor<B, 1>) -> u32,
+    ) -> Result<Vec<u32>> {
+        if prompt_ids.is_empty() {
+            return Err(Error::Shape("generate: empty prompt".into()));
+        }
+        let device = self.device();
+        let mut cache = self.new_cache();
+        let want = CaptureRequest::logits(LogitsMode::Last);
+        let vocab = self.spec.vocab_size;
+        let mut out = Vec::new();
+        let mut next: Vec<i64> = prompt_ids.iter().map(|&t| t as i64).collect();
+        while out.len() < max_new_tokens {
+            let n = next.len();
+            let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(std::mem::take(&mut next), [1, n]), &device);
+            let logits = self.forward(ids, &mut cache, &want)?.logits.expect("logits were asked for");
+            let token = pick(logits.reshape([vocab]));
+            if token as usize >= vocab {
+                return Err(Error::Shape(format!("generate: picked token {token} outside the vocabulary 0..{vocab}")));
+            }
             out.push(token);
             if eos_ids.contains(&token) {
                 break;

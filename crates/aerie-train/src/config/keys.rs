@@ -67,6 +67,12 @@ pub const KEYS: &[KeyDoc] = &[
         true,
         "warm_start: switch to init.vocab when it differs from the drafter's map",
     ),
+    k(
+        "init.from_target",
+        "false",
+        true,
+        "fresh: lm_head rows and final norm from the target, fc passing the last aux feature, o_proj/down_proj zero",
+    ),
     k("init.shape.hidden_size", "target's", true, "fresh: H"),
     k("init.shape.intermediate_size", "target's", true, "fresh: I"),
     k("init.shape.num_attention_heads", "target's", true, "fresh: nH"),
@@ -90,7 +96,12 @@ pub const KEYS: &[KeyDoc] = &[
     k("optim.max_grad_norm", "0.5", true, "global gradient-norm clip (0: off)"),
     k("optim.grad_accumulation", "1", true, "micro-batches per device per optimizer step"),
     k("optim.epochs", "1", true, "passes over the training data (ignored with max_steps)"),
-    k("optim.max_steps", "unset", true, "stop after this many optimizer steps"),
+    k(
+        "optim.max_steps",
+        "unset",
+        true,
+        "stop after this many optimizer steps (0: save and evaluate the initial drafter)",
+    ),
 ];
 
 /// The entry of `key`, if it is a key.

@@ -151,6 +151,12 @@ pub struct InitConfig {
     /// target ids in both maps are kept, the others start fresh). Otherwise that is an error.
     #[serde(default)]
     pub allow_vocab_override: bool,
+    /// fresh: start from the target's output side instead of random (see `init::target_init`):
+    /// lm_head = the target head's rows of the draft vocab, norm = the target's final norm, fc
+    /// passing the last aux feature through, o_proj and down_proj zero. Not serialised when false,
+    /// so configs (and resume fingerprints) written before the key existed are unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_target: bool,
     /// fresh: shape overrides of the drafter (default: the target's own shape).
     #[serde(default)]
     pub shape: ShapeOverrides,
@@ -414,9 +420,6 @@ impl TrainConfig {
         if o.max_steps.is_none() && o.epochs == 0 {
             bad("optim.epochs", "must be at least 1 (or set optim.max_steps)");
         }
-        if o.max_steps == Some(0) {
-            bad("optim.max_steps", "must be at least 1");
-        }
         if self.target.head_chunk_rows == 0 {
             bad("target.head_chunk_rows", "must be positive");
         }
@@ -445,6 +448,12 @@ impl TrainConfig {
                 }
                 if i.allow_vocab_override && i.vocab.is_none() {
                     bad("init.allow_vocab_override", "needs `init.vocab` (the vocab to switch to)");
+                }
+                if i.from_target {
+                    bad(
+                        "init.from_target",
+                        "only applies to kind = \"fresh\" (a warm start keeps the drafter's weights)",
+                    );
                 }
             }
         }

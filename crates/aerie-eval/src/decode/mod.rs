@@ -24,6 +24,8 @@
 //! forwards (extend and steps: T_s), whole cycles; [`DecodeTimings::costs`] turns them into a
 //! costs file for `aerie project`.
 
+mod run;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -37,6 +39,8 @@ use serde::Serialize;
 use crate::accept::AcceptRule;
 use crate::cost::{Costs, Provenance, VerifyCost};
 use crate::{Error, Result};
+
+pub use run::{DecodeReport, MeasuredCosts, PromptReport, Throughput, TurnReport, decode_prompts};
 
 /// How drafts are laid out each cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

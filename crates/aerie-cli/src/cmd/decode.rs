@@ -1,0 +1,220 @@
+//! `aerie eval decode`: real EAGLE-3 speculative decoding on the native target, against plain
+//! decoding of the same prompts in the same run; τ, tokens/s of both, measured costs.
+
+use std::path::PathBuf;
+
+use aerie_data::generation::PromptEncoder;
+use aerie_data::template::TemplateChoice;
+use aerie_eval::accept::AcceptRule;
+use aerie_eval::decode::{DecodeOptions, DecodeReport, DraftShape, SpecDecoder, decode_prompts};
+use aerie_eval::prompts::read_prompts;
+use aerie_model::checkpoint::load_drafter;
+use aerie_model::{Drafter, TargetModel};
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::Backend;
+use clap::Args;
+
+use crate::device::{DeviceArg, with_backend};
+use crate::progress;
+
+/// Arguments of `aerie eval decode`.
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    /// Target model directory (HF layout: config.json, safetensors, tokenizer) or hub id.
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub target: PathBuf,
+    /// Drafter directory (SGLang or speculators layout) or hub id.
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub drafter: PathBuf,
+    /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    /// Draft steps K (chain length, or tree depth).
+    #[arg(long = "k", default_value_t = 3)]
+    pub k: usize,
+    /// Children per node of a draft tree (SGLang --speculative-eagle-topk); > 1 drafts a tree.
+    #[arg(long, default_value_t = 1)]
+    pub topk: usize,
+    /// Tokens verified per pass of a tree, root included (SGLang --speculative-num-draft-tokens).
+    #[arg(long)]
+    pub tree_tokens: Option<usize>,
+    /// Sampling temperature; 0 decodes greedily.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Verify rule: greedy (temperature 0), onehot (argmax drafts, SGLang's rule) or sampling
+    /// (drafts sampled from q; chains only). Default: greedy at temperature 0, onehot above.
+    #[arg(long)]
+    pub rule: Option<AcceptRule>,
+    /// New tokens per answer at most.
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Decode only the first N prompts.
+    #[arg(long)]
+    pub max_prompts: Option<usize>,
+    /// Seed of the samplers.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Chat template: `auto` (the target's own), a built-in name, or a .jinja file.
+    #[arg(long, default_value = "auto")]
+    pub template: String,
+    /// Write the measured costs (T_d, T_s, T_v(n), overhead) as a costs TOML for `aerie project`.
+    #[arg(long)]
+    pub costs_out: Option<PathBuf>,
+    /// Write the report JSON here too (atomically).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl DecodeArgs {
+    fn options(&self) -> Result<DecodeOptions> {
+        let shape = match (self.topk, self.tree_tokens) {
+            (1, None) => DraftShape::Chain { k: self.k },
+            (topk, Some(tokens)) => DraftShape::Tree { depth: self.k, topk, tokens },
+            (topk, None) => {
+                bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
+            }
+        };
+        let rule = self.rule.unwrap_or(if self.temperature == 0.0 { AcceptRule::Greedy } else { AcceptRule::Onehot });
+        Ok(DecodeOptions {
+            shape,
+            temperature: self.temperature,
+            rule,
+            max_new_tokens: self.max_new_tokens,
+            seed: self.seed,
+        })
+    }
+}
+
+/// Run `aerie eval decode`.
+pub fn run(args: DecodeArgs) -> Result<()> {
+    // Everything but the tree width against Vd can be checked before loading any model.
+    args.options()?.validate(usize::MAX)?;
+    with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))
+}
+
+fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
+    let opts = args.options()?;
+    let mut prompts = read_prompts(&args.prompts)?;
+    if let Some(n) = args.max_prompts {
+        prompts.truncate(n);
+    }
+    let template: TemplateChoice = args.template.parse()?;
+    let encoder = PromptEncoder::load(&args.target, &template)
+        .with_context(|| format!("loading the tokenizer and chat template of {}", args.target.display()))?;
+    let target = TargetModel::<B>::load(&args.target, device)
+        .with_context(|| format!("loading target {}", args.target.display()))?;
+    let ckpt = load_drafter(&args.drafter, Some(&args.target))
+        .with_context(|| format!("loading drafter {}", args.drafter.display()))?;
+    let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
+        .with_context(|| format!("building drafter {}", args.drafter.display()))?;
+    opts.validate(drafter.config().draft_vocab_size)?;
+    let stop = encoder.stop_ids(&target.spec().eos_token_ids);
+    let dec = SpecDecoder::new(&target, &drafter, stop)
+        .with_context(|| format!("{} does not draft for {}", args.drafter.display(), args.target.display()))?;
+
+    let answers: usize = prompts.iter().map(|p| p.turns()).sum();
+    let pb = progress::bar((2 * answers * args.max_new_tokens) as u64, "eval decode", "tok");
+    let (report, timings) = decode_prompts(&dec, &encoder, &prompts, &opts, &mut |n| {
+        pb.inc(n as u64);
+    })?;
+    pb.finish_and_clear();
+
+    let json = serde_json::to_string(&report)?;
+    if let Some(out) = &args.out {
+        aerie_data::write_bytes_atomic(out, format!("{json}\n").as_bytes())?;
+    }
+    if let Some(path) = &args.costs_out {
+        let name = format!(
+            "{}-native-{}",
+            args.target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "target".into()),
+            args.device
+        );
+        let place = format!(
+            "aerie eval decode, native burn target {} on {} ({} threads), batch 1, {:?}",
+            args.target.display(),
+            args.device,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            opts.shape
+        );
+        let Some(costs) = timings.costs(&name, &opts.shape, &place, &today()) else {
+            bail!("no decode steps were timed (every answer ended at its first token); no costs file written");
+        };
+        let header =
+            format!("# Measured by `aerie eval decode` on {} prompts of {}.\n", prompts.len(), args.prompts.display());
+        aerie_data::write_bytes_atomic(path, format!("{header}{}", costs.to_toml()?).as_bytes())?;
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print_report(&report, args);
+    }
+    Ok(())
+}
+
+/// Today's UTC date (YYYY-MM-DD) from the system clock, for provenance.
+fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn print_report(r: &DecodeReport, args: &DecodeArgs) {
+    println!("target      {}", args.target.display());
+    println!("drafter     {}", args.drafter.display());
+    println!(
+        "decoding    {:?}, temperature {}, rule {}, {} answers, {} cycles",
+        r.options.shape,
+        r.options.temperature,
+        r.options.rule.name(),
+        r.answers,
+        r.cycles
+    );
+    println!(
+        "τ           {:.3} (accept length, bonus included; {:.3} tokens kept per cycle)",
+        r.tau, r.tokens_per_cycle
+    );
+    println!("position    α_i (conditional)   r_i (unconditional)");
+    let a = &r.acceptance;
+    for (i, (c, u)) in a.accept_rate_conditional.iter().zip(&a.accept_rate_unconditional).enumerate() {
+        println!("{:<11} {:<19.4} {:.4}", i + 1, c, u);
+    }
+    println!(
+        "plain       {} tokens, {:.1} tok/s decode ({:.1} end to end)",
+        r.plain.tokens, r.plain.decode_tokens_per_s, r.plain.end_to_end_tokens_per_s
+    );
+    println!(
+        "speculative {} tokens, {:.1} tok/s decode ({:.1} end to end)",
+        r.speculative.tokens, r.speculative.decode_tokens_per_s, r.speculative.end_to_end_tokens_per_s
+    );
+    println!("speedup     {:.3}x (decode tokens/s, prefill excluded)", r.speedup);
+    let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2} ms"));
+    let tv: Vec<String> = r.costs.t_v_ms.iter().map(|(n, v)| format!("T_v({n}) {v:.2} ms")).collect();
+    println!(
+        "costs       T_d {}  T_s {}  {}  cycle {}",
+        ms(r.costs.t_d_ms),
+        ms(r.costs.t_s_ms),
+        tv.join("  "),
+        ms(r.costs.cycle_ms)
+    );
+    match r.greedy_identical {
+        Some(true) => println!("greedy      speculative output identical to plain greedy on every answer"),
+        Some(false) => println!("greedy      {} answers DIFFER from plain greedy decoding", r.mismatched_answers),
+        None => {}
+    }
+}

@@ -1,0 +1,186 @@
+//! `aerie regenerate`: replace every assistant turn of a chat dataset by the target's own answer
+//! (self-distillation data), via `aerie_capture::regenerate`. Resumable after `kill -9`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use aerie_capture::regenerate::report_path;
+use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate};
+use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
+use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
+use aerie_data::template::TemplateChoice;
+use aerie_model::target::TargetModel;
+use anyhow::{Context, Result};
+use burn::tensor::backend::Backend;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::data::SameRole;
+use crate::device::{DeviceArg, with_backend};
+
+/// Arguments of `aerie regenerate`.
+#[derive(Debug, Args)]
+pub struct RegenerateArgs {
+    /// Target model: HF directory or hub id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub target: PathBuf,
+    /// Chat data: ShareGPT JSON array, JSONL, or parquet (file or HF dataset directory).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Output JSONL (ShareGPT records); `OUT.partial` while running, resumed by a rerun.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Tokenizer directory or hub id (default: the target's).
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub tokenizer: Option<PathBuf>,
+    /// `auto` (the tokenizer's own template), a built-in (`chatml`, `llama3`, `kimi-k2`), a named
+    /// template of the tokenizer, or a .jinja file.
+    #[arg(long, default_value = "auto")]
+    pub template: String,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1] (with --temperature > 0).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Sampling seed; each record and turn draws from its own stream, so resumes reproduce.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// New tokens per assistant turn at most.
+    #[arg(long, default_value_t = 512)]
+    pub max_new_tokens: usize,
+    /// Prompt plus answer at most this many tokens (a longer prompt ends the conversation); 0
+    /// for no limit.
+    #[arg(long, default_value_t = 2048)]
+    pub max_length: usize,
+    /// Stop once the output holds this many records.
+    #[arg(long)]
+    pub max_samples: Option<u64>,
+    /// Input layout: auto, json, jsonl, parquet.
+    #[arg(long, default_value = "auto")]
+    pub format: String,
+    /// Fail on a malformed record or a truncated file instead of skipping with a warning.
+    #[arg(long)]
+    pub strict: bool,
+    /// What to do with consecutive same-role turns.
+    #[arg(long, value_enum, default_value = "merge")]
+    pub same_role: SameRole,
+    /// Replace a finished --out, and start over when OUT.partial was made with other options.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl RegenerateArgs {
+    fn to_options(&self) -> Result<RegenerateOptions> {
+        let mut o = RegenerateOptions::new(&self.data, &self.out);
+        o.tokenizer = self.tokenizer.clone();
+        o.target_name = self.target.display().to_string();
+        o.read = ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict };
+        o.normalize = NormalizeOptions {
+            same_role: match self.same_role {
+                SameRole::Merge => SameRolePolicy::Merge,
+                SameRole::Cut => SameRolePolicy::Cut,
+            },
+            ..NormalizeOptions::default()
+        };
+        o.template = self.template.parse::<TemplateChoice>()?;
+        o.temperature = self.temperature;
+        o.top_p = self.top_p;
+        o.seed = self.seed;
+        o.max_new_tokens = self.max_new_tokens;
+        o.max_length = (self.max_length > 0).then_some(self.max_length);
+        o.max_samples = self.max_samples;
+        o.overwrite = self.overwrite;
+        Ok(o)
+    }
+}
+
+/// Run `aerie regenerate`.
+pub fn run(args: RegenerateArgs) -> Result<()> {
+    let opts = args.to_options()?;
+    with_backend!(args.device, |B, dev| run_on::<B>(&args, &opts, &dev))
+}
+
+fn run_on<B: Backend>(args: &RegenerateArgs, opts: &RegenerateOptions, device: &B::Device) -> Result<()> {
+    let target = TargetModel::<B>::load(&args.target, device)
+        .with_context(|| format!("loading target {}", args.target.display()))?;
+    let pb = ProgressBar::new(0);
+    let mut styled = false;
+    let start = Instant::now();
+    let report = regenerate(&target, &args.target, opts, &mut |p: &RegenerateProgress| {
+        if !styled {
+            let tmpl = match (p.max_samples, p.unit) {
+                (Some(_), _) => "regenerate [{elapsed_precise}] {wide_bar} {pos}/{len} records (ETA {eta}) {msg}",
+                (None, ProgressUnit::Bytes) => {
+                    "regenerate [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} of input (ETA {eta}) {msg}"
+                }
+                (None, ProgressUnit::Rows) => {
+                    "regenerate [{elapsed_precise}] {wide_bar} {pos}/{len} input rows (ETA {eta}) {msg}"
+                }
+            };
+            pb.set_style(ProgressStyle::with_template(tmpl).expect("valid template"));
+            styled = true;
+        }
+        match p.max_samples {
+            Some(m) => {
+                pb.set_length(m);
+                pb.set_position(p.records);
+            }
+            None => {
+                pb.set_length(p.input_total);
+                pb.set_position(p.input_done);
+            }
+        }
+        let tps = p.tokens as f64 / start.elapsed().as_secs_f64().max(1e-9);
+        pb.set_message(format!("{} records, {} tokens, {tps:.1} tokens/s", p.records, p.tokens));
+    })
+    .with_context(|| format!("regenerating {} into {}", args.data.display(), args.out.display()))?;
+    pb.finish_and_clear();
+    for w in &report.read.warnings {
+        eprintln!("warning: {w}");
+    }
+    if report.read.warnings_omitted > 0 {
+        eprintln!("warning: ... and {} more", report.read.warnings_omitted);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn print_report(r: &RegenerateReport) {
+    println!(
+        "out          {} ({} records; {} resumed, {} written now)",
+        r.out.display(),
+        r.records,
+        r.resumed_records,
+        r.written_records
+    );
+    println!("report       {}", report_path(&r.out).display());
+    println!(
+        "turns        {} regenerated, {} tokens in {:.1} s ({:.1} tokens/s), {} prompt tokens",
+        r.turns_regenerated, r.tokens_generated, r.seconds, r.tokens_per_second, r.prompt_tokens
+    );
+    println!(
+        "speed        prefill {:.1} tokens/s ({:.1} s), decode {:.1} tokens/s",
+        r.prefill_tokens_per_second, r.prefill_seconds, r.decode_tokens_per_second
+    );
+    println!(
+        "stopped by   eos {}, max-new-tokens {}, max-length {}",
+        r.stopped_by_eos, r.stopped_by_max_new_tokens, r.stopped_by_max_length
+    );
+    for (reason, n) in &r.dropped {
+        println!("  dropped    {n:>8}  {reason}");
+    }
+    for (reason, n) in &r.cut {
+        println!("  cut        {n:>8}  {reason}");
+    }
+}

@@ -1,0 +1,118 @@
+//! `aerie capture` killed with SIGKILL (after its first shard is committed, and again at an
+//! arbitrary moment of the rerun) and run again yields the dataset an uninterrupted capture
+//! yields: the same samples in the same order, no duplicate, no gap, the same tensor bytes.
+
+#[path = "../../aerie-capture/tests/fixture/mod.rs"]
+mod fixture;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use aerie_data::shard::{ShardDataset, shard_file_name};
+use serde_json::{Value, json};
+
+fn aerie() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_aerie"));
+    c.env("RAYON_NUM_THREADS", "1");
+    c
+}
+
+fn ok_json(out: Output) -> Value {
+    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Longer conversations than the fixture's default, so that each sample takes a while.
+fn long_conversations(n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let q = format!("Tell me about item {i}. ").repeat(4 + i % 5);
+            let a = format!("Item {i} is a fine item, as items go. ").repeat(3 + i % 4);
+            json!({"id": format!("c{i}"), "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]})
+        })
+        .collect()
+}
+
+fn assert_same_dataset(a: &Path, b: &Path) {
+    let (a, b) = (ShardDataset::open(a).unwrap(), ShardDataset::open(b).unwrap());
+    assert_eq!(a.len(), b.len(), "sample count");
+    assert_eq!(a.num_tokens(), b.num_tokens());
+    let mut ids = std::collections::HashSet::new();
+    for i in 0..a.len() {
+        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
+        assert_eq!(x.sample_id(), y.sample_id(), "sample {i}: id");
+        assert!(ids.insert(y.sample_id()), "sample {i}: duplicate id {:?}", y.sample_id());
+        assert_eq!(x.input_ids(), y.input_ids(), "sample {i}: input ids");
+        assert_eq!(x.loss_mask(), y.loss_mask(), "sample {i}: loss mask");
+        assert_eq!(x.aux_hidden().as_bytes(), y.aux_hidden().as_bytes(), "sample {i}: aux_hidden bytes");
+        assert_eq!(
+            x.final_hidden().map(|h| h.as_bytes().to_vec()),
+            y.final_hidden().map(|h| h.as_bytes().to_vec()),
+            "sample {i}: final_hidden bytes"
+        );
+    }
+    b.verify().unwrap();
+}
+
+#[test]
+fn capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 128, 4, 21);
+    let data = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&data, &long_conversations(48));
+    let prepared = dir.path().join("prepared");
+    ok_json(
+        aerie()
+            .args(["data", "prepare", "--data", s(&data), "--tokenizer", s(&target), "--out", s(&prepared), "--json"])
+            .output()
+            .unwrap(),
+    );
+    let capture = |out: &Path| {
+        let mut c = aerie();
+        c.args(["capture", "--target", s(&target), "--data", s(&prepared), "--out", s(out)]).args([
+            "--aux-layers",
+            "0,1,2",
+            "--dtype",
+            "f32",
+            "--shard-tokens",
+            "1500",
+            "--json",
+        ]);
+        c
+    };
+    let t0 = Instant::now();
+    let full = dir.path().join("full");
+    let report = ok_json(capture(&full).output().unwrap());
+    assert_eq!(report["captured_samples"], 48);
+    let full_secs = t0.elapsed();
+
+    // Kill once the first shard is committed.
+    let out = dir.path().join("killed");
+    let mut child = capture(&out).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let first = out.join(shard_file_name(0));
+    let start = Instant::now();
+    while !first.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "capture finished before it could be killed");
+        assert!(start.elapsed() < Duration::from_secs(60), "no shard in 60 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Kill the rerun at an arbitrary moment (a third of an uninterrupted run's time).
+    let mut child = capture(&out).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(full_secs / 3);
+    let _ = child.kill();
+    child.wait().unwrap();
+    // The last run finishes the dataset.
+    let report = ok_json(capture(&out).output().unwrap());
+    let resumed = report["resumed_samples"].as_u64().unwrap();
+    assert!(resumed > 0 && resumed < 48, "{report}");
+    assert_eq!(resumed + report["captured_samples"].as_u64().unwrap(), 48);
+    assert_same_dataset(&full, &out);
+}

@@ -1,0 +1,215 @@
+//! The per-step loss of the TTT objective fused into one pass per row on the host, for CPU
+//! backends (burn-flex, burn-ndarray), where every burn tensor op is a separate, mostly
+//! single-threaded sweep over `[B, L, Vd]` with its own allocation and its own backward.
+//!
+//! For each position the row of logits z is read once into cache and everything the step needs
+//! comes out of that visit: log-sum-exp, the soft cross-entropy against the teacher p, α = Σ
+//! min(pf, q), the argmax, and the two gradients
+//!
+//! ```text
+//! ∂CE/∂z = q·Σp − p                      (CE = lse·Σp − Σ p·z)
+//! ∂α/∂z  = [q < pf]·q − q·Σ_v [q_v < pf_v]·q_v
+//! ```
+//!
+//! scaled by the position's weight pm. The values enter the graph as constants and the gradients
+//! through the linear surrogate `s − detach(s)`, `s = Σ_v z·G` (exactly zero in value, gradient
+//! `G` times whatever flows into the token's entry), so TV and LK objectives built on the
+//! per-token tensors get exact gradients too. Rows are independent and each is computed in a
+//! fixed order, so the result does not depend on the number of threads.
+
+use burn::tensor::{Element, Tensor, TensorData, backend::Backend};
+use rayon::prelude::*;
+
+/// The float types the host kernel runs in (the logits' dtype after upcast).
+pub(super) trait Real: Element + Copy + Send + Sync + PartialOrd + Default + 'static {
+    fn exp(self) -> Self;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn mul(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+}
+
+impl Real for f32 {
+    #[inline(always)]
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self * o
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self - o
+    }
+}
+
+impl Real for f64 {
+    #[inline(always)]
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self * o
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self - o
+    }
+}
+
+/// The unshifted teacher on the host: row `b·L + t` describes token `t + 1`.
+pub(super) struct HostTeacher<T> {
+    p: Vec<T>,
+    pf: Vec<T>,
+    argmax_p: Vec<u32>,
+    vd: usize,
+}
+
+impl<T: Real> HostTeacher<T> {
+    pub(super) fn new<B: Backend>(p: &Tensor<B, 3>, pf: &Tensor<B, 3>) -> Self {
+        let vd = p.dims()[2];
+        let host = |t: &Tensor<B, 3>| -> Vec<T> {
+            t.clone().detach().into_data().convert::<T>().into_vec::<T>().expect("teacher data")
+        };
+        let p = host(p);
+        let pf = host(pf);
+        let argmax_p = p.par_chunks(vd).map(|row| argmax(row).0 as u32).collect();
+        Self { p, pf, argmax_p, vd }
+    }
+}
+
+/// First index of the maximum (NaN entries never win, as in a `>` scan).
+#[inline]
+fn argmax<T: Real>(row: &[T]) -> (usize, T) {
+    let mut best = row[0];
+    let mut arg = 0;
+    for (i, &v) in row.iter().enumerate().skip(1) {
+        if v > best {
+            best = v;
+            arg = i;
+        }
+    }
+    (arg, best)
+}
+
+/// One step's host results.
+pub(super) struct StepHost<T> {
+    /// pm·CE per position `[B·L]`.
+    pub ce: Vec<T>,
+    /// pm·α per position `[B·L]`.
+    pub alpha: Vec<T>,
+    /// Σ_t pm·[argmax z = argmax p_k] per sequence `[B]`.
+    pub correct: Vec<f64>,
+    /// pm·∂CE/∂z `[B·L·Vd]`.
+    pub g_ce: Vec<T>,
+    /// pm·∂α/∂z `[B·L·Vd]`.
+    pub g_alpha: Vec<T>,
+}
+
+/// Step `k` over logits `z` `[B·L·Vd]`: position t of sequence b is scored against teacher row
+/// `t + k` (already the shifted-once row t + k + 1 of the capture) with weight `pm[b·L + t + k]`.
+pub(super) fn step<T: Real>(z: &[T], teacher: &HostTeacher<T>, pm: &[f32], shape: [usize; 2], k: usize) -> StepHost<T> {
+    let [b, l] = shape;
+    let vd = teacher.vd;
+    let n = b * l;
+    debug_assert_eq!(z.len(), n * vd);
+    let mut g_ce = vec![T::default(); n * vd];
+    let mut g_alpha = vec![T::default(); n * vd];
+    let rows: Vec<(f64, f64, f64)> = g_ce
+        .par_chunks_mut(vd)
+        .zip(g_alpha.par_chunks_mut(vd))
+        .enumerate()
+        .with_min_len(4)
+        .map(|(r, (gc, ga))| {
+            let (seq, t) = (r / l, r % l);
+            let zr = &z[r * vd..(r + 1) * vd];
+            let w = if t + k < l { pm[seq * l + t + k] as f64 } else { 0.0 };
+            if w == 0.0 {
+                // A masked position contributes 0·CE; keep a non-finite row visible as the tensor
+                // formulation does (0·NaN = NaN), so a NaN still stops training.
+                return if zr.iter().all(|v| v.to_f64().is_finite()) { (0.0, 0.0, 0.0) } else { (f64::NAN, f64::NAN, 0.0) };
+            }
+            let tr = seq * l + t + k + 1;
+            let (pr, pfr) = (&teacher.p[tr * vd..(tr + 1) * vd], &teacher.pf[tr * vd..(tr + 1) * vd]);
+            let (ce, alpha, arg) = row(zr, pr, pfr, w, gc, ga);
+            let hit = if arg == teacher.argmax_p[tr] as usize { w } else { 0.0 };
+            (ce, alpha, hit)
+        })
+        .collect();
+    let mut correct = vec![0f64; b];
+    for (r, &(_, _, hit)) in rows.iter().enumerate() {
+        correct[r / l] += hit;
+    }
+    StepHost {
+        ce: rows.iter().map(|r| T::from_f64(r.0)).collect(),
+        alpha: rows.iter().map(|r| T::from_f64(r.1)).collect(),
+        correct,
+        g_ce,
+        g_alpha,
+    }
+}
+
+/// One position: returns (w·CE, w·α, argmax z) and writes w·∂CE/∂z, w·∂α/∂z.
+#[inline]
+fn row<T: Real>(z: &[T], p: &[T], pf: &[T], w: f64, gc: &mut [T], ga: &mut [T]) -> (f64, f64, usize) {
+    let (arg, max) = argmax(z);
+    // e = exp(z − max) (kept in ga for now), Σe, Σp, Σp·z.
+    let (mut s, mut sp, mut spz) = (0f64, 0f64, 0f64);
+    for i in 0..z.len() {
+        let e = z[i].sub(max).exp();
+        ga[i] = e;
+        s += e.to_f64();
+        sp += p[i].to_f64();
+        spz += p[i].to_f64() * z[i].to_f64();
+    }
+    let lse = max.to_f64() + s.ln();
+    let ce = lse * sp - spz;
+    // q = e / Σe; α and the mass of q where q < pf.
+    let inv_s = T::from_f64(1.0 / s);
+    let (wt, spt) = (T::from_f64(w), T::from_f64(sp));
+    let (mut alpha, mut below) = (0f64, 0f64);
+    for i in 0..z.len() {
+        let q = ga[i].mul(inv_s);
+        ga[i] = q;
+        if q < pf[i] {
+            alpha += q.to_f64();
+            below += q.to_f64();
+        } else {
+            alpha += pf[i].to_f64();
+        }
+        gc[i] = wt.mul(q.mul(spt).sub(p[i]));
+    }
+    let belowt = T::from_f64(below);
+    for i in 0..z.len() {
+        let q = ga[i];
+        let own = if q < pf[i] { q } else { T::default() };
+        ga[i] = wt.mul(own.sub(q.mul(belowt)));
+    }
+    (w * ce, w * alpha, arg)
+}
+
+/// `s − detach(s)` with `s = Σ_v z·g` over the last dim: zero in value, gradient `g`.
+pub(super) fn surrogate<B: Backend>(z: &Tensor<B, 3>, g: Vec<impl Element>, shape: [usize; 3]) -> Tensor<B, 2> {
+    let [b, l, vd] = shape;
+    let g = Tensor::<B, 3>::from_data(TensorData::new(g, [b * l, vd, 1]), (&z.device(), z.dtype()));
+    let s = z.clone().reshape([b * l, 1, vd]).matmul(g).reshape([b, l]);
+    s.clone() - s.detach()
+}
