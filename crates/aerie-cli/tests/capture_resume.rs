@@ -2,30 +2,17 @@
 //! arbitrary moment of the rerun) and run again yields the dataset an uninterrupted capture
 //! yields: the same samples in the same order, no duplicate, no gap, the same tensor bytes.
 
+mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::{ShardDataset, shard_file_name};
+use common::{aerie_cmd, ok_json, s};
 use serde_json::{Value, json};
-
-fn aerie() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_aerie"));
-    c.env("RAYON_NUM_THREADS", "1");
-    c
-}
-
-fn ok_json(out: Output) -> Value {
-    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// Longer conversations than the fixture's default, so that each sample takes a while.
 fn long_conversations(n: usize) -> Vec<Value> {
@@ -68,13 +55,13 @@ fn capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
     fixture::write_jsonl(&data, &long_conversations(48));
     let prepared = dir.path().join("prepared");
     ok_json(
-        aerie()
+        aerie_cmd()
             .args(["data", "prepare", "--data", s(&data), "--tokenizer", s(&target), "--out", s(&prepared), "--json"])
             .output()
             .unwrap(),
     );
     let capture = |out: &Path| {
-        let mut c = aerie();
+        let mut c = aerie_cmd();
         c.args(["capture", "--target", s(&target), "--data", s(&prepared), "--out", s(out)]).args([
             "--aux-layers",
             "0,1,2",

@@ -2,19 +2,11 @@
 //! mid-record, with a tiny byte-level tokenizer written by the test: the JSON reports, the
 //! files, the truncation warning, and the refusal to replace a drafter's mapping.
 
+mod common;
 use std::path::Path;
-use std::process::{Command, Output};
 
-use serde_json::{Value, json};
-
-fn aerie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aerie")).args(args).output().expect("run aerie")
-}
-
-fn ok_json(out: Output) -> Value {
-    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
-}
+use common::{aerie, ok_json};
+use serde_json::json;
 
 /// A byte-level BPE tokenizer without merges (ids 0-255 are the bytes in GPT-2's printable
 /// alphabet) plus the ChatML special tokens at 256 and 257.

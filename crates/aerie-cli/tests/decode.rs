@@ -2,25 +2,17 @@
 //! greedy identity, the costs file it writes feeding `aerie project`, and clear errors for a
 //! drafter of another target and a malformed prompt file.
 
+mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, SaveOptions, save_drafter};
 use aerie_model::{AuxConvention, AuxLayers};
+use common::{aerie, ok};
 use serde_json::Value;
-
-fn aerie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aerie")).args(args).output().expect("run aerie")
-}
-
-fn ok(out: Output) -> String {
-    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// A drafter for the fixture target (H 32, 4 layers, V 258), without its embedding (loaded from
 /// the target at run time, as for real drafters).

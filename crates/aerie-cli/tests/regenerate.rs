@@ -3,29 +3,16 @@
 //! an uninterrupted run; and model arguments accept hub ids resolved from an offline Hugging Face
 //! cache (a local path of the same name wins).
 
+mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{aerie_cmd, ok_json, s};
 use serde_json::Value;
-
-fn aerie() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_aerie"));
-    c.env("RAYON_NUM_THREADS", "1");
-    c
-}
-
-fn ok_json(out: Output) -> Value {
-    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 #[test]
 fn regenerated_data_is_read_back_by_data_prepare() {
@@ -36,7 +23,7 @@ fn regenerated_data_is_read_back_by_data_prepare() {
     fixture::write_jsonl(&data, &fixture::conversations(6));
     let out = dir.path().join("regen.jsonl");
     let report = ok_json(
-        aerie()
+        aerie_cmd()
             .args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(&out)])
             .args(["--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--seed", "4", "--json"])
             .output()
@@ -56,7 +43,7 @@ fn regenerated_data_is_read_back_by_data_prepare() {
 
     let prepared = dir.path().join("prepared");
     let prep = ok_json(
-        aerie()
+        aerie_cmd()
             .args(["data", "prepare", "--data", s(&out), "--tokenizer", s(&target), "--out", s(&prepared)])
             .args(["--json"])
             .output()
@@ -67,15 +54,17 @@ fn regenerated_data_is_read_back_by_data_prepare() {
     assert_eq!(prep["read"]["malformed"], 0);
 
     // A missing input and a finished output are clear errors.
-    let err = aerie()
+    let err = aerie_cmd()
         .args(["regenerate", "--target", s(&target), "--data", s(&dir.path().join("nope.json")), "--out"])
         .arg(dir.path().join("x.jsonl"))
         .output()
         .unwrap();
     assert!(!err.status.success());
     assert!(String::from_utf8_lossy(&err.stderr).contains("nope.json"));
-    let again =
-        aerie().args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(&out)]).output().unwrap();
+    let again = aerie_cmd()
+        .args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(&out)])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
 }
 
@@ -87,7 +76,7 @@ fn sigkill_then_rerun_gives_the_uninterrupted_bytes() {
     let data = dir.path().join("chat.jsonl");
     fixture::write_jsonl(&data, &fixture::conversations(10));
     let run = |out: &Path| {
-        let mut c = aerie();
+        let mut c = aerie_cmd();
         c.args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(out)]).args([
             "--max-new-tokens",
             "24",
@@ -158,7 +147,7 @@ fn hub_ids_resolve_from_an_offline_cache_and_local_paths_win() {
 
     // regenerate --target and data prepare --tokenizer take the hub id (and @revision).
     let out = dir.path().join("regen.jsonl");
-    let mut c = aerie();
+    let mut c = aerie_cmd();
     offline(&mut c);
     let r = ok_json(
         c.args(["regenerate", "--target", "org/tiny", "--data", s(&data), "--out", s(&out), "--max-new-tokens", "4"])
@@ -167,7 +156,7 @@ fn hub_ids_resolve_from_an_offline_cache_and_local_paths_win() {
             .unwrap(),
     );
     assert_eq!(r["records"], 2);
-    let mut c = aerie();
+    let mut c = aerie_cmd();
     offline(&mut c);
     let prep = ok_json(
         c.args(["data", "prepare", "--data", s(&out), "--tokenizer", "org/tiny@main", "--out"])
@@ -181,7 +170,7 @@ fn hub_ids_resolve_from_an_offline_cache_and_local_paths_win() {
     // A local directory named like the hub id wins over the cache.
     let local = dir.path().join("org/tiny");
     fixture::write_tokenizer(&local, Some(&format!("{}{{# local #}}", fixture::CHATML)));
-    let mut c = aerie();
+    let mut c = aerie_cmd();
     offline(&mut c);
     let prep = ok_json(
         c.args(["data", "prepare", "--data", s(&out), "--tokenizer", "org/tiny", "--out"])
@@ -193,7 +182,7 @@ fn hub_ids_resolve_from_an_offline_cache_and_local_paths_win() {
     assert_eq!(prep["tokenizer"], "org/tiny");
 
     // A hub id missing from the offline cache is a clear error naming it.
-    let mut c = aerie();
+    let mut c = aerie_cmd();
     offline(&mut c);
     let miss = c.args(["capture", "--target", "org/absent", "--data", "x", "--out", "y"]).output().unwrap();
     assert!(!miss.status.success());

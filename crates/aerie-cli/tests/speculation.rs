@@ -2,9 +2,9 @@
 //! `compare` on a tiny synthetic capture, and `measure`'s error path. Fixtures are written with
 //! the library crates (a random tiny drafter, a unit-row target head, one shard).
 
+mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use aerie_data::shard::{
     AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
@@ -12,15 +12,7 @@ use aerie_data::shard::{
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
-
-fn aerie(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aerie")).args(args).output().expect("run aerie")
-}
-
-fn ok(out: Output) -> String {
-    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{aerie, ok};
 
 struct Fixture {
     _dir: tempfile::TempDir,

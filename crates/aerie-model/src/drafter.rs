@@ -22,11 +22,23 @@ pub struct TttCache<B: Backend> {
     prefix: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
     /// Keys/values of steps 1..k, each `[B, nKV, L, d]`.
     diagonal: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// The layer's weights transposed once for all steps (see [`Linear::weight_t`]).
+    weights: Option<LayerWeightsT<B>>,
+}
+
+/// `[in, out]` weights of the decoder layer in the activation dtype.
+#[derive(Debug, Clone)]
+struct LayerWeightsT<B: Backend> {
+    q: Tensor<B, 2>,
+    k: Tensor<B, 2>,
+    v: Tensor<B, 2>,
+    o: Tensor<B, 2>,
+    mlp: [Tensor<B, 2>; 3],
 }
 
 impl<B: Backend> Default for TttCache<B> {
     fn default() -> Self {
-        Self { prefix: None, diagonal: Vec::new() }
+        Self { prefix: None, diagonal: Vec::new(), weights: None }
     }
 }
 
@@ -82,9 +94,17 @@ impl<B: Backend> Eagle3Attention<B> {
         let [b, l, _] = x.dims();
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let g = nh / nkv;
-        let q = rope::apply(self.heads(self.q_proj.forward(x.clone()), nh), cos, sin);
-        let k = rope::apply(self.heads(self.k_proj.forward(x.clone()), nkv), cos, sin);
-        let v = self.heads(self.v_proj.forward(x), nkv);
+        let (q, k, v) = match &cache.weights {
+            Some(w) => (
+                Linear::forward_t(x.clone(), &w.q),
+                Linear::forward_t(x.clone(), &w.k),
+                Linear::forward_t(x, &w.v),
+            ),
+            None => (self.q_proj.forward(x.clone()), self.k_proj.forward(x.clone()), self.v_proj.forward(x)),
+        };
+        let q = rope::apply(self.heads(q, nh), cos, sin);
+        let k = rope::apply(self.heads(k, nkv), cos, sin);
+        let v = self.heads(v, nkv);
         match cache.prefix {
             None => cache.prefix = Some((k, v)),
             Some(_) => cache.diagonal.push((k, v)),
@@ -115,7 +135,10 @@ impl<B: Backend> Eagle3Attention<B> {
         }
         let out = out / denom.cast(dtype);
         let out = out.reshape([b, nh, l, d]).swap_dims(1, 2).reshape([b, l, nh * d]);
-        self.o_proj.forward(out)
+        match &cache.weights {
+            Some(w) => Linear::forward_t(out, &w.o),
+            None => self.o_proj.forward(out),
+        }
     }
 }
 
@@ -146,11 +169,23 @@ impl<B: Backend> Eagle3Layer<B> {
         causal: &Tensor<B, 4, Bool>,
         cache: &mut TttCache<B>,
     ) -> Tensor<B, 3> {
+        if cache.weights.is_none() {
+            let dtype = hidden.dtype();
+            let (a, m) = (&self.self_attn, &self.mlp);
+            cache.weights = Some(LayerWeightsT {
+                q: a.q_proj.weight_t(dtype),
+                k: a.k_proj.weight_t(dtype),
+                v: a.v_proj.weight_t(dtype),
+                o: a.o_proj.weight_t(dtype),
+                mlp: [m.gate_proj.weight_t(dtype), m.up_proj.weight_t(dtype), m.down_proj.weight_t(dtype)],
+            });
+        }
         let normed = self.hidden_norm.forward(hidden.clone());
         let residual = if self.norm_before_residual { normed.clone() } else { hidden };
         let x = Tensor::cat(vec![self.input_layernorm.forward(emb), normed], 2);
         let h = residual + self.self_attn.forward_ttt(x, cos, sin, causal, cache);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        let mlp_w = &cache.weights.as_ref().expect("set above").mlp;
+        h.clone() + Mlp::forward_t(self.post_attention_layernorm.forward(h), mlp_w)
     }
 }
 

@@ -40,6 +40,27 @@ impl<B: Backend> Linear<B> {
         out_dims[D - 1] = out_features;
         y.reshape(out_dims)
     }
+
+    /// The weight as `[in, out]` in `dtype`, for [`Self::forward_t`]. Taking it once and reusing
+    /// it over the unrolled TTT steps makes autodiff sum the steps' weight gradients on this
+    /// contiguous `[in, out]` node and transpose once at the end; with [`Self::forward`] each
+    /// step's gradient is added into a transposed (strided) view of `[out, in]`, which burn-flex
+    /// does element by element.
+    pub fn weight_t(&self, dtype: DType) -> Tensor<B, 2> {
+        self.weight.val().cast(dtype).transpose()
+    }
+
+    /// [`Self::forward`] with the weight taken by [`Self::weight_t`].
+    pub fn forward_t<const D: usize>(x: Tensor<B, D>, weight_t: &Tensor<B, 2>) -> Tensor<B, D> {
+        let dims = x.dims();
+        let in_features = dims[D - 1];
+        let rows: usize = dims[..D - 1].iter().product();
+        let [_, out_features] = weight_t.dims();
+        let y = x.reshape([rows, in_features]).matmul(weight_t.clone());
+        let mut out_dims = dims;
+        out_dims[D - 1] = out_features;
+        y.reshape(out_dims)
+    }
 }
 
 /// RMSNorm `w * x / sqrt(mean(x²) + eps)`, reduced in f32 whatever the activation dtype.
@@ -85,5 +106,11 @@ impl<B: Backend> Mlp<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let gate = silu(self.gate_proj.forward(x.clone()));
         self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+
+    /// [`Self::forward`] with the weights taken by [`Linear::weight_t`] (gate, up, down).
+    pub fn forward_t<const D: usize>(x: Tensor<B, D>, [gate, up, down]: &[Tensor<B, 2>; 3]) -> Tensor<B, D> {
+        let g = silu(Linear::forward_t(x.clone(), gate));
+        Linear::forward_t(g * Linear::forward_t(x, up), down)
     }
 }

@@ -11,7 +11,7 @@ use burn::tensor::{Bool, DType, ElementConversion, Int, Tensor, TensorData, acti
 use serde::Serialize;
 
 use crate::drafter::{Drafter, TttCache};
-use crate::layers::upcast;
+use crate::layers::{Linear, upcast};
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
 
@@ -217,11 +217,13 @@ pub fn ttt_forward_with<B: Backend>(
     let mut steps = Vec::with_capacity(opts.ttt_length);
     let mut loss: Option<Tensor<B, 1>> = None;
     let mut scorer: Option<Scorer<B>> = None;
+    // The head's weight transposed once for all steps (see `Linear::weight_t`).
+    let head_t = drafter.lm_head.weight_t(hidden.dtype());
     for (k, &weight) in opts.step_weights.iter().enumerate() {
         let (cos, sin) = drafter.rotary().tables::<B>(k, l, &device);
         let out =
             drafter.midlayer.forward_ttt(drafter.embed(shift_ids(ids.clone(), k)), hidden, &cos, &sin, &causal, &mut cache);
-        let logits = upcast(drafter.logits(out.clone()));
+        let logits = upcast(Linear::forward_t(drafter.norm.forward(out.clone()), &head_t));
         hidden = drafter.carry(out);
         let scorer = scorer.get_or_insert_with(|| Scorer::new(path, logits.dtype(), batch, &m, &pm));
         let step = scorer.step(logits, k);

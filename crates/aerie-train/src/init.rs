@@ -395,3 +395,101 @@ fn remap_vocab(ckpt: &mut DrafterCheckpoint, old: &VocabMap, new: &VocabMap, see
     ckpt.config.draft_vocab_size = vd;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use aerie_model::checkpoint::io::write_safetensors;
+    use aerie_model::checkpoint::synthetic;
+
+    use super::*;
+
+    const V: usize = 40;
+    const VD: usize = 12;
+    const H: usize = 16;
+
+    /// A tiny target directory (config, embedding, head, final norm) and a draft vocab file.
+    fn target(root: &Path) -> (PathBuf, PathBuf) {
+        let dir = root.join("target");
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": 24,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4, "num_hidden_layers": 8,
+            "vocab_size": V, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 64
+        });
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let f = |n: usize, k: f32| (0..n).map(|i| ((i as f32) * k).sin()).collect::<Vec<f32>>();
+        let embed = HostTensor::from_f32(vec![V, H], &f(V * H, 0.37), Dtype::F32);
+        let head = HostTensor::from_f32(vec![V, H], &f(V * H, 0.11), Dtype::F32);
+        let norm = HostTensor::from_f32(vec![H], &f(H, 1.3), Dtype::F32);
+        write_safetensors(
+            &dir.join("model.safetensors"),
+            [("model.embed_tokens.weight", &embed), ("lm_head.weight", &head), ("model.norm.weight", &norm)],
+        )
+        .unwrap();
+        let (d2t, t2d) = synthetic::vocab_map(V, VD, 5);
+        let vocab = root.join("vocab.safetensors");
+        write_safetensors(
+            &vocab,
+            [("d2t", &HostTensor::from_i64(vec![VD], &d2t)), ("t2d", &HostTensor::from_bool(vec![V], &t2d))],
+        )
+        .unwrap();
+        (dir, vocab)
+    }
+
+    fn config(root: &Path, init: &str) -> Result<TrainConfig> {
+        let text = format!(
+            "output_dir = \"{out}\"\n[data]\ntrain = [\"{out}/none\"]\n[init]\n{init}\n[target]\npath = \"{t}\"\n",
+            out = root.join("run").display(),
+            t = root.join("target").display(),
+        );
+        TrainConfig::from_toml_str(&text, Path::new("test.toml"), &[])
+    }
+
+    #[test]
+    fn from_target_starts_where_the_target_ends() {
+        let root = tempfile::tempdir().unwrap();
+        let (dir, vocab) = target(root.path());
+        let init = format!("kind = \"fresh\"\nvocab = \"{}\"", vocab.display());
+        let plain = initial_drafter(&config(root.path(), &init).unwrap()).unwrap().checkpoint;
+        let cfg = config(root.path(), &format!("{init}\nfrom_target = true")).unwrap();
+        let got = initial_drafter(&cfg).unwrap();
+        let t = &got.checkpoint.tensors;
+        let f32s = |k: &str| t[k].to_f32(k).unwrap();
+
+        let map = read_vocab_file(&vocab, Some(V)).unwrap();
+        let head = load_target_head(&dir).unwrap().to_f32("head").unwrap();
+        let rows = f32s("lm_head.weight");
+        for (j, &id) in map.target_ids().iter().enumerate() {
+            assert_eq!(&rows[j * H..(j + 1) * H], &head[id * H..(id + 1) * H], "lm_head row {j} (target id {id})");
+        }
+        let norm = WeightFiles::open_dir(&dir).unwrap().load(&["model.norm.weight"]).unwrap();
+        assert_eq!(f32s("norm.weight"), norm["model.norm.weight"].to_f32("norm").unwrap());
+        let fc = f32s("fc.weight");
+        let a = got.checkpoint.config.num_aux();
+        assert_eq!(fc.len(), H * a * H);
+        for i in 0..H {
+            for j in 0..a * H {
+                let want = if j == (a - 1) * H + i { 1.0 } else { 0.0 };
+                assert_eq!(fc[i * a * H + j], want, "fc[{i}, {j}]");
+            }
+        }
+        for k in ["midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"] {
+            assert!(f32s(k).iter().all(|&x| x == 0.0), "{k} is not zero");
+        }
+        // Everything else is the reference init, the vocab map included.
+        for k in
+            ["midlayer.self_attn.q_proj.weight", "midlayer.mlp.gate_proj.weight", "d2t", "t2d", "embed_tokens.weight"]
+        {
+            assert_eq!(t[k], plain.tensors[k], "{k}");
+        }
+        assert!(got.notes.iter().any(|n| n.contains("from_target")), "{:?}", got.notes);
+    }
+
+    #[test]
+    fn from_target_is_refused_for_a_warm_start() {
+        let root = tempfile::tempdir().unwrap();
+        target(root.path());
+        let e = config(root.path(), "kind = \"warm_start\"\ndrafter = \"d\"\nfrom_target = true").unwrap_err();
+        assert!(e.to_string().contains("init.from_target"), "{e}");
+    }
+}

@@ -1,0 +1,36 @@
+//! Running the `aerie` binary from the CLI tests: one thread for rayon (deterministic float
+//! reductions, and fair to the other tests running beside it), failures with the binary's stderr.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The binary under test, not yet started.
+pub fn aerie_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_aerie"));
+    c.env("RAYON_NUM_THREADS", "1");
+    c
+}
+
+/// Run the binary to completion.
+pub fn aerie(args: &[&str]) -> Output {
+    aerie_cmd().args(args).output().expect("run aerie")
+}
+
+/// Its stdout, after asserting success (stderr in the failure message).
+pub fn ok(out: Output) -> String {
+    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8 stdout")
+}
+
+/// Its stdout as one JSON object, after asserting success.
+pub fn ok_json(out: Output) -> Value {
+    serde_json::from_str(ok(out).trim()).expect("one JSON object on stdout")
+}
+
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
