@@ -11,12 +11,16 @@ use std::path::Path;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, SaveOptions, save_drafter};
 use aerie_model::{AuxConvention, AuxLayers};
-use common::{aerie, ok};
+use common::{aerie, ok, s};
 use serde_json::Value;
 
 /// A drafter for the fixture target (H 32, 4 layers, V 258), without its embedding (loaded from
 /// the target at run time, as for real drafters).
 fn write_drafter(dir: &Path, target_hidden: usize) {
+    write_drafter_seeded(dir, target_hidden, 3);
+}
+
+fn write_drafter_seeded(dir: &Path, target_hidden: usize, seed: u64) {
     let mut cfg = tiny_config();
     cfg.hidden_size = target_hidden;
     cfg.target_hidden_size = target_hidden;
@@ -26,7 +30,7 @@ fn write_drafter(dir: &Path, target_hidden: usize) {
     cfg.draft_vocab_size = 64;
     cfg.aux_layers = AuxLayers { ids: vec![0, 1, 2], convention: AuxConvention::OutputOfLayer };
     let opts = SaveOptions { include_embedding: false, ..SaveOptions::default() };
-    save_drafter(&random_drafter(&cfg, Dtype::F32, 3), dir, &opts).unwrap();
+    save_drafter(&random_drafter(&cfg, Dtype::F32, seed), dir, &opts).unwrap();
 }
 
 #[test]
@@ -49,25 +53,24 @@ fn decode_reports_writes_costs_and_feeds_project() {
     )
     .unwrap();
     let (report, costs) = (root.join("report.json"), root.join("costs.toml"));
-    let p = |x: &Path| x.to_str().unwrap().to_owned();
     let args = [
         "eval",
         "decode",
         "--target",
-        &p(&target),
+        s(&target),
         "--drafter",
-        &p(&drafter),
+        s(&drafter),
         "--prompts",
-        &p(&prompts),
+        s(&prompts),
         "--k",
         "3",
         "--max-new-tokens",
         "12",
         "--json",
         "--out",
-        &p(&report),
+        s(&report),
         "--costs-out",
-        &p(&costs),
+        s(&costs),
     ];
     let stdout = ok(aerie(&args));
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -90,7 +93,7 @@ fn decode_reports_writes_costs_and_feeds_project() {
     let text = std::fs::read_to_string(&costs).unwrap();
     assert!(text.contains("aerie eval decode") && text.contains("[t_v.table]"), "{text}");
     let proj: Value =
-        serde_json::from_str(ok(aerie(&["project", "--accept", &p(&report), "--costs", &p(&costs), "--json"])).trim())
+        serde_json::from_str(ok(aerie(&["project", "--accept", s(&report), "--costs", s(&costs), "--json"])).trim())
             .unwrap();
     assert!(proj.to_string().contains("speedup"), "{proj}");
 
@@ -106,6 +109,54 @@ fn decode_reports_writes_costs_and_feeds_project() {
 }
 
 #[test]
+fn compare_by_decoding_writes_the_report_with_measured_speedups() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let target = root.join("target");
+    fixture::write_target(&target, 32, 4, 21);
+    let (a, b) = (root.join("a"), root.join("b"));
+    write_drafter_seeded(&a, 32, 3);
+    write_drafter_seeded(&b, 32, 4);
+    let prompts = root.join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt\": \"Say hi.\"}\n{\"prompt\": \"Why?\"}\n").unwrap();
+    let out = root.join("report");
+    let v: Value = serde_json::from_str(
+        ok(aerie(&[
+            "compare",
+            s(&a),
+            s(&b),
+            "--target",
+            s(&target),
+            "--prompts",
+            s(&prompts),
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            s(&out),
+            "--json",
+        ]))
+        .trim(),
+    )
+    .unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert!(r["measured_speedup"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["speedup"].as_f64().is_some(), "projected through the run's own measured costs: {r}");
+    }
+    let md = std::fs::read_to_string(out.join("compare.md")).unwrap();
+    assert!(md.contains("measured speedup"), "{md}");
+    for f in ["compare.csv", "compare.parquet", "compare.json", "acceptance.png", "acceptance.svg", "speedup.png"] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    // Offline mode still needs its shards.
+    let o = aerie(&["compare", s(&a), "--out", s(&root.join("r2"))]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--data"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
 fn decode_errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
@@ -115,8 +166,7 @@ fn decode_errors_name_the_problem() {
     write_drafter(&other, 48);
     let prompts = root.join("prompts.jsonl");
     std::fs::write(&prompts, "{\"prompt\": \"hi\"}\n").unwrap();
-    let p = |x: &Path| x.to_str().unwrap().to_owned();
-    let out = aerie(&["eval", "decode", "--target", &p(&target), "--drafter", &p(&other), "--prompts", &p(&prompts)]);
+    let out = aerie(&["eval", "decode", "--target", s(&target), "--drafter", s(&other), "--prompts", s(&prompts)]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     // The target's embedding does not fit the drafter: named, with both shapes.
@@ -125,7 +175,7 @@ fn decode_errors_name_the_problem() {
     let drafter = root.join("drafter");
     write_drafter(&drafter, 32);
     std::fs::write(&prompts, "{\"prompt\": \"hi\"}\n{\"turns\": 3}\n").unwrap();
-    let out = aerie(&["eval", "decode", "--target", &p(&target), "--drafter", &p(&drafter), "--prompts", &p(&prompts)]);
+    let out = aerie(&["eval", "decode", "--target", s(&target), "--drafter", s(&drafter), "--prompts", s(&prompts)]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("prompts.jsonl") && err.contains("line 2"), "{err}");
@@ -134,15 +184,60 @@ fn decode_errors_name_the_problem() {
         "eval",
         "decode",
         "--target",
-        &p(&target),
+        s(&target),
         "--drafter",
-        &p(&drafter),
+        s(&drafter),
         "--prompts",
-        &p(&prompts),
+        s(&prompts),
         "--temperature",
         "0.5",
         "--rule",
         "greedy",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature 0"));
+}
+
+/// Greedy identity on the real target and real prompts, skipped unless `AERIE_TEST_ASSETS=1`:
+/// SmolLM2-135M-Instruct imported from the cached GGUF (`aerie assets fetch smollm2`), the first
+/// three MT-Bench questions (both turns), chain and tree. The drafter is `$AERIE_TEST_DRAFTER`
+/// (e.g. the quickstart's, whose drafts do get accepted) or a random SmolLM2-shaped one.
+#[test]
+fn real_assets_smollm2_greedy_speculation_is_plain_greedy() {
+    if std::env::var("AERIE_TEST_ASSETS").map_or(true, |v| v != "1") {
+        println!("note: skipped; set AERIE_TEST_ASSETS=1 to run it on the real files");
+        return;
+    }
+    let home = std::env::var_os("AERIE_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/aerie"));
+    let gguf = home.join("assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mtbench = home.join("assets/mtbench/question.jsonl");
+    if !gguf.is_file() || !mtbench.is_file() {
+        println!("note: skipped: run `aerie assets fetch smollm2 mtbench` first");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("smollm2");
+    ok(aerie(&["import", "gguf", s(&gguf), "--out", s(&target)]));
+    let drafter = match std::env::var_os("AERIE_TEST_DRAFTER") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => {
+            let d = dir.path().join("drafter");
+            let cfg = aerie_model::DrafterConfig::smollm2_135m(4096);
+            let opts = SaveOptions { include_embedding: false, ..SaveOptions::default() };
+            save_drafter(&random_drafter(&cfg, Dtype::F32, 1), &d, &opts).unwrap();
+            d
+        }
+    };
+    let prompts = dir.path().join("prompts.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(&mtbench).unwrap().lines().take(3).map(str::to_owned).collect();
+    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
+    let base = ["eval", "decode", "--target", s(&target), "--drafter", s(&drafter), "--prompts", s(&prompts)];
+    for shape in [&["--k", "3"][..], &["--k", "3", "--topk", "2", "--tree-tokens", "6"][..]] {
+        let args = [&base[..], shape, &["--max-new-tokens", "32", "--json"]].concat();
+        let v: Value = serde_json::from_str(ok(aerie(&args)).trim()).unwrap();
+        assert_eq!(v["answers"], 6);
+        assert_eq!(v["greedy_identical"], true, "{shape:?}: {}", v["mismatched_answers"]);
+        println!("{shape:?}: τ {} speedup {} cycles {}", v["tau"], v["speedup"], v["cycles"]);
+    }
 }

@@ -31,13 +31,16 @@ pub struct Candidate {
     pub accept: AcceptReport,
     /// Its projection through the costs file, when one was given.
     pub projection: Option<Projection>,
+    /// The speedup real decoding measured (`compare --target --prompts`), when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_speedup: Option<f64>,
 }
 
 impl Candidate {
     /// Build a candidate, projecting its curve through `costs` when given.
     pub fn new(name: String, path: String, accept: AcceptReport, costs: Option<&Costs>) -> Self {
         let projection = costs.map(|c| project(&accept.curve, c));
-        Self { name, path, accept, projection }
+        Self { name, path, accept, projection, measured_speedup: None }
     }
 }
 
@@ -68,6 +71,8 @@ pub struct CompareRow {
     pub positions: u64,
     /// Share of positions whose captured next token is not the target argmax.
     pub captured_not_target_argmax: f64,
+    /// Speedup measured by real decoding (decode mode only).
+    pub measured_speedup: Option<f64>,
 }
 
 /// Table rows of `cands`, in order.
@@ -89,6 +94,7 @@ pub fn rows(cands: &[Candidate]) -> Vec<CompareRow> {
                 margin_tau: best.map(|r| r.margin_tau),
                 positions: c.accept.positions,
                 captured_not_target_argmax: c.accept.captured_not_target_argmax,
+                measured_speedup: c.measured_speedup,
             }
         })
         .collect()
@@ -133,6 +139,11 @@ pub fn markdown(rows: &[CompareRow], costs: Option<&Costs>) -> String {
     }
     head.push_str(" best k | τ(best k) | speedup | tok/s | break-even τ | margin | positions |");
     rule.push_str("---:|---:|---:|---:|---:|---:|---:|");
+    let measured = rows.iter().any(|r| r.measured_speedup.is_some());
+    if measured {
+        head.push_str(" measured speedup |");
+        rule.push_str("---:|");
+    }
     let _ = writeln!(s, "{head}\n{rule}");
     for r in rows {
         let mut line = format!("| {} | {:.3} |", r.name.replace('|', "\\|"), r.tau);
@@ -153,6 +164,9 @@ pub fn markdown(rows: &[CompareRow], costs: Option<&Costs>) -> String {
             r.margin_tau.map_or("–".into(), |m| format!("{m:+.3}")),
             r.positions
         );
+        if measured {
+            let _ = write!(line, " {} |", opt(r.measured_speedup, 3));
+        }
         let _ = writeln!(s, "{line}");
     }
     if let Some(r) = rows.iter().find(|r| r.captured_not_target_argmax > 0.0) {
@@ -186,6 +200,7 @@ pub fn csv(rows: &[CompareRow]) -> String {
             "margin_tau",
             "positions",
             "captured_not_target_argmax",
+            "measured_speedup",
         ]
         .map(String::from),
     );
@@ -199,6 +214,7 @@ pub fn csv(rows: &[CompareRow]) -> String {
         cells.extend([r.tau_at_best_k, r.speedup, r.tokens_per_s, r.break_even_tau, r.margin_tau].map(f));
         cells.push(r.positions.to_string());
         cells.push(format!("{}", r.captured_not_target_argmax));
+        cells.push(f(r.measured_speedup));
         out.push_str(&(cells.join(",") + "\n"));
     }
     out
@@ -235,6 +251,7 @@ pub fn write_parquet(rows: &[CompareRow], path: &Path) -> Result<()> {
     float("break_even_tau".into(), rows.iter().map(|r| r.break_even_tau).collect());
     float("margin_tau".into(), rows.iter().map(|r| r.margin_tau).collect());
     float("captured_not_target_argmax".into(), rows.iter().map(|r| Some(r.captured_not_target_argmax)).collect());
+    float("measured_speedup".into(), rows.iter().map(|r| r.measured_speedup).collect());
     fields.push(Field::new("positions", DataType::UInt64, false));
     cols.push(Arc::new(UInt64Array::from(rows.iter().map(|r| r.positions).collect::<Vec<_>>())));
     let fail = |e: &dyn std::fmt::Display| Error::Report(format!("{}: {e}", path.display()));

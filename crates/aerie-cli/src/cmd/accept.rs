@@ -33,7 +33,7 @@ pub struct AcceptArgs {
 pub struct AcceptCommon {
     /// Captured shard directory (aerie-shard/1).
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: Option<PathBuf>,
     /// Target lm_head: a safetensors file with `lm_head.weight`, or the target model directory.
     /// Not needed when the shards carry a top-k teacher only. A hub id names the target's
     /// snapshot directory.
@@ -99,6 +99,13 @@ impl AcceptCommon {
         Ok(opts)
     }
 
+    /// The shard directory (`--data`), required by offline evaluation.
+    pub fn data_dir(&self) -> Result<&Path> {
+        self.data
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--data SHARD_DIR is required (captured shards to evaluate on)"))
+    }
+
     fn target_for_embedding(&self) -> Option<PathBuf> {
         self.target.clone().or_else(|| self.target_head.clone().filter(|p| p.is_dir()))
     }
@@ -133,8 +140,9 @@ pub fn accept_one<B: Backend>(
     let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
         .with_context(|| format!("building drafter {}", drafter_dir.display()))?;
     let opts = common.options()?;
-    eval_accept(&drafter, data, head, &opts, &mut |done, _| progress(done))
-        .with_context(|| format!("evaluating {} on {}", drafter_dir.display(), common.data.display()))
+    eval_accept(&drafter, data, head, &opts, &mut |done, _| progress(done)).with_context(|| {
+        format!("evaluating {} on {}", drafter_dir.display(), common.data_dir().unwrap_or(Path::new("?")).display())
+    })
 }
 
 /// Open the data and, when the shards need it, the target head.
@@ -142,13 +150,14 @@ pub fn open_data<B: Backend>(
     common: &AcceptCommon,
     device: &B::Device,
 ) -> Result<(ShardDataset, Option<Tensor<B, 2>>)> {
-    let data = ShardDataset::open(&common.data).with_context(|| format!("opening {}", common.data.display()))?;
+    let dir = common.data_dir()?;
+    let data = ShardDataset::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     let teacher = data.metadata().teacher;
     let head = match (&common.target_head, teacher.has_final_hidden()) {
         (Some(path), true) => Some(head_tensor::<B>(path, device)?),
         (None, true) if teacher.topk().is_none() => bail!(
             "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
-            common.data.display()
+            dir.display()
         ),
         _ => None,
     };

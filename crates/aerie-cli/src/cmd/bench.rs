@@ -1,12 +1,24 @@
-//! `aerie bench ttt`: forward(+backward) throughput and peak memory of the TTT objective for a
-//! drafter shape, with the analytic FLOP count to say how far from the machine's peak it runs.
+//! `aerie bench ttt` / `aerie bench train`: forward(+backward) throughput and peak memory of the
+//! TTT objective for a drafter shape (a named one, or the one a training config describes), with
+//! the analytic FLOP count to say how far from the machine's peak it runs.
+//!
+//! Inputs are synthetic: random aux features and token ids, a random teacher over the draft
+//! vocabulary. The frozen target embedding is only looked up, so for very large vocabularies
+//! (V·H above 2^28 values) it is cut to fewer rows, which changes no FLOP count (`embed_rows` in
+//! the report says so).
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aerie_model::init::init_tensors;
-use aerie_model::{Drafter, DrafterConfig, TargetHead, TttBatch, TttOptions, VocabMap, ttt_forward};
-use anyhow::{Result, bail};
+use aerie_model::{Drafter, DrafterConfig, TttBatch, TttOptions, VocabMap, ttt_forward};
+use aerie_train::LossKind;
+use aerie_train::config::InitKind;
+use aerie_train::objective::{BatchMasks, Normalisers, micro_loss};
+use aerie_train::TrainConfig;
+use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::{Args, Subcommand, ValueEnum};
@@ -17,8 +29,12 @@ use crate::device::DeviceArg;
 /// `aerie bench ...`
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// Throughput of the training-time-test forward and backward.
+    /// Throughput of the training-time-test forward and backward for a named drafter shape.
     Ttt(TttArgs),
+    /// The same measurement for the drafter, TTT length, loss and sequence length of a training
+    /// config (reads only the config and the `config.json`/vocab files it names, no weights or
+    /// shards).
+    Train(TrainBenchArgs),
 }
 
 /// Named drafter shapes.
@@ -39,21 +55,12 @@ pub enum CpuBackend {
     Ndarray,
 }
 
-/// Arguments of `aerie bench ttt`.
+/// What every benchmark takes besides the drafter.
 #[derive(Debug, Args)]
-pub struct TttArgs {
-    /// Drafter shape.
-    #[arg(long, value_enum, default_value = "smollm2")]
-    pub shape: Shape,
-    /// Sequence length L.
-    #[arg(long, default_value_t = 512)]
-    pub seq_len: usize,
+pub struct RunArgs {
     /// Sequences per step.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Unrolled steps K.
-    #[arg(long, default_value_t = 7)]
-    pub ttt_length: usize,
     /// Timed iterations.
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
@@ -74,6 +81,38 @@ pub struct TttArgs {
     pub json: bool,
 }
 
+/// Arguments of `aerie bench ttt`.
+#[derive(Debug, Args)]
+pub struct TttArgs {
+    /// Drafter shape.
+    #[arg(long, value_enum, default_value = "smollm2")]
+    pub shape: Shape,
+    /// Sequence length L.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Unrolled steps K.
+    #[arg(long, default_value_t = 7)]
+    pub ttt_length: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Arguments of `aerie bench train`.
+#[derive(Debug, Args)]
+pub struct TrainBenchArgs {
+    /// Training config (TOML), as for `aerie train`.
+    pub config: PathBuf,
+    /// Override a config key (repeatable), as for `aerie train`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Sequence length L (default: the config's `data.max_length`, else `data.batch_tokens`: one
+    /// sequence filling a micro-batch).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
 /// Result of one benchmark.
 #[derive(Debug, Serialize)]
 pub struct TttBench {
@@ -82,37 +121,69 @@ pub struct TttBench {
     seq_len: usize,
     batch: usize,
     ttt_length: usize,
+    loss: LossKind,
     backward: bool,
+    threads: usize,
     trainable_params: usize,
+    embed_rows: usize,
     step_seconds: Vec<f64>,
     median_step_seconds: f64,
+    /// Process CPU time (all threads) per timed step, median.
+    median_step_cpu_seconds: f64,
     tokens_per_second: f64,
     flops_per_token: f64,
     achieved_gflops: f64,
     peak_rss_mib: Option<f64>,
 }
 
+/// One benchmark to run.
+struct Spec {
+    config: DrafterConfig,
+    name: String,
+    seq_len: usize,
+    ttt: TttOptions,
+    loss: LossKind,
+}
+
 /// Run `aerie bench`.
 pub fn run(cmd: BenchCommand) -> Result<()> {
-    let BenchCommand::Ttt(args) = cmd;
-    let report = match (args.device, args.backend) {
-        (DeviceArg::Cpu, CpuBackend::Flex) => bench::<Autodiff<burn::backend::Flex>>(&args, &Default::default())?,
+    let (spec, run) = match cmd {
+        BenchCommand::Ttt(a) => {
+            let (config, name) = match a.shape {
+                Shape::Smollm2 => (DrafterConfig::smollm2_135m(8192), "smollm2-135m"),
+                Shape::Kimi => (DrafterConfig::kimi_k2_aq_medai(), "kimi-k2-aq-medai"),
+            };
+            let spec = Spec {
+                config,
+                name: name.into(),
+                seq_len: a.seq_len,
+                ttt: TttOptions::geometric(a.ttt_length, 0.8).with_alpha_grad(false),
+                loss: LossKind::SoftCe,
+            };
+            (spec, a.run)
+        }
+        BenchCommand::Train(a) => (train_spec(&a)?, a.run),
+    };
+    let report = match (run.device, run.backend) {
+        (DeviceArg::Cpu, CpuBackend::Flex) => bench::<Autodiff<burn::backend::Flex>>(&spec, &run, &Default::default())?,
         #[cfg(feature = "ndarray")]
-        (DeviceArg::Cpu, CpuBackend::Ndarray) => bench::<Autodiff<burn::backend::NdArray>>(&args, &Default::default())?,
+        (DeviceArg::Cpu, CpuBackend::Ndarray) => {
+            bench::<Autodiff<burn::backend::NdArray>>(&spec, &run, &Default::default())?
+        }
         #[cfg(not(feature = "ndarray"))]
         (DeviceArg::Cpu, CpuBackend::Ndarray) => bail!("built without the `ndarray` feature"),
         #[cfg(feature = "cuda")]
         (DeviceArg::Cuda(i), _) => {
-            bench::<Autodiff<burn::backend::Cuda>>(&args, &burn::backend::cuda::CudaDevice::new(i))?
+            bench::<Autodiff<burn::backend::Cuda>>(&spec, &run, &burn::backend::cuda::CudaDevice::new(i))?
         }
         #[cfg(not(feature = "cuda"))]
         (DeviceArg::Cuda(_), _) => bail!("built without CUDA: rebuild with `--features cuda`"),
     };
-    if args.json {
+    if run.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} {} L={} B={} K={} {}: {:.1} tokens/s ({:.3} s/step), {:.2} GFLOP/token, {:.1} GFLOP/s, peak RSS {}",
+            "{} {} L={} B={} K={} {}: {:.1} tokens/s ({:.3} s/step, {:.2} CPU s/step), {:.2} GFLOP/token, {:.1} GFLOP/s, peak RSS {}",
             report.backend,
             report.shape,
             report.seq_len,
@@ -121,12 +192,55 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             if report.backward { "fwd+bwd" } else { "fwd" },
             report.tokens_per_second,
             report.median_step_seconds,
+            report.median_step_cpu_seconds,
             report.flops_per_token / 1e9,
             report.achieved_gflops,
             report.peak_rss_mib.map_or("n/a".into(), |m| format!("{m:.0} MiB")),
         );
     }
     Ok(())
+}
+
+/// The drafter shape, K, step weights, loss and L of a training config.
+fn train_spec(a: &TrainBenchArgs) -> Result<Spec> {
+    let sets = a
+        .set
+        .iter()
+        .map(|s| match s.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => bail!("--set `{s}`: expected KEY=VALUE"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let cfg = TrainConfig::load(&a.config, &sets)?;
+    let config = drafter_config_of(&cfg).with_context(|| format!("the drafter of {}", a.config.display()))?;
+    let seq_len = a.seq_len.or(cfg.data.max_length).unwrap_or(cfg.data.batch_tokens);
+    let name = a.config.file_stem().map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
+    Ok(Spec { config, name, seq_len, ttt: cfg.ttt_options(), loss: cfg.loss })
+}
+
+/// The drafter `aerie train` would build from `cfg`, read from config files only: the target's
+/// `config.json` and the vocab file for a fresh drafter, the drafter's `config.json` for a warm
+/// start.
+fn drafter_config_of(cfg: &TrainConfig) -> Result<DrafterConfig> {
+    let json = |p: &Path| if p.is_dir() { p.join("config.json") } else { p.to_path_buf() };
+    match cfg.init.kind {
+        InitKind::Fresh => {
+            let target = cfg.init.target_config.as_deref().or(cfg.target.path.as_deref()).context("no target config")?;
+            let vocab_path = cfg.init.vocab.as_deref().context("no init.vocab")?;
+            let text = std::fs::read_to_string(json(target))
+                .with_context(|| format!("reading {}", json(target).display()))?;
+            let top: serde_json::Value = serde_json::from_str(&text)?;
+            let inner = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
+            let v = inner.get("vocab_size").and_then(serde_json::Value::as_u64).map(|v| v as usize);
+            let vocab = aerie_train::init::read_vocab_file(vocab_path, v)?;
+            Ok(aerie_train::init::fresh_config(target, &vocab, &cfg.init.shape)?)
+        }
+        InitKind::WarmStart => {
+            let dir = cfg.init.drafter.as_deref().context("no init.drafter")?;
+            let path = json(dir);
+            Ok(aerie_model::checkpoint::config::read_config(&path, None)?.resolved(&path)?)
+        }
+    }
 }
 
 /// Matmul FLOPs per token of the TTT forward at sequence length `l` (attention counted over the
@@ -149,14 +263,39 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-fn bench<B: AutodiffBackend>(args: &TttArgs, device: &B::Device) -> Result<TttBench> {
-    let (config, name) = match args.shape {
-        Shape::Smollm2 => (DrafterConfig::smollm2_135m(8192), "smollm2-135m"),
-        Shape::Kimi => (DrafterConfig::kimi_k2_aq_medai(), "kimi-k2-aq-medai"),
-    };
-    if args.steps == 0 {
+/// User + system CPU seconds of this process so far (all threads; 0 where /proc is missing).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    // Fields after the parenthesised command name: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+/// Target embedding rows the benchmark builds: the whole vocabulary unless V·H passes 2^28.
+fn embed_rows(c: &DrafterConfig) -> usize {
+    const MAX_VALUES: usize = 1 << 28;
+    if c.vocab_size * c.hidden_size <= MAX_VALUES {
+        c.vocab_size
+    } else {
+        (MAX_VALUES / c.hidden_size).max(c.draft_vocab_size)
+    }
+}
+
+fn bench<B: AutodiffBackend>(spec: &Spec, run: &RunArgs, device: &B::Device) -> Result<TttBench> {
+    if run.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    let mut config = spec.config.clone();
+    let rows = embed_rows(&config);
+    config.vocab_size = rows;
     // The draft vocabulary: every (V / Vd)-th target id, enough to exercise d2t.
     let stride = config.vocab_size / config.draft_vocab_size;
     let vocab =
@@ -170,61 +309,66 @@ fn bench<B: AutodiffBackend>(args: &TttArgs, device: &B::Device) -> Result<TttBe
         .sum();
     let drafter = Drafter::<B>::from_tensors(&config, &tensors, device)?;
     drop(tensors);
-    let (b, l) = (args.batch, args.seq_len);
+    let (b, l, vd) = (run.batch, spec.seq_len, config.draft_vocab_size);
     B::seed(device, 0);
     let aw = config.num_aux() * config.target_hidden_size;
-    let head_weight = Tensor::<B::InnerBackend, 2>::random(
-        [config.vocab_size, config.target_hidden_size],
-        Distribution::Normal(0.0, 0.05),
-        device,
-    );
-    let head = TargetHead::new(head_weight, &vocab, 8192);
-    let teacher =
-        head.targets(Tensor::random([b, l, config.target_hidden_size], Distribution::Normal(0.0, 1.0), device));
+    // A teacher with some peak: softmax of N(0, 2²) logits over the draft vocabulary.
+    let p = softmax(Tensor::<B::InnerBackend, 3>::random([b, l, vd], Distribution::Normal(0.0, 2.0), device), 2);
     let batch = TttBatch::<B> {
         input_ids: Tensor::<B, 2, Int>::random([b, l], Distribution::Uniform(0.0, config.vocab_size as f64), device),
         loss_mask: Tensor::ones([b, l], device),
         valid: Tensor::ones([b, l], device),
         aux: Tensor::random([b, l, aw], Distribution::Normal(0.0, 1.0), device),
         teacher: aerie_model::TeacherTargets {
-            p: Tensor::from_inner(teacher.p),
-            pf: Tensor::from_inner(teacher.pf),
-            in_draft: Tensor::from_inner(teacher.in_draft),
+            pf: Tensor::from_inner(p.clone().mul_scalar(0.9)),
+            p: Tensor::from_inner(p),
+            in_draft: Tensor::ones([b, l], device),
         },
     };
-    let opts = TttOptions::geometric(args.ttt_length, 0.8);
+    let masks = BatchMasks::of(&batch);
+    let norm = Normalisers::of(&[&masks], spec.ttt.ttt_length);
     let mut times = Vec::new();
-    for i in 0..args.warmup + args.steps {
-        let start = Instant::now();
-        let out = ttt_forward(&drafter, &batch, &opts)?;
-        if args.forward_only {
+    let mut cpu = Vec::new();
+    for i in 0..run.warmup + run.steps {
+        let (start, cpu0) = (Instant::now(), cpu_seconds());
+        let out = ttt_forward(&drafter, &batch, &spec.ttt)?;
+        if run.forward_only {
             let _ = out.loss.into_data();
         } else {
-            let grads = out.loss.backward();
+            let loss = micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights);
+            let grads = loss.backward();
             let g = drafter.lm_head.weight.grad(&grads).expect("lm_head gradient");
             let _ = g.sum().into_data();
         }
         B::sync(device)?;
-        if i >= args.warmup {
+        if i >= run.warmup {
             times.push(start.elapsed().as_secs_f64());
+            cpu.push(cpu_seconds() - cpu0);
         }
     }
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
-    let fwd = ttt_flops_per_token(&config, l, args.ttt_length);
-    let flops_per_token = if args.forward_only { fwd } else { 3.0 * fwd };
-    let tokens_per_second = (b * l) as f64 / median;
+    let median_step = median(&times);
+    let fwd = ttt_flops_per_token(&config, l, spec.ttt.ttt_length);
+    let flops_per_token = if run.forward_only { fwd } else { 3.0 * fwd };
+    let tokens_per_second = (b * l) as f64 / median_step;
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     Ok(TttBench {
         backend: B::name(device),
-        shape: name.into(),
+        shape: spec.name.clone(),
         seq_len: l,
         batch: b,
-        ttt_length: args.ttt_length,
-        backward: !args.forward_only,
+        ttt_length: spec.ttt.ttt_length,
+        loss: spec.loss,
+        backward: !run.forward_only,
+        threads,
         trainable_params,
+        embed_rows: rows,
         step_seconds: times,
-        median_step_seconds: median,
+        median_step_seconds: median_step,
+        median_step_cpu_seconds: median(&cpu),
         tokens_per_second,
         flops_per_token,
         achieved_gflops: flops_per_token * tokens_per_second / 1e9,

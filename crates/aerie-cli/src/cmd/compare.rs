@@ -1,5 +1,6 @@
-//! `aerie compare`: `eval accept` for each candidate drafter on the same data, projected through
-//! a costs file, written as one table (Markdown, CSV, Parquet, JSON) with PNG and SVG plots.
+//! `aerie compare`: `eval accept` for each candidate drafter on the same data (or, with
+//! `--target --prompts`, `eval decode` on the same prompts), projected through a costs file,
+//! written as one table (Markdown, CSV, Parquet, JSON) with PNG and SVG plots.
 
 use std::path::PathBuf;
 
@@ -9,7 +10,10 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
+use aerie_eval::decode::{DecodeOptions, DraftShape};
+
 use super::accept::{AcceptCommon, accept_one, open_data, samples};
+use super::decode::{DecodeSetup, measured_costs};
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.
@@ -29,6 +33,17 @@ pub struct CompareArgs {
     /// Report directory (created).
     #[arg(long)]
     pub out: PathBuf,
+    /// Compare by real speculative decoding on the native target (`--target DIR`) over this
+    /// prompt file instead of offline on `--data`: each candidate runs `aerie eval decode`, and
+    /// without --costs its projection uses the costs measured in its own run.
+    #[arg(long, conflicts_with = "data", requires = "target")]
+    pub prompts: Option<PathBuf>,
+    /// Decode mode: new tokens per answer at most.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Decode mode: chat template (`auto`, a built-in name, or a .jinja file).
+    #[arg(long, default_value = "auto")]
+    pub template: String,
     /// Print the table rows as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -48,18 +63,94 @@ pub fn run(args: CompareArgs) -> Result<()> {
     with_backend!(args.common.device, |B, dev| compare::<B>(&args, costs.as_ref(), &dev))
 }
 
+/// One bar across all candidates: n × `per` units, the current candidate in its prefix.
+fn candidates_bar(n: usize, per: usize, unit: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new((n * per) as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "compare {{prefix}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{per_sec}}, ETA {{eta}})"
+        ))
+        .expect("valid template"),
+    );
+    pb
+}
+
+fn finish(args: &CompareArgs, cands: &[Candidate], costs: Option<&Costs>) -> Result<()> {
+    let written = write_report(&args.out, cands, costs)?;
+    if args.json {
+        let v = serde_json::json!({ "rows": rows(cands), "files": written });
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        print!("{}", aerie_eval::compare::markdown(&rows(cands), costs));
+        println!();
+        for p in &written {
+            println!("wrote      {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+/// Decode mode: every candidate decodes the same prompts on the native target.
+fn compare_decoding<B: Backend>(
+    args: &CompareArgs,
+    prompts: &std::path::Path,
+    costs: Option<&Costs>,
+    device: &B::Device,
+) -> Result<()> {
+    let c = &args.common;
+    let target = c.target.as_deref().expect("clap requires --target with --prompts");
+    let shape = match (c.topk, c.tree_tokens) {
+        (1, None) => DraftShape::Chain { k: c.k },
+        (topk, Some(tokens)) => DraftShape::Tree { depth: c.k, topk, tokens },
+        (topk, None) => bail!("--topk {topk} drafts a tree: give --tree-tokens N"),
+    };
+    let opts = DecodeOptions {
+        shape,
+        temperature: c.temperature,
+        rule: c.rule,
+        max_new_tokens: args.max_new_tokens,
+        seed: c.seed,
+    };
+    opts.validate(usize::MAX)?;
+    let setup = DecodeSetup::<B>::load(target, prompts, c.max_samples, &args.template, device)?;
+    let n = args.drafters.len();
+    let pb = candidates_bar(n, 2 * setup.answers() * args.max_new_tokens, "tokens (max)");
+    let mut cands = Vec::with_capacity(n);
+    let mut report_costs = costs.cloned();
+    for (i, dir) in args.drafters.iter().enumerate() {
+        let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
+        pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
+        pb.set_position((i * 2 * setup.answers() * args.max_new_tokens) as u64);
+        let run = setup.run(target, dir, &opts, device, &mut |t| pb.inc(t as u64));
+        let (report, timings) = match run {
+            Ok(r) => r,
+            Err(e) => {
+                pb.abandon();
+                return Err(e);
+            }
+        };
+        let measured = measured_costs(&timings, target, &c.device, &shape);
+        let own = costs.cloned().or(measured);
+        if report_costs.is_none() {
+            report_costs.clone_from(&own);
+        }
+        pb.println(format!("[{}/{n}] {name}: τ {:.3}, measured speedup {:.3}", i + 1, report.tau, report.speedup));
+        let mut cand = Candidate::new(name, dir.display().to_string(), report.acceptance, own.as_ref());
+        cand.measured_speedup = Some(report.speedup);
+        cands.push(cand);
+    }
+    pb.finish_and_clear();
+    finish(args, &cands, report_costs.as_ref())
+}
+
 fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::Device) -> Result<()> {
+    if let Some(prompts) = &args.prompts {
+        return compare_decoding::<B>(args, prompts, costs, device);
+    }
     let (data, head) = open_data::<B>(&args.common, device)?;
     let n = args.drafters.len();
     let per = samples(&args.common, &data);
-    // One bar across all candidates: n × samples, the current candidate in its prefix.
-    let pb = indicatif::ProgressBar::new((n * per) as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "compare {prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} samples ({per_sec}, ETA {eta})",
-        )
-        .expect("valid template"),
-    );
+    let pb = candidates_bar(n, per, "samples");
     let mut cands = Vec::with_capacity(n);
     for (i, dir) in args.drafters.iter().enumerate() {
         let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
@@ -83,16 +174,5 @@ fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::De
         cands.push(Candidate::new(name, dir.display().to_string(), report, costs));
     }
     pb.finish_and_clear();
-    let written = write_report(&args.out, &cands, costs)?;
-    if args.json {
-        let v = serde_json::json!({ "rows": rows(&cands), "files": written });
-        println!("{}", serde_json::to_string(&v)?);
-    } else {
-        print!("{}", aerie_eval::compare::markdown(&rows(&cands), costs));
-        println!();
-        for p in &written {
-            println!("wrote      {}", p.display());
-        }
-    }
-    Ok(())
+    finish(args, &cands, costs)
 }
