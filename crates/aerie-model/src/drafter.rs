@@ -95,11 +95,9 @@ impl<B: Backend> Eagle3Attention<B> {
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let g = nh / nkv;
         let (q, k, v) = match &cache.weights {
-            Some(w) => (
-                Linear::forward_t(x.clone(), &w.q),
-                Linear::forward_t(x.clone(), &w.k),
-                Linear::forward_t(x, &w.v),
-            ),
+            Some(w) => {
+                (Linear::forward_t(x.clone(), &w.q), Linear::forward_t(x.clone(), &w.k), Linear::forward_t(x, &w.v))
+            }
             None => (self.q_proj.forward(x.clone()), self.k_proj.forward(x.clone()), self.v_proj.forward(x)),
         };
         let q = rope::apply(self.heads(q, nh), cos, sin);

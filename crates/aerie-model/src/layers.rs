@@ -2,6 +2,8 @@
 //! (`weight` stored `[out, in]` as in the checkpoint, not burn's `[in, out]`), RMSNorm computed
 //! in at least float32, and the SwiGLU MLP.
 
+pub(crate) mod mm;
+
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, activation::silu, backend::Backend};
 
@@ -35,7 +37,7 @@ impl<B: Backend> Linear<B> {
         let w = self.weight.val();
         let [out_features, _] = w.dims();
         let w = w.cast(x.dtype());
-        let y = x.reshape([rows, in_features]).matmul(w.transpose());
+        let y = mm::matmul(x.reshape([rows, in_features]), w.transpose());
         let mut out_dims = dims;
         out_dims[D - 1] = out_features;
         y.reshape(out_dims)
@@ -56,7 +58,7 @@ impl<B: Backend> Linear<B> {
         let in_features = dims[D - 1];
         let rows: usize = dims[..D - 1].iter().product();
         let [_, out_features] = weight_t.dims();
-        let y = x.reshape([rows, in_features]).matmul(weight_t.clone());
+        let y = mm::matmul(x.reshape([rows, in_features]), weight_t.clone());
         let mut out_dims = dims;
         out_dims[D - 1] = out_features;
         y.reshape(out_dims)

@@ -7,7 +7,9 @@
 //! (causal attention never looks right, and every per-position quantity is masked). The loss is
 //! normalised by the number of real token positions (B·L when nothing is padded).
 
-use burn::tensor::{Bool, DType, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend};
+use burn::tensor::{
+    Bool, DType, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
+};
 use serde::Serialize;
 
 use crate::drafter::{Drafter, TttCache};
@@ -39,12 +41,27 @@ pub struct TttOptions {
     pub ttt_length: usize,
     /// Weight of each step's loss (reference default 0.8^k); length K.
     pub step_weights: Vec<f64>,
+    /// Whether [`StepStats::alpha_tok`] must carry gradient (the TV and LK objectives). The soft
+    /// cross-entropy needs only `ce_tok`; without it the fused CPU path skips α's gradient (one
+    /// `[B, L, Vd]` buffer and its backward per step) and `alpha_tok` is a constant.
+    #[serde(default = "yes")]
+    pub alpha_grad: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl TttOptions {
-    /// K steps weighted `decay^k`.
+    /// K steps weighted `decay^k`, α differentiable.
     pub fn geometric(ttt_length: usize, decay: f64) -> Self {
-        Self { ttt_length, step_weights: (0..ttt_length).map(|k| decay.powi(k as i32)).collect() }
+        Self { ttt_length, step_weights: (0..ttt_length).map(|k| decay.powi(k as i32)).collect(), alpha_grad: true }
+    }
+
+    /// The same options with `alpha_grad` set.
+    pub fn with_alpha_grad(mut self, alpha_grad: bool) -> Self {
+        self.alpha_grad = alpha_grad;
+        self
     }
 
     /// Check K ≥ 1 and one weight per step.
@@ -221,12 +238,18 @@ pub fn ttt_forward_with<B: Backend>(
     let head_t = drafter.lm_head.weight_t(hidden.dtype());
     for (k, &weight) in opts.step_weights.iter().enumerate() {
         let (cos, sin) = drafter.rotary().tables::<B>(k, l, &device);
-        let out =
-            drafter.midlayer.forward_ttt(drafter.embed(shift_ids(ids.clone(), k)), hidden, &cos, &sin, &causal, &mut cache);
+        let out = drafter.midlayer.forward_ttt(
+            drafter.embed(shift_ids(ids.clone(), k)),
+            hidden,
+            &cos,
+            &sin,
+            &causal,
+            &mut cache,
+        );
         let logits = upcast(Linear::forward_t(drafter.norm.forward(out.clone()), &head_t));
         hidden = drafter.carry(out);
         let scorer = scorer.get_or_insert_with(|| Scorer::new(path, logits.dtype(), batch, &m, &pm));
-        let step = scorer.step(logits, k);
+        let step = scorer.step(logits, k, opts.alpha_grad);
         let step_loss = step.ce_sum.clone().sum().mul_scalar(weight / positions.max(1) as f64);
         loss = Some(match loss {
             Some(acc) => acc + step_loss,
@@ -280,11 +303,11 @@ impl<B: Backend> Scorer<B> {
         }
     }
 
-    fn step(&self, logits: Tensor<B, 3>, k: usize) -> StepStats<B> {
+    fn step(&self, logits: Tensor<B, 3>, k: usize, alpha_grad: bool) -> StepStats<B> {
         match self {
             Scorer::Tensor { p, pf, m, pm } => tensor_step(logits, p, pf, m, pm, k),
-            Scorer::Host32(h) => host_step(h, logits, k),
-            Scorer::Host64(h) => host_step(h, logits, k),
+            Scorer::Host32(h) => host_step(h, logits, k, alpha_grad),
+            Scorer::Host64(h) => host_step(h, logits, k, alpha_grad),
         }
     }
 }
@@ -322,13 +345,21 @@ fn tensor_step<B: Backend>(
 }
 
 /// The fused host formulation of one step: values from `fused::step`, gradients through
-/// `fused::surrogate`.
-fn host_step<B: Backend, T: fused::Real>(h: &HostScorer<T>, logits: Tensor<B, 3>, k: usize) -> StepStats<B> {
+/// `fused::surrogate` (skipped where no gradient can flow: a backend without autodiff, or α when
+/// `alpha_grad` is off).
+fn host_step<B: Backend, T: fused::Real>(
+    h: &HostScorer<T>,
+    logits: Tensor<B, 3>,
+    k: usize,
+    alpha_grad: bool,
+) -> StepStats<B> {
     let [b, l, vd] = logits.dims();
     let device = logits.device();
     let dtype = logits.dtype();
+    let tracked = B::ad_enabled(&device);
+    let (ce_grad, alpha_grad) = (tracked, tracked && alpha_grad);
     let z = logits.clone().detach().into_data().convert::<T>().into_vec::<T>().expect("logits data");
-    let r = fused::step(&z, &h.teacher, &h.pm, h.shape, k);
+    let r = fused::step(&z, &h.teacher, &h.pm, h.shape, k, [ce_grad, alpha_grad]);
     drop(z);
     let vec1 = |v: Vec<f64>| Tensor::<B, 1>::from_data(TensorData::new(v, [b]), (&device, dtype));
     let tok = |v: Vec<T>| Tensor::<B, 1>::from_data(TensorData::new(v, [b * l]), (&device, dtype)).reshape([b, l]);
@@ -339,8 +370,12 @@ fn host_step<B: Backend, T: fused::Real>(h: &HostScorer<T>, logits: Tensor<B, 3>
         }
         s
     };
-    let ce_tok = tok(r.ce) + fused::surrogate(&logits, r.g_ce, [b, l, vd]);
-    let alpha_tok = tok(r.alpha) + fused::surrogate(&logits, r.g_alpha, [b, l, vd]);
+    let with_grad = |value: Tensor<B, 2>, g: Option<Vec<T>>| match g {
+        Some(g) => value + fused::surrogate(&logits, g, [b, l, vd]),
+        None => value,
+    };
+    let ce_tok = with_grad(tok(r.ce), r.g_ce);
+    let alpha_tok = with_grad(tok(r.alpha), r.g_alpha);
     StepStats {
         ce_sum: ce_tok.clone().sum_dim(1).reshape([b]),
         correct: vec1(r.correct),

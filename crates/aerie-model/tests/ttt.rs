@@ -365,7 +365,8 @@ fn grads_of(drafter: &Drafter<AD>, g: &<AD as burn::tensor::backend::AutodiffBac
 fn fused_and_tensor_loss_paths_agree() {
     let cfg = tiny_config();
     let w = with_embed(&cfg, 11);
-    let seqs: Vec<RefSequence> = [9, 6].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 50 + i as u64)).collect();
+    let seqs: Vec<RefSequence> =
+        [9, 6].iter().enumerate().map(|(i, &n)| random_sequence(&cfg, n, 50 + i as u64)).collect();
     let refs: Vec<&RefSequence> = seqs.iter().collect();
     let dev = Default::default();
     let drafter = Drafter::<AD>::from_tensors_as(&cfg, &w, &dev, DType::F64).unwrap();

@@ -13,9 +13,9 @@ use std::time::Instant;
 use aerie_model::init::init_tensors;
 use aerie_model::{Drafter, DrafterConfig, TttBatch, TttOptions, VocabMap, ttt_forward};
 use aerie_train::LossKind;
+use aerie_train::TrainConfig;
 use aerie_train::config::InitKind;
 use aerie_train::objective::{BatchMasks, Normalisers, micro_loss};
-use aerie_train::TrainConfig;
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use burn::tensor::activation::softmax;
@@ -225,10 +225,11 @@ fn drafter_config_of(cfg: &TrainConfig) -> Result<DrafterConfig> {
     let json = |p: &Path| if p.is_dir() { p.join("config.json") } else { p.to_path_buf() };
     match cfg.init.kind {
         InitKind::Fresh => {
-            let target = cfg.init.target_config.as_deref().or(cfg.target.path.as_deref()).context("no target config")?;
+            let target =
+                cfg.init.target_config.as_deref().or(cfg.target.path.as_deref()).context("no target config")?;
             let vocab_path = cfg.init.vocab.as_deref().context("no init.vocab")?;
-            let text = std::fs::read_to_string(json(target))
-                .with_context(|| format!("reading {}", json(target).display()))?;
+            let text =
+                std::fs::read_to_string(json(target)).with_context(|| format!("reading {}", json(target).display()))?;
             let top: serde_json::Value = serde_json::from_str(&text)?;
             let inner = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
             let v = inner.get("vocab_size").and_then(serde_json::Value::as_u64).map(|v| v as usize);

@@ -111,71 +111,106 @@ fn argmax<T: Real>(row: &[T]) -> (usize, T) {
 }
 
 /// One step's host results.
-pub(super) struct StepHost<T> {
+pub(super) struct StepStats<T> {
     /// pm·CE per position `[B·L]`.
     pub ce: Vec<T>,
     /// pm·α per position `[B·L]`.
     pub alpha: Vec<T>,
     /// Σ_t pm·[argmax z = argmax p_k] per sequence `[B]`.
     pub correct: Vec<f64>,
-    /// pm·∂CE/∂z `[B·L·Vd]`.
-    pub g_ce: Vec<T>,
-    /// pm·∂α/∂z `[B·L·Vd]`.
-    pub g_alpha: Vec<T>,
+    /// pm·∂CE/∂z `[B·L·Vd]`, when asked for.
+    pub g_ce: Option<Vec<T>>,
+    /// pm·∂α/∂z `[B·L·Vd]`, when asked for.
+    pub g_alpha: Option<Vec<T>>,
 }
 
 /// Step `k` over logits `z` `[B·L·Vd]`: position t of sequence b is scored against teacher row
 /// `t + k` (already the shifted-once row t + k + 1 of the capture) with weight `pm[b·L + t + k]`.
-pub(super) fn step<T: Real>(z: &[T], teacher: &HostTeacher<T>, pm: &[f32], shape: [usize; 2], k: usize) -> StepHost<T> {
+/// `grads` says which of ∂CE/∂z and ∂α/∂z to write.
+pub(super) fn step<T: Real>(
+    z: &[T],
+    teacher: &HostTeacher<T>,
+    pm: &[f32],
+    shape: [usize; 2],
+    k: usize,
+    grads: [bool; 2],
+) -> StepStats<T> {
     let [b, l] = shape;
     let vd = teacher.vd;
     let n = b * l;
     debug_assert_eq!(z.len(), n * vd);
-    let mut g_ce = vec![T::default(); n * vd];
-    let mut g_alpha = vec![T::default(); n * vd];
-    let rows: Vec<(f64, f64, f64)> = g_ce
-        .par_chunks_mut(vd)
-        .zip(g_alpha.par_chunks_mut(vd))
-        .enumerate()
+    let buffer = |wanted: bool| if wanted { vec![T::default(); n * vd] } else { Vec::new() };
+    let (mut g_ce, mut g_alpha) = (buffer(grads[0]), buffer(grads[1]));
+    // Rows without a gradient buffer get a one-row scratch (q is staged in the α buffer).
+    let rows: Vec<(f64, f64, f64)> = (0..n)
+        .into_par_iter()
+        .zip(chunks_or_none(&mut g_ce, vd, n).into_par_iter().zip(chunks_or_none(&mut g_alpha, vd, n)))
         .with_min_len(4)
-        .map(|(r, (gc, ga))| {
-            let (seq, t) = (r / l, r % l);
-            let zr = &z[r * vd..(r + 1) * vd];
-            let w = if t + k < l { pm[seq * l + t + k] as f64 } else { 0.0 };
-            if w == 0.0 {
-                // A masked position contributes 0·CE; keep a non-finite row visible as the tensor
-                // formulation does (0·NaN = NaN), so a NaN still stops training.
-                return if zr.iter().all(|v| v.to_f64().is_finite()) { (0.0, 0.0, 0.0) } else { (f64::NAN, f64::NAN, 0.0) };
-            }
-            let tr = seq * l + t + k + 1;
-            let (pr, pfr) = (&teacher.p[tr * vd..(tr + 1) * vd], &teacher.pf[tr * vd..(tr + 1) * vd]);
-            let (ce, alpha, arg) = row(zr, pr, pfr, w, gc, ga);
-            let hit = if arg == teacher.argmax_p[tr] as usize { w } else { 0.0 };
-            (ce, alpha, hit)
-        })
+        .map_init(
+            || vec![T::default(); 2 * vd],
+            |scratch, (r, (gc, ga))| {
+                let (seq, t) = (r / l, r % l);
+                let zr = &z[r * vd..(r + 1) * vd];
+                let w = if t + k < l { pm[seq * l + t + k] as f64 } else { 0.0 };
+                if w == 0.0 {
+                    // A masked position contributes 0·CE; keep a non-finite row visible as the
+                    // tensor formulation does (0·NaN = NaN), so a NaN still stops training.
+                    return if zr.iter().all(|v| v.to_f64().is_finite()) {
+                        (0.0, 0.0, 0.0)
+                    } else {
+                        (f64::NAN, f64::NAN, 0.0)
+                    };
+                }
+                let tr = seq * l + t + k + 1;
+                let (pr, pfr) = (&teacher.p[tr * vd..(tr + 1) * vd], &teacher.pf[tr * vd..(tr + 1) * vd]);
+                let (s0, s1) = scratch.split_at_mut(vd);
+                let (ce, alpha, arg) = row(zr, pr, pfr, w, gc.unwrap_or(s0), ga, s1);
+                let hit = if arg == teacher.argmax_p[tr] as usize { w } else { 0.0 };
+                (ce, alpha, hit)
+            },
+        )
         .collect();
     let mut correct = vec![0f64; b];
     for (r, &(_, _, hit)) in rows.iter().enumerate() {
         correct[r / l] += hit;
     }
-    StepHost {
+    StepStats {
         ce: rows.iter().map(|r| T::from_f64(r.0)).collect(),
         alpha: rows.iter().map(|r| T::from_f64(r.1)).collect(),
         correct,
-        g_ce,
-        g_alpha,
+        g_ce: grads[0].then_some(g_ce),
+        g_alpha: grads[1].then_some(g_alpha),
     }
 }
 
-/// One position: returns (w·CE, w·α, argmax z) and writes w·∂CE/∂z, w·∂α/∂z.
+/// `n` mutable rows of `vd` of `buf`, or `n` Nones when `buf` is empty.
+fn chunks_or_none<T>(buf: &mut [T], vd: usize, n: usize) -> Vec<Option<&mut [T]>> {
+    if buf.is_empty() { (0..n).map(|_| None).collect() } else { buf.chunks_mut(vd).map(Some).collect() }
+}
+
+/// One position: returns (w·CE, w·α, argmax z) and writes w·∂CE/∂z into `gc` and, when `ga`
+/// is given, w·∂α/∂z into it (`scratch` stands in for it otherwise).
 #[inline]
-fn row<T: Real>(z: &[T], p: &[T], pf: &[T], w: f64, gc: &mut [T], ga: &mut [T]) -> (f64, f64, usize) {
+fn row<T: Real>(
+    z: &[T],
+    p: &[T],
+    pf: &[T],
+    w: f64,
+    gc: &mut [T],
+    ga: Option<&mut [T]>,
+    scratch: &mut [T],
+) -> (f64, f64, usize) {
     let (arg, max) = argmax(z);
-    // e = exp(z − max) (kept in ga for now), Σe, Σp, Σp·z.
+    let alpha_grad = ga.is_some();
+    let qs = match ga {
+        Some(ga) => ga,
+        None => scratch,
+    };
+    // e = exp(z − max) (staged in qs), Σe, Σp, Σp·z.
     let (mut s, mut sp, mut spz) = (0f64, 0f64, 0f64);
     for i in 0..z.len() {
         let e = z[i].sub(max).exp();
-        ga[i] = e;
+        qs[i] = e;
         s += e.to_f64();
         sp += p[i].to_f64();
         spz += p[i].to_f64() * z[i].to_f64();
@@ -187,8 +222,8 @@ fn row<T: Real>(z: &[T], p: &[T], pf: &[T], w: f64, gc: &mut [T], ga: &mut [T]) 
     let (wt, spt) = (T::from_f64(w), T::from_f64(sp));
     let (mut alpha, mut below) = (0f64, 0f64);
     for i in 0..z.len() {
-        let q = ga[i].mul(inv_s);
-        ga[i] = q;
+        let q = qs[i].mul(inv_s);
+        qs[i] = q;
         if q < pf[i] {
             alpha += q.to_f64();
             below += q.to_f64();
@@ -197,11 +232,14 @@ fn row<T: Real>(z: &[T], p: &[T], pf: &[T], w: f64, gc: &mut [T], ga: &mut [T]) 
         }
         gc[i] = wt.mul(q.mul(spt).sub(p[i]));
     }
+    if !alpha_grad {
+        return (w * ce, w * alpha, arg);
+    }
     let belowt = T::from_f64(below);
     for i in 0..z.len() {
-        let q = ga[i];
+        let q = qs[i];
         let own = if q < pf[i] { q } else { T::default() };
-        ga[i] = wt.mul(own.sub(q.mul(belowt)));
+        qs[i] = wt.mul(own.sub(q.mul(belowt)));
     }
     (w * ce, w * alpha, arg)
 }

@@ -464,8 +464,10 @@ impl TrainConfig {
         }
     }
 
-    /// The TTT options: K steps weighted `step_weight_decay^k`.
+    /// The TTT options: K steps weighted `step_weight_decay^k`; α differentiable only for the
+    /// objectives built on it (TV, LK).
     pub fn ttt_options(&self) -> aerie_model::TttOptions {
         aerie_model::TttOptions::geometric(self.ttt_length, self.step_weight_decay)
+            .with_alpha_grad(self.loss != LossKind::SoftCe)
     }
 }

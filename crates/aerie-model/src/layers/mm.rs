@@ -1,0 +1,252 @@
+//! 2-D matmul on burn-flex through `matrixmultiply`, with its own autodiff op.
+//!
+//! burn-flex multiplies with the `gemm` crate, which reaches about 40–45 GFLOP per CPU-second
+//! on this project's 2-core AVX-512 machines for the drafter's shapes (`[L, 2H]·[2H, nH·d]`,
+//! `[L, H]·[H, Vd]` and their backward products), where `matrixmultiply`'s kernels reach 65–90
+//! (same inputs, one thread, measured side by side). The linear layers are ~90% of the TTT
+//! FLOPs, so on the CPU backend they go through [`matmul`] here: forward and both backward
+//! products split the larger of M and N over the rayon pool, one single-threaded
+//! `matrixmultiply` call per block. Every output element is accumulated in the same order
+//! whatever the split (the k-blocking does not depend on M or N), so results do not depend on
+//! the number of threads.
+//!
+//! Backends other than burn-flex (and dtypes other than f32/f64) use burn's own matmul. The
+//! backend is recognised by `TypeId`, and tensors move between the generic and the concrete type
+//! through `Any`, so no generic signature changes.
+
+use std::any::{Any, TypeId};
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::{Bytes, DType, Shape, Tensor, TensorPrimitive, backend::Backend};
+
+type AdFlex = Autodiff<Flex>;
+
+/// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
+const SPLIT_THRESHOLD: usize = 1 << 20;
+
+/// `a · b` for `a: [M, K]`, `b: [K, N]` (any strides).
+pub(crate) fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
+    if !matches!(a.dtype(), DType::F32 | DType::F64) || a.dtype() != b.dtype() {
+        return a.matmul(b);
+    }
+    if TypeId::of::<B>() == TypeId::of::<AdFlex>() {
+        let (a, b) = (cast::<_, Tensor<AdFlex, 2>>(a), cast::<_, Tensor<AdFlex, 2>>(b));
+        let out = autodiff_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
+        return cast(Tensor::<AdFlex, 2>::from_primitive(TensorPrimitive::Float(out)));
+    }
+    if TypeId::of::<B>() == TypeId::of::<Flex>() {
+        let (a, b) = (cast::<_, Tensor<Flex, 2>>(a), cast::<_, Tensor<Flex, 2>>(b));
+        let out = host_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
+        return cast(Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(out)));
+    }
+    a.matmul(b)
+}
+
+/// The identity between two names of one type (checked by the caller's `TypeId` test).
+fn cast<S: 'static, T: 'static>(x: S) -> T {
+    *(Box::new(x) as Box<dyn Any>).downcast::<T>().expect("same type")
+}
+
+#[derive(Debug)]
+struct HostMatmul;
+
+impl Backward<Flex, 2> for HostMatmul {
+    /// `a` when `b` needs a gradient, `b` when `a` does.
+    type State = (Option<FlexTensor>, Option<FlexTensor>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (a, b) = ops.state;
+        binary::<Flex, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            |g| host_matmul(g, b.expect("kept for a's gradient").transpose(0, 1)),
+            |g| host_matmul(a.expect("kept for b's gradient").transpose(0, 1), g),
+        );
+    }
+}
+
+type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
+
+fn autodiff_matmul(a: AdTensor, b: AdTensor) -> AdTensor {
+    let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
+    match HostMatmul.prepare::<NoCheckpointing>([a.node.clone(), b.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let out = host_matmul(a.primitive.clone(), b.primitive.clone());
+            prep.finish((b_tracked.then_some(a.primitive), a_tracked.then_some(b.primitive)), out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(host_matmul(a.primitive, b.primitive)),
+    }
+}
+
+/// A matrix operand: base pointer (at the layout's start offset) and row/column strides.
+struct View<T> {
+    ptr: *const T,
+    rs: isize,
+    cs: isize,
+}
+
+impl<T> Clone for View<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for View<T> {}
+
+// Read-only views into tensors that outlive the parallel section.
+unsafe impl<T> Send for View<T> {}
+unsafe impl<T> Sync for View<T> {}
+
+struct OutPtr<T>(*mut T);
+unsafe impl<T> Send for OutPtr<T> {}
+unsafe impl<T> Sync for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
+    /// # Safety
+    /// `off` stays inside the output.
+    unsafe fn at(&self, off: isize) -> *mut T {
+        unsafe { self.0.offset(off) }
+    }
+}
+
+fn view<T: bytemuck::Pod + burn::tensor::Element>(t: &FlexTensor) -> View<T> {
+    let layout = t.layout();
+    let s = layout.strides();
+    // SAFETY: the start offset is inside the storage the layout describes.
+    let ptr = unsafe { t.storage::<T>().as_ptr().add(layout.start_offset()) };
+    View { ptr, rs: s[0], cs: s[1] }
+}
+
+/// `[M, K] · [K, N]` on the host, contiguous `[M, N]` out.
+fn host_matmul(a: FlexTensor, b: FlexTensor) -> FlexTensor {
+    let dtype = a.dtype();
+    let (ad, bd) = (a.layout().shape().clone(), b.layout().shape().clone());
+    let (m, k, n) = (ad[0], ad[1], bd[1]);
+    assert_eq!(k, bd[0], "matmul: inner dimensions must match");
+    // The output buffer is typed from the start: `FlexTensor::empty` zeroes a `Vec<u8>` and then
+    // copies it once more to raise its alignment.
+    let out = |data: Bytes| FlexTensor::new(data, Layout::contiguous(Shape::from(vec![m, n])), dtype);
+    match dtype {
+        DType::F32 => {
+            let mut c = vec![0f32; m * n];
+            if m * n > 0 {
+                gemm_split(
+                    m,
+                    k,
+                    n,
+                    view::<f32>(&a),
+                    view::<f32>(&b),
+                    OutPtr(c.as_mut_ptr()),
+                    |m, k, n, a, b, c, rsc| unsafe {
+                        matrixmultiply::sgemm(m, k, n, 1.0, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, 0.0, c, rsc, 1)
+                    },
+                );
+            }
+            out(Bytes::from_elems(c))
+        }
+        DType::F64 => {
+            let mut c = vec![0f64; m * n];
+            if m * n > 0 {
+                gemm_split(
+                    m,
+                    k,
+                    n,
+                    view::<f64>(&a),
+                    view::<f64>(&b),
+                    OutPtr(c.as_mut_ptr()),
+                    |m, k, n, a, b, c, rsc| unsafe {
+                        matrixmultiply::dgemm(m, k, n, 1.0, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, 0.0, c, rsc, 1)
+                    },
+                );
+            }
+            out(Bytes::from_elems(c))
+        }
+        _ => burn::backend::flex::ops::matmul::matmul(a, b),
+    }
+}
+
+/// Run `call` on blocks of rows (or columns, whichever dimension is larger) of C in parallel.
+#[allow(clippy::too_many_arguments)]
+fn gemm_split<T: Send + Sync>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: View<T>,
+    b: View<T>,
+    c: OutPtr<T>,
+    call: impl Fn(usize, usize, usize, View<T>, View<T>, *mut T, isize) + Send + Sync,
+) {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads();
+    let rsc = n as isize;
+    if threads <= 1 || m.saturating_mul(n).saturating_mul(k) < SPLIT_THRESHOLD {
+        call(m, k, n, a, b, c.0, rsc);
+        return;
+    }
+    // Blocks of whole kernel tiles (multiples of 16), about two per thread.
+    let along_m = m >= n;
+    let len = if along_m { m } else { n };
+    let block = len.div_ceil(2 * threads).next_multiple_of(16).max(16);
+    (0..len.div_ceil(block)).into_par_iter().for_each(|i| {
+        let start = i * block;
+        let size = block.min(len - start);
+        let s = start as isize;
+        // SAFETY: blocks are disjoint ranges of C's rows (or columns), inside the operands.
+        unsafe {
+            if along_m {
+                let a = View { ptr: a.ptr.offset(s * a.rs), ..a };
+                call(size, k, n, a, b, c.at(s * rsc), rsc);
+            } else {
+                let b = View { ptr: b.ptr.offset(s * b.cs), ..b };
+                call(m, k, size, a, b, c.at(s), rsc);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn data<B: Backend>(t: Tensor<B, 2>) -> Vec<f32> {
+        t.into_data().into_vec::<f32>().unwrap()
+    }
+
+    /// Against burn's matmul, forward and both gradients, with a transposed operand and sizes
+    /// that split unevenly; bitwise the same for 1 and 3 threads.
+    #[test]
+    fn host_matmul_matches_burn_and_ignores_thread_count() {
+        let dev = Default::default();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
+                let a = Tensor::<AdFlex, 2>::random([301, 70], Distribution::Normal(0.0, 1.0), &dev);
+                let bt = Tensor::<AdFlex, 2>::random([517, 70], Distribution::Normal(0.0, 1.0), &dev);
+                let w = Tensor::<AdFlex, 2>::random([301, 517], Distribution::Normal(0.0, 1.0), &dev);
+                let (a, bt) = (a.require_grad(), bt.require_grad());
+                let ours = matmul(a.clone(), bt.clone().transpose());
+                let g = (ours.clone() * w.clone()).sum().backward();
+                let ours = (data(ours), data(a.grad(&g).unwrap()), data(bt.grad(&g).unwrap()));
+                let theirs = a.clone().matmul(bt.clone().transpose());
+                let g = (theirs.clone() * w).sum().backward();
+                let theirs = (data(theirs), data(a.grad(&g).unwrap()), data(bt.grad(&g).unwrap()));
+                (ours, theirs)
+            })
+        };
+        <AdFlex as Backend>::seed(&dev, 3);
+        let (one, theirs) = run(1);
+        <AdFlex as Backend>::seed(&dev, 3);
+        let (three, _) = run(3);
+        assert_eq!(one, three, "thread count changed the result");
+        for (what, x, y) in [("out", &one.0, &theirs.0), ("grad a", &one.1, &theirs.1), ("grad b", &one.2, &theirs.2)] {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                assert!((p - q).abs() <= 1e-4 * (1.0 + q.abs()), "{what}[{i}]: {p} vs {q}");
+            }
+        }
+    }
+}
