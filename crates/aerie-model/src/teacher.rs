@@ -7,7 +7,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData, activation::softmax, backend::Backend};
 
-use crate::layers::upcast;
+use crate::layers::{mm, upcast};
 use crate::vocab::VocabMap;
 
 /// Per-position teacher quantities, aligned with the captured tokens: row `t` describes the
@@ -62,7 +62,7 @@ impl<B: Backend> TargetHead<B> {
         let x = final_hidden.reshape([b * l, ht]);
         let (log_z, argmax) = self.full_vocab_stats(x.clone());
         let x = upcast(x);
-        let draft = x.clone().matmul(self.draft_rows.clone().cast(x.dtype()).transpose());
+        let draft = mm::matmul(x.clone(), self.draft_rows.clone().cast(x.dtype()).transpose());
         let vd = draft.dims()[1];
         let p = softmax(draft.clone(), 1);
         let pf = (draft - log_z).exp();
@@ -82,7 +82,7 @@ impl<B: Backend> TargetHead<B> {
         while start < v {
             let rows = self.chunk_rows.min(v - start);
             let w = self.weight.clone().narrow(0, start, rows).cast(x.dtype());
-            let logits = x.clone().matmul(w.transpose());
+            let logits = mm::matmul(x.clone(), w.transpose());
             let (cmax, carg) = logits.clone().max_dim_with_indices(1);
             let carg = carg.add_scalar(start as i64);
             match (run_max.take(), run_sum.take(), run_arg.take()) {
