@@ -29,9 +29,16 @@ type AdFlex = Autodiff<Flex>;
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
 const SPLIT_THRESHOLD: usize = 1 << 20;
 
+/// Up to this many rows of `a`, burn-flex's own matmul is used: its `gemm` has a matrix-vector
+/// path that streams the weights once, while `matrixmultiply` packs all of `b` on every call. A
+/// decode step of the native target (M = 1) or a verify pass (M = k + 1) is bound by reading the
+/// weights: SmolLM2's plain decode step took 262 ms through `matrixmultiply` against 136 ms
+/// through `gemm` (`aerie eval decode`, same machine).
+const SMALL_M: usize = 16;
+
 /// `a · b` for `a: [M, K]`, `b: [K, N]` (any strides).
 pub(crate) fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
-    if !matches!(a.dtype(), DType::F32 | DType::F64) || a.dtype() != b.dtype() {
+    if !matches!(a.dtype(), DType::F32 | DType::F64) || a.dtype() != b.dtype() || a.dims()[0] <= SMALL_M {
         return a.matmul(b);
     }
     if TypeId::of::<B>() == TypeId::of::<AdFlex>() {
