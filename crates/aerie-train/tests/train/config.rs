@@ -94,6 +94,7 @@ fn every_key_is_documented_and_the_examples_parse() {
         ("target.path", "p"),
         ("target.head", "h"),
         ("target.embedding", "e"),
+        ("init.from_target", "true"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
