@@ -190,11 +190,15 @@ fn sampling_depends_on_the_seed_only() {
     let a = run(1, "a.jsonl");
     assert_eq!(a, run(1, "b.jsonl"));
     assert_ne!(a, run(2, "c.jsonl"));
-    assert_ne!(a, std::fs::read_to_string({
-        let o = opts(&s, "greedy.jsonl", 8);
-        regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
-        o.out
-    }).unwrap());
+    assert_ne!(
+        a,
+        std::fs::read_to_string({
+            let o = opts(&s, "greedy.jsonl", 8);
+            regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
+            o.out
+        })
+        .unwrap()
+    );
 }
 
 #[test]
@@ -243,7 +247,10 @@ fn bad_input_is_refused_naming_the_file() {
     let empty = s.dir.path().join("empty.jsonl");
     fixture::write_jsonl(
         &empty,
-        &[json!({"id": "a", "conversations": []}), json!({"id": "b", "conversations": [{"from": "human", "value": "hi"}]})],
+        &[
+            json!({"id": "a", "conversations": []}),
+            json!({"id": "b", "conversations": [{"from": "human", "value": "hi"}]}),
+        ],
     );
     let mut o = opts(&s, "y.jsonl", 4);
     o.data = empty.clone();
@@ -252,7 +259,12 @@ fn bad_input_is_refused_naming_the_file() {
     assert!(!o.out.exists() && !partial_path(&o.out).exists());
     // A tokenizer with more tokens than the target's vocabulary.
     let small = s.dir.path().join("small");
-    fixture::write_model(&small, &fixture::target_reference::RefConfig { vocab: 200, ..fixture::tiny_config(32, 2) }, 1, &[1]);
+    fixture::write_model(
+        &small,
+        &fixture::target_reference::RefConfig { vocab: 200, ..fixture::tiny_config(32, 2) },
+        1,
+        &[1],
+    );
     fixture::write_tokenizer(&small, Some(fixture::CHATML));
     let small_model = TargetModel::<B>::load(&small, &Default::default()).unwrap();
     let o = opts(&s, "z.jsonl", 4);

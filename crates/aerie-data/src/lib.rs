@@ -55,8 +55,8 @@ compile_error!("aerie-data reads shards in place and supports little-endian targ
 
 mod arrowutil;
 pub mod conversation;
-pub mod generation;
 mod error;
+pub mod generation;
 pub mod prepare;
 pub mod readers;
 pub mod shard;

@@ -16,6 +16,7 @@
 //!      rejection, the bonus sampled from the residual;
 //!    - sampling (chain drafts sampled from q): accept with min(1, p/q), on rejection sample
 //!      from norm(max(0, p − q)).
+//!
 //!    Both sampling rules leave the output distribution exactly the target's;
 //! 4. the target cache keeps the accepted path, the drafter extends over it with the verify
 //!    pass's aux features, and the next cycle starts from the bonus token.
@@ -107,7 +108,7 @@ impl DecodeOptions {
             return bad("max new tokens must be at least 1".into());
         }
         match self.shape {
-            DraftShape::Chain { k } if k == 0 => return bad("k must be at least 1".into()),
+            DraftShape::Chain { k: 0 } => return bad("k must be at least 1".into()),
             DraftShape::Tree { depth, topk, tokens } => {
                 if depth == 0 || topk == 0 || topk > draft_vocab || tokens < 2 {
                     return bad(format!(
