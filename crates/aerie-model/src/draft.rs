@@ -21,7 +21,7 @@
 //! branch's path from the step-0 cache (depth² forwards, fine for evaluation).
 
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{Bool, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
 use crate::drafter::{Drafter, TttCache};
 use crate::layers::upcast;
@@ -137,17 +137,6 @@ pub fn sample_index(probs: &[f32], u: f64) -> usize {
     last
 }
 
-/// `[1, 1, g·L, L]` mask, true where key position s is after query position t.
-fn causal_mask<B: Backend>(groups: usize, l: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
-    let mut mask = Vec::with_capacity(groups * l * l);
-    for _ in 0..groups {
-        for t in 0..l {
-            mask.extend((0..l).map(|s| s > t));
-        }
-    }
-    Tensor::from_data(TensorData::new(mask, [1, 1, groups * l, l]), device)
-}
-
 fn ids_tensor<B: Backend>(ids: &[u32], shape: [usize; 2], device: &B::Device) -> Tensor<B, 2, Int> {
     let v: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
     Tensor::from_data(TensorData::new(v, shape), device)
@@ -161,11 +150,10 @@ fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().iter::<f32>().collect()
 }
 
-/// The shared start of both drafting modes: shapes checked, step-0 inputs and the causal mask.
+/// The shared start of both drafting modes: shapes checked, step-0 inputs.
 struct Start<B: Backend> {
     b: usize,
     l: usize,
-    causal: Tensor<B, 4, Bool>,
     hidden: Tensor<B, 3>,
     ids0: Tensor<B, 2, Int>,
 }
@@ -178,8 +166,6 @@ fn start<B: Backend>(drafter: &Drafter<B>, input_ids: &Tensor<B, 2, Int>, aux: &
         return Err(Error::Shape(format!("aux features are {:?}, the drafter expects {want:?}", aux.dims())));
     }
     let device = aux.device();
-    let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
-    let causal = causal_mask::<B>(groups, l, &device).expand([b, cfg.num_key_value_heads, groups * l, l]);
     // Step 0 pairs f_t with x_{t+1}: the one shift (the last position gets a pad id; its drafts
     // can never be verified and are ignored by every consumer).
     let ids0 = if l > 1 {
@@ -187,7 +173,7 @@ fn start<B: Backend>(drafter: &Drafter<B>, input_ids: &Tensor<B, 2, Int>, aux: &
     } else {
         Tensor::zeros([b, l], &device)
     };
-    Ok(Start { b, l, causal, hidden: drafter.fuse_aux(aux.clone()), ids0 })
+    Ok(Start { b, l, hidden: drafter.fuse_aux(aux.clone()), ids0 })
 }
 
 /// One draft step: returns (f32 logits `[B, L, Vd]`, carried hidden).
@@ -196,12 +182,11 @@ fn step<B: Backend>(
     k: usize,
     ids: Tensor<B, 2, Int>,
     hidden: Tensor<B, 3>,
-    causal: &Tensor<B, 4, Bool>,
     cache: &mut TttCache<B>,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let l = ids.dims()[1];
     let (cos, sin) = drafter.rotary().tables::<B>(k, l, &ids.device());
-    let out = drafter.midlayer.forward_ttt(drafter.embed(ids), hidden, &cos, &sin, causal, cache);
+    let out = drafter.midlayer.forward_ttt(drafter.embed(ids), hidden, &cos, &sin, cache);
     (upcast(drafter.logits(out.clone())), drafter.carry(out))
 }
 
@@ -228,7 +213,7 @@ pub fn draft_chain<B: Backend>(
             return Err(Error::Shape(format!("draft temperature must be > 0, got {temperature}")));
         }
     };
-    let Start { b, l, causal, mut hidden, ids0 } = start(drafter, input_ids, aux)?;
+    let Start { b, l, mut hidden, ids0 } = start(drafter, input_ids, aux)?;
     let device = aux.device();
     let vd = drafter.config().draft_vocab_size;
     let mut rng = match opts.sampling {
@@ -239,7 +224,7 @@ pub fn draft_chain<B: Backend>(
     let mut ids = ids0;
     let mut out = DraftChain { batch: b, len: l, draft_ids: Vec::new(), target_ids: Vec::new(), q: Vec::new() };
     for k in 0..opts.steps {
-        let (logits, carried) = step(drafter, k, ids, hidden, &causal, &mut cache);
+        let (logits, carried) = step(drafter, k, ids, hidden, &mut cache);
         hidden = carried;
         let q = softmax(if temperature == 1.0 { logits.clone() } else { logits.clone().div_scalar(temperature) }, 2);
         let draft = match rng.as_mut() {
@@ -290,10 +275,10 @@ pub fn draft_tree<B: Backend>(
     let [b, l] = input_ids.dims();
     let ids_x = Tensor::cat(vec![input_ids.clone(); w], 0);
     let aux_x = Tensor::cat(vec![aux.clone(); w], 0);
-    let Start { causal, hidden, ids0, .. } = start(drafter, &ids_x, &aux_x)?;
+    let Start { hidden, ids0, .. } = start(drafter, &ids_x, &aux_x)?;
     let device = aux.device();
     let mut cache0 = TttCache::default();
-    let (logits0, hidden0) = step(drafter, 0, ids0, hidden, &causal, &mut cache0);
+    let (logits0, hidden0) = step(drafter, 0, ids0, hidden, &mut cache0);
     let positions = b * l;
     let mut nodes: Vec<Vec<TreeNode>> = vec![Vec::new(); positions];
     let mut frontier: Vec<Vec<usize>> = vec![Vec::new(); positions];
@@ -324,8 +309,7 @@ pub fn draft_tree<B: Backend>(
                     ids[br * positions + pos] = nodes[pos][n].target_id;
                 }
             }
-            let (lg, carried) =
-                step(drafter, j, ids_tensor::<B>(&ids, [w * b, l], &device), hidden, &causal, &mut cache);
+            let (lg, carried) = step(drafter, j, ids_tensor::<B>(&ids, [w * b, l], &device), hidden, &mut cache);
             hidden = carried;
             logits = Some(lg);
         }

@@ -6,10 +6,10 @@
 //! Field paths reproduce the canonical checkpoint keys (`fc.weight`, `midlayer.self_attn.q_proj.weight`, ...).
 
 use burn::module::Module;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
-use crate::layers::{Linear, Mlp, RmsNorm, upcast};
+use crate::layers::{Linear, Mlp, RmsNorm, attention, upcast};
 use crate::rope::{self, Rotary};
 use crate::vocab::VocabMap;
 use crate::{DrafterConfig, Error, Result};
@@ -88,7 +88,6 @@ impl<B: Backend> Eagle3Attention<B> {
         x: Tensor<B, 3>,
         cos: &Tensor<B, 2>,
         sin: &Tensor<B, 2>,
-        causal: &Tensor<B, 4, Bool>,
         cache: &mut TttCache<B>,
     ) -> Tensor<B, 3> {
         let [b, l, _] = x.dims();
@@ -111,21 +110,21 @@ impl<B: Backend> Eagle3Attention<B> {
         let q = q.reshape([b, nkv, g * l, d]).mul_scalar(1.0 / (d as f64).sqrt());
         let dtype = q.dtype();
 
-        // Softmax over [causal step-0 scores | one diagonal score per later step], written out so
-        // that the `[.., g·L, L]` block is never concatenated, normalised or sliced: with the row
-        // max m (a constant for the gradient), out = (e0·v0 + Σ_j e_j·v_j) / (Σ e0 + Σ_j e_j),
-        // e = exp(score − m); the division happens on the `[.., g·L, d]` result. Float32 whatever
-        // the activation dtype.
-        let s0 = upcast(q.clone().matmul(k0.swap_dims(2, 3))).mask_fill(causal.clone(), f32::NEG_INFINITY);
+        // Softmax over [causal step-0 scores | one diagonal score per later step]. The causal block
+        // comes back as its own softmax output o0 and log-sum-exp (`layers::attention`, which on
+        // the CPU never keeps the `[.., g·L, L]` scores); with the row max m over lse0 and the
+        // diagonal scores (a constant for the gradient), out = (e0·o0 + Σ_j e_j·v_j) / (e0 + Σ_j e_j),
+        // e0 = exp(lse0 − m), e_j = exp(s_j − m). Float32 whatever the activation dtype.
+        let (o0, lse0) = attention::causal(q.clone(), k0, v0);
         let diag: Vec<Tensor<B, 4>> =
             cache.diagonal.iter().map(|(kd, _)| upcast((q.clone() * tile(kd.clone(), g)).sum_dim(3))).collect();
-        let mut max = s0.clone().detach().max_dim(3);
+        let mut max = lse0.clone().detach();
         for s in &diag {
             max = max.max_pair(s.clone().detach());
         }
-        let e0 = (s0 - max.clone()).exp();
-        let mut denom = e0.clone().sum_dim(3);
-        let mut out = e0.cast(dtype).matmul(v0);
+        let e0 = (lse0 - max.clone()).exp();
+        let mut denom = e0.clone();
+        let mut out = o0 * e0.cast(dtype);
         for (s, (_, vd)) in diag.into_iter().zip(&cache.diagonal) {
             let e = (s - max.clone()).exp();
             denom = denom + e.clone();
@@ -164,7 +163,6 @@ impl<B: Backend> Eagle3Layer<B> {
         hidden: Tensor<B, 3>,
         cos: &Tensor<B, 2>,
         sin: &Tensor<B, 2>,
-        causal: &Tensor<B, 4, Bool>,
         cache: &mut TttCache<B>,
     ) -> Tensor<B, 3> {
         if cache.weights.is_none() {
@@ -181,7 +179,7 @@ impl<B: Backend> Eagle3Layer<B> {
         let normed = self.hidden_norm.forward(hidden.clone());
         let residual = if self.norm_before_residual { normed.clone() } else { hidden };
         let x = Tensor::cat(vec![self.input_layernorm.forward(emb), normed], 2);
-        let h = residual + self.self_attn.forward_ttt(x, cos, sin, causal, cache);
+        let h = residual + self.self_attn.forward_ttt(x, cos, sin, cache);
         let mlp_w = &cache.weights.as_ref().expect("set above").mlp;
         h.clone() + Mlp::forward_t(self.post_attention_layernorm.forward(h), mlp_w)
     }

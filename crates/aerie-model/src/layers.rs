@@ -2,6 +2,7 @@
 //! (`weight` stored `[out, in]` as in the checkpoint, not burn's `[in, out]`), RMSNorm computed
 //! in at least float32, and the SwiGLU MLP.
 
+pub(crate) mod attention;
 pub(crate) mod mm;
 
 use burn::module::{Module, Param};

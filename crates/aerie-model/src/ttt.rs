@@ -7,9 +7,7 @@
 //! (causal attention never looks right, and every per-position quantity is masked). The loss is
 //! normalised by the number of real token positions (B·L when nothing is padded).
 
-use burn::tensor::{
-    Bool, DType, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend,
-};
+use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend};
 use serde::Serialize;
 
 use crate::drafter::{Drafter, TttCache};
@@ -138,23 +136,6 @@ fn shift_ids<B: Backend>(x: Tensor<B, 2, Int>, k: usize) -> Tensor<B, 2, Int> {
     Tensor::cat(vec![x.narrow(1, k, l - k), pad], 1)
 }
 
-/// `[B, nKV, g·L, L]` mask, true where key position s is after query position t, built at its
-/// full shape: burn-flex copies a broadcast (stride-0) mask into a contiguous one on every
-/// `mask_fill`, element by element.
-fn causal_mask<B: Backend>(b: usize, nkv: usize, groups: usize, l: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
-    let mut row_block = Vec::with_capacity(groups * l * l);
-    for _ in 0..groups {
-        for t in 0..l {
-            row_block.extend((0..l).map(|s| s > t));
-        }
-    }
-    let mut mask = Vec::with_capacity(b * nkv * row_block.len());
-    for _ in 0..b * nkv {
-        mask.extend_from_slice(&row_block);
-    }
-    Tensor::from_data(TensorData::new(mask, [b, nkv, groups * l, l]), device)
-}
-
 /// How [`ttt_forward_with`] computes each step's loss over the draft vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossPath {
@@ -227,8 +208,6 @@ pub fn ttt_forward_with<B: Backend>(
     let m = batch.loss_mask.clone() * shift_left(batch.valid.clone(), 1, 0.0);
     let pm = m.clone() * shift_left(batch.teacher.in_draft.clone(), 1, 0.0);
 
-    let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
-    let causal = causal_mask::<B>(b, cfg.num_key_value_heads, groups, l, &device);
     let mut hidden = drafter.fuse_aux(batch.aux.clone());
     let mut cache = TttCache::default();
     let mut steps = Vec::with_capacity(opts.ttt_length);
@@ -238,14 +217,8 @@ pub fn ttt_forward_with<B: Backend>(
     let head_t = drafter.lm_head.weight_t(hidden.dtype());
     for (k, &weight) in opts.step_weights.iter().enumerate() {
         let (cos, sin) = drafter.rotary().tables::<B>(k, l, &device);
-        let out = drafter.midlayer.forward_ttt(
-            drafter.embed(shift_ids(ids.clone(), k)),
-            hidden,
-            &cos,
-            &sin,
-            &causal,
-            &mut cache,
-        );
+        let out =
+            drafter.midlayer.forward_ttt(drafter.embed(shift_ids(ids.clone(), k)), hidden, &cos, &sin, &mut cache);
         let logits = upcast(Linear::forward_t(drafter.norm.forward(out.clone()), &head_t));
         hidden = drafter.carry(out);
         let scorer = scorer.get_or_insert_with(|| Scorer::new(path, logits.dtype(), batch, &m, &pm));

@@ -39,9 +39,9 @@ pub struct QuickstartArgs {
     /// Draft vocabulary size.
     #[arg(long, default_value_t = 4096)]
     pub draft_vocab: usize,
-    /// Training samples to capture (the quickstart's budget knob: capture ≈ 3.3 s and training
-    /// ≈ 3 × 1.8 s per sample on 2 cores; the recipe trains 3 epochs).
-    #[arg(long, default_value_t = 160)]
+    /// Training samples to capture, ≈ 360 tokens each: the quickstart's budget knob. On 2 cores
+    /// a sample costs ≈ 3 s of capture and 2–3 s per epoch of training (the recipe runs 3).
+    #[arg(long, default_value_t = 120)]
     pub train_samples: usize,
     /// Held-out samples to capture for evaluation.
     #[arg(long, default_value_t = 16)]
