@@ -3,10 +3,13 @@
 //! in at least float32, and the SwiGLU MLP.
 
 pub(crate) mod attention;
+mod host;
 pub(crate) mod mm;
+mod rms_norm;
+mod swiglu;
 
 use burn::module::{Module, Param};
-use burn::tensor::{DType, Tensor, activation::silu, backend::Backend};
+use burn::tensor::{DType, Tensor, backend::Backend};
 
 /// Cast half-precision activations up to f32 for reductions; f32/f64 stay as they are (f64 is
 /// used by the finite-difference gradient tests).
@@ -66,7 +69,8 @@ impl<B: Backend> Linear<B> {
     }
 }
 
-/// RMSNorm `w * x / sqrt(mean(x²) + eps)`, reduced in f32 whatever the activation dtype.
+/// RMSNorm `w * x / sqrt(mean(x²) + eps)`, reduced in f32 whatever the activation dtype (one
+/// fused op on the CPU backend, see `layers/rms_norm.rs`).
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
     /// `[H]`.
@@ -83,6 +87,9 @@ impl<B: Backend> RmsNorm<B> {
 
     /// Normalise the last dimension.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        if let Some(y) = rms_norm::rms_norm(&x, &self.weight.val(), self.eps) {
+            return y;
+        }
         let dtype = x.dtype();
         let x = upcast(x);
         let inv_rms = x.clone().square().mean_dim(D - 1).add_scalar(self.eps).sqrt().recip();
@@ -93,7 +100,7 @@ impl<B: Backend> RmsNorm<B> {
     }
 }
 
-/// SwiGLU: `down(silu(gate x) * up x)`.
+/// SwiGLU: `down(silu(gate x) * up x)` (the gate fused on the CPU backend, see `layers/swiglu.rs`).
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     /// `[I, H]`.
@@ -107,13 +114,11 @@ pub struct Mlp<B: Backend> {
 impl<B: Backend> Mlp<B> {
     /// Apply to `[.., H]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        self.down_proj.forward(swiglu::swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x)))
     }
 
     /// [`Self::forward`] with the weights taken by [`Linear::weight_t`] (gate, up, down).
     pub fn forward_t<const D: usize>(x: Tensor<B, D>, [gate, up, down]: &[Tensor<B, 2>; 3]) -> Tensor<B, D> {
-        let g = silu(Linear::forward_t(x.clone(), gate));
-        Linear::forward_t(g * Linear::forward_t(x, up), down)
+        Linear::forward_t(swiglu::swiglu(Linear::forward_t(x.clone(), gate), Linear::forward_t(x, up)), down)
     }
 }

@@ -12,21 +12,17 @@
 //! later steps' diagonal scores (see `Eagle3Attention::forward_ttt`). Other backends and
 //! half-precision dtypes take [`causal_reference`], the same function in burn tensor ops.
 
-use std::any::{Any, TypeId};
-use std::ops::{Add, Div, Mul, Sub};
-
+use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{FlexTensor, Layout};
-use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Bool, Bytes, DType, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use rayon::prelude::*;
 
+use super::host::{AdFlex, HostFloat, Runtime, cast, contiguous};
 use super::upcast;
-
-type AdFlex = Autodiff<Flex>;
 
 /// Query rows per chunk: the chunk's scores (`CHUNK × L`) and their gradient stay in cache-sized
 /// buffers, and the rows of a chunk share one pass over the keys.
@@ -36,23 +32,22 @@ const CHUNK: usize = 64;
 /// scaled; row `r·L + t` is query position t, the grouped-query layout) and `k, v: [B, nKV, L, d]`;
 /// returns `[B, nKV, g·L, d]` and `[B, nKV, g·L, 1]`, the latter in at least f32.
 pub(crate) fn causal<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let host_dtype = matches!(q.dtype(), DType::F32 | DType::F64) && q.dtype() == k.dtype() && q.dtype() == v.dtype();
-    let packed = if !host_dtype {
-        None
-    } else if TypeId::of::<B>() == TypeId::of::<AdFlex>() {
-        let [q, k, v] =
-            [q.clone(), k.clone(), v.clone()].map(|t| cast::<_, Tensor<AdFlex, 4>>(t).into_primitive().tensor());
-        Some(cast::<_, Tensor<B, 4>>(Tensor::<AdFlex, 4>::from_primitive(TensorPrimitive::Float(autodiff_forward(
-            q, k, v,
-        )))))
-    } else if TypeId::of::<B>() == TypeId::of::<Flex>() {
-        let [q, k, v] =
-            [q.clone(), k.clone(), v.clone()].map(|t| cast::<_, Tensor<Flex, 4>>(t).into_primitive().tensor());
-        Some(cast::<_, Tensor<B, 4>>(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(host_forward(
-            &q, &k, &v,
-        )))))
-    } else {
-        None
+    let packed = match Runtime::of::<B>(&[q.dtype(), k.dtype(), v.dtype()]) {
+        None => None,
+        Some(Runtime::Autodiff) => {
+            let [q, k, v] =
+                [q.clone(), k.clone(), v.clone()].map(|t| cast::<_, Tensor<AdFlex, 4>>(t).into_primitive().tensor());
+            Some(cast::<_, Tensor<B, 4>>(Tensor::<AdFlex, 4>::from_primitive(TensorPrimitive::Float(
+                autodiff_forward(q, k, v),
+            ))))
+        }
+        Some(Runtime::Inference) => {
+            let [q, k, v] =
+                [q.clone(), k.clone(), v.clone()].map(|t| cast::<_, Tensor<Flex, 4>>(t).into_primitive().tensor());
+            Some(cast::<_, Tensor<B, 4>>(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(host_forward(
+                &q, &k, &v,
+            )))))
+        }
     };
     match packed {
         Some(packed) => {
@@ -92,11 +87,6 @@ pub(crate) fn causal_mask<B: Backend>(groups: usize, l: usize, device: &B::Devic
     Tensor::from_data(TensorData::new(mask, [1, 1, groups * l, l]), device)
 }
 
-/// The identity between two names of one type (checked by the caller's `TypeId` test).
-fn cast<S: 'static, T: 'static>(x: S) -> T {
-    *(Box::new(x) as Box<dyn Any>).downcast::<T>().expect("same type")
-}
-
 type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
 
 #[derive(Debug)]
@@ -127,77 +117,6 @@ fn autodiff_forward(q: AdTensor, k: AdTensor, v: AdTensor) -> AdTensor {
     }
 }
 
-/// The float types the host kernels run in.
-trait HostFloat:
-    bytemuck::Pod
-    + burn::tensor::Element
-    + Send
-    + Sync
-    + PartialOrd
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-{
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    /// `C ← α A B + β C` (`matrixmultiply`'s strided gemm, single-threaded).
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        beta: Self,
-        c: *mut Self,
-        rsc: isize,
-    );
-}
-
-macro_rules! host_float {
-    ($t:ty, $gemm:path) => {
-        impl HostFloat for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
-            #[inline(always)]
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            #[inline(always)]
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            unsafe fn gemm(
-                m: usize,
-                k: usize,
-                n: usize,
-                a: *const Self,
-                rsa: isize,
-                csa: isize,
-                b: *const Self,
-                rsb: isize,
-                csb: isize,
-                beta: Self,
-                c: *mut Self,
-                rsc: isize,
-            ) {
-                unsafe { $gemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, 1) }
-            }
-        }
-    };
-}
-host_float!(f32, matrixmultiply::sgemm);
-host_float!(f64, matrixmultiply::dgemm);
-
 /// Shapes of one call: `bh = B·nKV` independent heads, `g·L` query rows, `L` keys, head dim `d`.
 #[derive(Clone, Copy, Debug)]
 struct Dims {
@@ -216,13 +135,6 @@ impl Dims {
         assert_eq!((qs[0], qs[1], qs[3]), (ks[0], ks[1], d), "q and k disagree");
         assert_eq!(v.layout().shape(), ks, "v and k disagree");
         Self { bh: qs[0] * qs[1], groups: qs[2] / l, l, d }
-    }
-}
-
-fn contiguous<T: HostFloat>(t: &FlexTensor) -> std::borrow::Cow<'_, [T]> {
-    match t.as_slice::<T>() {
-        Some(s) => std::borrow::Cow::Borrowed(s),
-        None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<T>().expect("contiguous copy").to_vec()),
     }
 }
 
@@ -458,34 +370,13 @@ fn backward<T: HostFloat>(dims: Dims, q: &[T], k: &[T], v: &[T], out: &[T], grad
 
 #[cfg(test)]
 mod tests {
+    use super::super::host::testing::{assert_close, host, tensor, values};
     use super::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
-            })
-            .collect()
-    }
-
-    fn tensor<B: Backend>(shape: [usize; 4], seed: u64, dtype: DType) -> Tensor<B, 4> {
-        let n = shape.iter().product();
-        Tensor::<B, 4>::from_data(TensorData::new(values(n, seed), shape), (&Default::default(), DType::F64))
-            .cast(dtype)
-    }
-
-    fn host(t: Tensor<impl Backend, 4>) -> Vec<f64> {
-        t.into_data().convert::<f64>().into_vec::<f64>().unwrap()
-    }
 
     /// `Σ wo ∘ out + Σ wl ∘ lse` with fixed weights: exercises both outputs' gradients.
     fn objective<B: Backend>(out: Tensor<B, 4>, lse: Tensor<B, 4>, seed: u64) -> Tensor<B, 1> {
-        let wo = tensor::<B>(out.dims(), seed, out.dtype());
-        let wl = tensor::<B>(lse.dims(), seed + 1, lse.dtype());
+        let wo = tensor::<B, 4>(out.dims(), seed, out.dtype());
+        let wl = tensor::<B, 4>(lse.dims(), seed + 1, lse.dtype());
         (out * wo).sum() + (lse * wl).sum()
     }
 
@@ -493,9 +384,9 @@ mod tests {
 
     fn run(host_path: bool, shape: [usize; 5], dtype: DType) -> (Vec<f64>, Vec<f64>, Grads) {
         let [b, nkv, g, l, d] = shape;
-        let q = tensor::<AdFlex>([b, nkv, g * l, d], 1, dtype).require_grad();
-        let k = tensor::<AdFlex>([b, nkv, l, d], 2, dtype).require_grad();
-        let v = tensor::<AdFlex>([b, nkv, l, d], 3, dtype).require_grad();
+        let q = tensor::<AdFlex, 4>([b, nkv, g * l, d], 1, dtype).require_grad();
+        let k = tensor::<AdFlex, 4>([b, nkv, l, d], 2, dtype).require_grad();
+        let v = tensor::<AdFlex, 4>([b, nkv, l, d], 3, dtype).require_grad();
         let (out, lse) = if host_path {
             causal(q.clone(), k.clone(), v.clone())
         } else {
@@ -504,13 +395,6 @@ mod tests {
         let grads = objective(out.clone(), lse.clone(), 10).backward();
         let grad = |t: &Tensor<AdFlex, 4>| host(t.grad(&grads).expect("gradient"));
         (host(out), host(lse), [grad(&q), grad(&k), grad(&v)])
-    }
-
-    fn assert_close(what: &str, x: &[f64], y: &[f64], tol: f64) {
-        assert_eq!(x.len(), y.len(), "{what}: lengths");
-        for (i, (a, b)) in x.iter().zip(y).enumerate() {
-            assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{what}[{i}]: {a} vs {b}");
-        }
     }
 
     /// Against the full-score tensor path, in f64 (agreement to rounding, 1e-10) and f32 (1e-4:
@@ -592,9 +476,9 @@ mod tests {
     fn inference_backend_matches() {
         let shape = [1, 2, 2, 33, 4];
         let [b, nkv, g, l, d] = shape;
-        let q = tensor::<Flex>([b, nkv, g * l, d], 1, DType::F32);
-        let k = tensor::<Flex>([b, nkv, l, d], 2, DType::F32);
-        let v = tensor::<Flex>([b, nkv, l, d], 3, DType::F32);
+        let q = tensor::<Flex, 4>([b, nkv, g * l, d], 1, DType::F32);
+        let k = tensor::<Flex, 4>([b, nkv, l, d], 2, DType::F32);
+        let v = tensor::<Flex, 4>([b, nkv, l, d], 3, DType::F32);
         let (out, lse) = causal(q.clone(), k.clone(), v.clone());
         let (out_r, lse_r) = causal_reference(q, k, v);
         assert_close("out", &host(out), &host(out_r), 1e-5);

@@ -10,21 +10,18 @@
 //! whatever the split (the k-blocking does not depend on M or N), so results do not depend on
 //! the number of threads.
 //!
-//! Backends other than burn-flex (and dtypes other than f32/f64) use burn's own matmul. The
-//! backend is recognised by `TypeId`, and tensors move between the generic and the concrete type
-//! through `Any`, so no generic signature changes.
+//! Backends other than burn-flex (and dtypes other than f32/f64) use burn's own matmul (see
+//! `layers/host.rs` for how the backend is recognised without changing generic signatures).
 
-use std::any::{Any, TypeId};
-
+use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::flex::{FlexTensor, Layout};
-use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Bytes, DType, Shape, Tensor, TensorPrimitive, backend::Backend};
 
-type AdFlex = Autodiff<Flex>;
+use super::host::{AdFlex, Runtime, cast};
 
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
 const SPLIT_THRESHOLD: usize = 1 << 20;
@@ -38,25 +35,22 @@ const SMALL_M: usize = 16;
 
 /// `a · b` for `a: [M, K]`, `b: [K, N]` (any strides).
 pub(crate) fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
-    if !matches!(a.dtype(), DType::F32 | DType::F64) || a.dtype() != b.dtype() || a.dims()[0] <= SMALL_M {
+    if a.dims()[0] <= SMALL_M {
         return a.matmul(b);
     }
-    if TypeId::of::<B>() == TypeId::of::<AdFlex>() {
-        let (a, b) = (cast::<_, Tensor<AdFlex, 2>>(a), cast::<_, Tensor<AdFlex, 2>>(b));
-        let out = autodiff_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
-        return cast(Tensor::<AdFlex, 2>::from_primitive(TensorPrimitive::Float(out)));
+    match Runtime::of::<B>(&[a.dtype(), b.dtype()]) {
+        None => a.matmul(b),
+        Some(Runtime::Autodiff) => {
+            let (a, b) = (cast::<_, Tensor<AdFlex, 2>>(a), cast::<_, Tensor<AdFlex, 2>>(b));
+            let out = autodiff_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
+            cast(Tensor::<AdFlex, 2>::from_primitive(TensorPrimitive::Float(out)))
+        }
+        Some(Runtime::Inference) => {
+            let (a, b) = (cast::<_, Tensor<Flex, 2>>(a), cast::<_, Tensor<Flex, 2>>(b));
+            let out = host_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
+            cast(Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(out)))
+        }
     }
-    if TypeId::of::<B>() == TypeId::of::<Flex>() {
-        let (a, b) = (cast::<_, Tensor<Flex, 2>>(a), cast::<_, Tensor<Flex, 2>>(b));
-        let out = host_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
-        return cast(Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(out)));
-    }
-    a.matmul(b)
-}
-
-/// The identity between two names of one type (checked by the caller's `TypeId` test).
-fn cast<S: 'static, T: 'static>(x: S) -> T {
-    *(Box::new(x) as Box<dyn Any>).downcast::<T>().expect("same type")
 }
 
 #[derive(Debug)]
