@@ -208,6 +208,8 @@ pub fn ttt_forward_with<B: Backend>(
     let m = batch.loss_mask.clone() * shift_left(batch.valid.clone(), 1, 0.0);
     let pm = m.clone() * shift_left(batch.teacher.in_draft.clone(), 1, 0.0);
 
+    // The activations follow the aux features' dtype (bf16 compute over f32 weights).
+    let compute = batch.aux.dtype();
     let mut hidden = drafter.fuse_aux(batch.aux.clone());
     let mut cache = TttCache::default();
     let mut steps = Vec::with_capacity(opts.ttt_length);
@@ -217,8 +219,13 @@ pub fn ttt_forward_with<B: Backend>(
     let head_t = drafter.lm_head.weight_t(hidden.dtype());
     for (k, &weight) in opts.step_weights.iter().enumerate() {
         let (cos, sin) = drafter.rotary().tables::<B>(k, l, &device);
-        let out =
-            drafter.midlayer.forward_ttt(drafter.embed(shift_ids(ids.clone(), k)), hidden, &cos, &sin, &mut cache);
+        let out = drafter.midlayer.forward_ttt(
+            drafter.embed(shift_ids(ids.clone(), k)).cast(compute),
+            hidden,
+            &cos,
+            &sin,
+            &mut cache,
+        );
         let logits = upcast(Linear::forward_t(drafter.norm.forward(out.clone()), &head_t));
         hidden = drafter.carry(out);
         let scorer = scorer.get_or_insert_with(|| Scorer::new(path, logits.dtype(), batch, &m, &pm));

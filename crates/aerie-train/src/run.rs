@@ -13,8 +13,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::checkpoint::{self, STATE_FORMAT, TrainingState};
+use crate::config::TrainConfig;
 use crate::config::fingerprint::{diff, fingerprint, hash};
-use crate::config::{Precision, TrainConfig};
 use crate::data::{Catalog, MicroBatch, epoch_seed, plan_epoch};
 use crate::eval::evaluate;
 use crate::grads::with_stable_ids;
@@ -182,11 +182,6 @@ pub fn train<B: AutodiffBackend>(
     opts: &RunOptions<B>,
     observer: &mut dyn FnMut(&Event<'_>) -> ControlFlow<()>,
 ) -> Result<Summary> {
-    if cfg.precision == Precision::Bf16 {
-        return Err(Error::Options(
-            "precision = \"bf16\" is not implemented yet (bf16 compute over f32 master weights on CUDA is a TODO); use \"f32\"".into(),
-        ));
-    }
     let devices = opts.devices.clone();
     let main = devices.first().cloned().ok_or_else(|| Error::Options("no device given".into()))?;
     let per_step = cfg.optim.grad_accumulation * devices.len();
@@ -207,7 +202,8 @@ pub fn train<B: AutodiffBackend>(
     let heads = teacher_head::<B>(cfg, &catalog, &st.checkpoint, &devices, &model)?;
     let eval_head = heads[0].clone();
     let mut trainer =
-        Trainer::new(model, devices.iter().cloned().zip(heads).collect(), cfg.ttt_options(), cfg.loss, &cfg.optim)?;
+        Trainer::new(model, devices.iter().cloned().zip(heads).collect(), cfg.ttt_options(), cfg.loss, &cfg.optim)?
+            .with_compute_dtype(cfg.precision.dtype());
     if let Some(ckpt) = &st.resumed_from {
         trainer.load_optimizer_record(checkpoint::load_optimizer::<B>(ckpt, &main)?);
     }

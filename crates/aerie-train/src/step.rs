@@ -16,7 +16,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
+use burn::tensor::{DType, ElementConversion, Tensor};
 
 use crate::config::{LossKind, OptimConfig};
 use crate::grads::{accumulate, clip_global_norm};
@@ -87,6 +87,8 @@ pub struct Trainer<B: AutodiffBackend> {
     ttt: TttOptions,
     loss: LossKind,
     max_grad_norm: f64,
+    /// Activation dtype of the forward (the weights stay f32; see [`Trainer::with_compute_dtype`]).
+    compute: DType,
 }
 
 struct Prepared<B: AutodiffBackend> {
@@ -137,7 +139,24 @@ impl<B: AutodiffBackend> Trainer<B> {
                 Replica { device, head, model }
             })
             .collect();
-        Ok(Self { model: Some(model), optim: adamw(optim), replicas, ttt, loss, max_grad_norm: optim.max_grad_norm })
+        Ok(Self {
+            model: Some(model),
+            optim: adamw(optim),
+            replicas,
+            ttt,
+            loss,
+            max_grad_norm: optim.max_grad_norm,
+            compute: DType::F32,
+        })
+    }
+
+    /// Run the forward in `dtype` over the f32 master weights (burn has no autocast): the aux
+    /// features enter as `dtype`, every layer casts its weights to its input's dtype, norms,
+    /// softmax and the loss reduce in f32, and gradients flow back through the casts to the f32
+    /// weights, which AdamW updates in f32.
+    pub fn with_compute_dtype(mut self, dtype: DType) -> Self {
+        self.compute = dtype;
+        self
     }
 
     /// The current weights (on the main device).
@@ -182,7 +201,11 @@ impl<B: AutodiffBackend> Trainer<B> {
             inputs
                 .into_iter()
                 .map(|m| {
-                    let batch = lift::<B>(collate::<B::InnerBackend>(&m.samples, cfg, vocab, &teacher, &rep.device)?);
+                    let mut batch =
+                        lift::<B>(collate::<B::InnerBackend>(&m.samples, cfg, vocab, &teacher, &rep.device)?);
+                    if batch.aux.dtype() != self.compute {
+                        batch.aux = batch.aux.cast(self.compute);
+                    }
                     let masks = BatchMasks::of(&batch);
                     Ok(Prepared { batch, masks, labels: m.labels })
                 })

@@ -39,7 +39,12 @@ pub const KEYS: &[KeyDoc] = &[
         true,
         "objective: soft_ce | tv (mean over pm of 1-α) | lk (λ·KL + (1-λ)(1-α), λ = exp(-α) detached)",
     ),
-    k("precision", "\"f32\"", true, "f32 (bf16 compute on CUDA is not implemented yet)"),
+    k(
+        "precision",
+        "\"f32\"",
+        true,
+        "f32, or bf16: bf16 activations over f32 master weights and optimizer state (for CUDA; slower on the CPU)",
+    ),
     k("log_every", "10", false, "write a metrics.jsonl line every N optimizer steps"),
     k("eval_every", "0", false, "evaluate on held-out data every N steps (0: only at the end)"),
     k("save_every", "0", false, "save a checkpoint every N steps (0: only at the end)"),

@@ -86,8 +86,19 @@ pub enum Precision {
     /// float32 weights, activations and optimizer state.
     #[default]
     F32,
-    /// bfloat16 activations over float32 master weights (CUDA only). Not implemented yet.
+    /// bfloat16 activations over float32 master weights and optimizer state (meant for CUDA;
+    /// on the CPU it runs, but burn-flex's bf16 kernels are slower than its f32 ones).
     Bf16,
+}
+
+impl Precision {
+    /// The activation dtype of the forward.
+    pub fn dtype(self) -> burn::tensor::DType {
+        match self {
+            Precision::F32 => burn::tensor::DType::F32,
+            Precision::Bf16 => burn::tensor::DType::BF16,
+        }
+    }
 }
 
 /// `[data]`.
