@@ -40,8 +40,8 @@ pub struct QuickstartArgs {
     #[arg(long, default_value_t = 4096)]
     pub draft_vocab: usize,
     /// Training samples to capture, ≈ 360 tokens each: the quickstart's budget knob. On 2 cores
-    /// a sample costs ≈ 3 s of capture and 2–3 s per epoch of training (the recipe runs 3).
-    #[arg(long, default_value_t = 120)]
+    /// a sample costs 1.6–2.1 s of capture and 1.3–2.2 s per epoch of training (the recipe runs 3).
+    #[arg(long, default_value_t = 160)]
     pub train_samples: usize,
     /// Held-out samples to capture for evaluation.
     #[arg(long, default_value_t = 16)]
