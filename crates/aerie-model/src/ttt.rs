@@ -11,6 +11,7 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData, activation
 use serde::Serialize;
 
 use crate::drafter::{Drafter, TttCache};
+use crate::layers::host::HostFloat;
 use crate::layers::{Linear, upcast};
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
@@ -327,7 +328,7 @@ fn tensor_step<B: Backend>(
 /// The fused host formulation of one step: values from `fused::step`, gradients through
 /// `fused::surrogate` (skipped where no gradient can flow: a backend without autodiff, or α when
 /// `alpha_grad` is off).
-fn host_step<B: Backend, T: fused::Real>(
+fn host_step<B: Backend, T: HostFloat>(
     h: &HostScorer<T>,
     logits: Tensor<B, 3>,
     k: usize,

@@ -14,14 +14,16 @@
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bool, Bytes, DType, Tensor, TensorData, TensorPrimitive, backend::Backend};
+use burn::backend::autodiff::ops::{Backward, Ops};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Bool, Tensor, TensorData, backend::Backend};
 use rayon::prelude::*;
 
-use super::host::{AdFlex, HostFloat, Runtime, cast, contiguous};
+use super::host::{
+    AdTensor, HostFloat, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
+    host_tensor, record, with_float,
+};
 use super::upcast;
 
 /// Query rows per chunk: the chunk's scores (`CHUNK × L`) and their gradient stay in cache-sized
@@ -32,21 +34,15 @@ const CHUNK: usize = 64;
 /// scaled; row `r·L + t` is query position t, the grouped-query layout) and `k, v: [B, nKV, L, d]`;
 /// returns `[B, nKV, g·L, d]` and `[B, nKV, g·L, 1]`, the latter in at least f32.
 pub(crate) fn causal<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let packed = match Runtime::of::<B>(&[q.dtype(), k.dtype(), v.dtype()]) {
+    let packed: Option<Tensor<B, 4>> = match Runtime::of::<B>(&[q.dtype(), k.dtype(), v.dtype()]) {
         None => None,
         Some(Runtime::Autodiff) => {
-            let [q, k, v] =
-                [q.clone(), k.clone(), v.clone()].map(|t| cast::<_, Tensor<AdFlex, 4>>(t).into_primitive().tensor());
-            Some(cast::<_, Tensor<B, 4>>(Tensor::<AdFlex, 4>::from_primitive(TensorPrimitive::Float(
-                autodiff_forward(q, k, v),
-            ))))
+            let [q, k, v] = [&q, &k, &v].map(|t| ad_primitive(t.clone()));
+            Some(from_ad(autodiff_forward(q, k, v)))
         }
         Some(Runtime::Inference) => {
-            let [q, k, v] =
-                [q.clone(), k.clone(), v.clone()].map(|t| cast::<_, Tensor<Flex, 4>>(t).into_primitive().tensor());
-            Some(cast::<_, Tensor<B, 4>>(Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(host_forward(
-                &q, &k, &v,
-            )))))
+            let [q, k, v] = [&q, &k, &v].map(|t| flex_primitive(t.clone()));
+            Some(from_flex(host_forward(&q, &k, &v)))
         }
     };
     match packed {
@@ -87,8 +83,6 @@ pub(crate) fn causal_mask<B: Backend>(groups: usize, l: usize, device: &B::Devic
     Tensor::from_data(TensorData::new(mask, [1, 1, groups * l, l]), device)
 }
 
-type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
-
 #[derive(Debug)]
 struct CausalAttention;
 
@@ -97,24 +91,14 @@ impl Backward<Flex, 3> for CausalAttention {
     type State = [FlexTensor; 4];
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let [q, k, v, packed] = ops.state;
-        let [dq, dk, dv] = host_backward(&q, &k, &v, &packed, &grad);
-        for (parent, g) in ops.parents.into_iter().zip([dq, dk, dv]) {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        backward_all(ops, grads, |[q, k, v, packed], grad| host_backward(&q, &k, &v, &packed, &grad));
     }
 }
 
 fn autodiff_forward(q: AdTensor, k: AdTensor, v: AdTensor) -> AdTensor {
-    let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
     let packed = host_forward(&q.primitive, &k.primitive, &v.primitive);
-    match CausalAttention.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish([q.primitive, k.primitive, v.primitive, packed.clone()], packed),
-        OpsKind::UnTracked(prep) => prep.finish(packed),
-    }
+    let state = [q.primitive.clone(), k.primitive.clone(), v.primitive.clone(), packed.clone()];
+    record(CausalAttention, [&q, &k, &v], state, packed)
 }
 
 /// Shapes of one call: `bh = B·nKV` independent heads, `g·L` query rows, `L` keys, head dim `d`.
@@ -143,12 +127,7 @@ fn host_forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor) -> FlexTensor {
     let dims = Dims::of(q, k, v);
     let mut shape = q.layout().shape().clone();
     shape[3] = dims.d + 1;
-    let bytes = match q.dtype() {
-        DType::F32 => Bytes::from_elems(forward::<f32>(dims, &contiguous(q), &contiguous(k), &contiguous(v))),
-        DType::F64 => Bytes::from_elems(forward::<f64>(dims, &contiguous(q), &contiguous(k), &contiguous(v))),
-        other => unreachable!("host causal attention in {other:?}"),
-    };
-    FlexTensor::new(bytes, Layout::contiguous(shape), q.dtype())
+    with_float!(q.dtype(), T => host_tensor(forward::<T>(dims, &contiguous(q), &contiguous(k), &contiguous(v)), &shape))
 }
 
 /// Gradients of q, k and v given the packed output and its packed gradient.
@@ -160,35 +139,17 @@ fn host_backward(
     grad: &FlexTensor,
 ) -> [FlexTensor; 3] {
     let dims = Dims::of(q, k, v);
-    let dtype = q.dtype();
-    let wrap = |bytes: Bytes, like: &FlexTensor| {
-        FlexTensor::new(bytes, Layout::contiguous(like.layout().shape().clone()), dtype)
-    };
-    match dtype {
-        DType::F32 => {
-            let [dq, dk, dv] = backward::<f32>(
-                dims,
-                &contiguous(q),
-                &contiguous(k),
-                &contiguous(v),
-                &contiguous(out),
-                &contiguous(grad),
-            );
-            [wrap(Bytes::from_elems(dq), q), wrap(Bytes::from_elems(dk), k), wrap(Bytes::from_elems(dv), v)]
-        }
-        DType::F64 => {
-            let [dq, dk, dv] = backward::<f64>(
-                dims,
-                &contiguous(q),
-                &contiguous(k),
-                &contiguous(v),
-                &contiguous(out),
-                &contiguous(grad),
-            );
-            [wrap(Bytes::from_elems(dq), q), wrap(Bytes::from_elems(dk), k), wrap(Bytes::from_elems(dv), v)]
-        }
-        other => unreachable!("host causal attention in {other:?}"),
-    }
+    with_float!(q.dtype(), T => {
+        let [dq, dk, dv] = backward::<T>(
+            dims,
+            &contiguous(q),
+            &contiguous(k),
+            &contiguous(v),
+            &contiguous(out),
+            &contiguous(grad),
+        );
+        [host_tensor(dq, q.layout().shape()), host_tensor(dk, k.layout().shape()), host_tensor(dv, v.layout().shape())]
+    })
 }
 
 /// Query chunks `(first position, rows)` of one group block of L rows.
@@ -370,7 +331,10 @@ fn backward<T: HostFloat>(dims: Dims, q: &[T], k: &[T], v: &[T], out: &[T], grad
 
 #[cfg(test)]
 mod tests {
-    use super::super::host::testing::{assert_close, host, tensor, values};
+    use burn::tensor::DType;
+
+    use super::super::host::AdFlex;
+    use super::super::host::testing::{assert_close, host, on_threads, tensor, values};
     use super::*;
 
     /// `Σ wo ∘ out + Σ wl ∘ lse` with fixed weights: exercises both outputs' gradients.
@@ -461,13 +425,7 @@ mod tests {
     /// on 1 and 3 threads.
     #[test]
     fn result_does_not_depend_on_the_thread_count() {
-        let on = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| run(true, [2, 3, 2, 90, 8], DType::F32))
-        };
+        let on = |threads: usize| on_threads(threads, || run(true, [2, 3, 2, 90, 8], DType::F32));
         assert_eq!(on(1), on(3));
     }
 

@@ -1,7 +1,8 @@
 //! What the host kernels of this module share: recognising burn-flex behind a generic backend,
 //! moving tensors between the generic and the concrete type, and the float types they run in.
 //!
-//! The kernels ([`super::mm`], [`super::attention`], [`super::swiglu`], [`super::rms_norm`]) replace
+//! The kernels ([`super::mm`], [`super::attention`], [`super::swiglu`], [`super::rms_norm`], and the
+//! TTT loss in `ttt/fused.rs`) replace
 //! chains of burn-flex ops whose intermediate tensors autodiff would keep, or which burn-flex runs
 //! slowly; every other backend (a GPU) and every other dtype keeps burn's own ops.
 
@@ -9,11 +10,15 @@ use std::any::{Any, TypeId};
 use std::borrow::Cow;
 use std::ops::{Add, Div, Mul, Sub};
 
-use burn::backend::flex::FlexTensor;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::{FlexTensor, Layout};
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{DType, backend::Backend};
+use burn::tensor::{Bytes, DType, Shape, Tensor, TensorPrimitive, backend::Backend};
 
 pub(crate) type AdFlex = Autodiff<Flex>;
+pub(crate) type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
 
 /// Which host kernel applies to a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,9 +46,58 @@ impl Runtime {
     }
 }
 
-/// The identity between two names of one type (checked by the caller's `TypeId` test).
-pub(crate) fn cast<S: 'static, T: 'static>(x: S) -> T {
+/// The identity between two names of one type (checked by [`Runtime::of`]'s `TypeId` test).
+fn cast<S: 'static, T: 'static>(x: S) -> T {
     *(Box::new(x) as Box<dyn Any>).downcast::<T>().expect("same type")
+}
+
+/// The autodiff primitive of a tensor whose backend is `Autodiff<Flex>` ([`Runtime::Autodiff`]).
+pub(crate) fn ad_primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> AdTensor {
+    cast::<_, Tensor<AdFlex, D>>(t).into_primitive().tensor()
+}
+
+/// The host tensor of a tensor whose backend is `Flex` ([`Runtime::Inference`]).
+pub(crate) fn flex_primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
+    cast::<_, Tensor<Flex, D>>(t).into_primitive().tensor()
+}
+
+/// Back from [`ad_primitive`].
+pub(crate) fn from_ad<B: Backend, const D: usize>(t: AdTensor) -> Tensor<B, D> {
+    cast(Tensor::<AdFlex, D>::from_primitive(TensorPrimitive::Float(t)))
+}
+
+/// Back from [`flex_primitive`].
+pub(crate) fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, D> {
+    cast(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(t)))
+}
+
+/// Put `out`, computed on the host from `inputs`, into the autodiff graph as the output of `op`,
+/// which keeps `state` for its backward when any input is tracked.
+pub(crate) fn record<Op: Backward<Flex, N>, const N: usize>(
+    op: Op,
+    inputs: [&AdTensor; N],
+    state: Op::State,
+    out: FlexTensor,
+) -> AdTensor {
+    match op.prepare::<NoCheckpointing>(inputs.map(|t| t.node.clone())).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(state, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
+/// The body of a host op's backward: `gradients(state, output gradient)` gives one gradient per
+/// input, handed to the inputs that are tracked.
+pub(crate) fn backward_all<S, const N: usize>(
+    ops: Ops<S, N>,
+    grads: &mut Gradients,
+    gradients: impl FnOnce(S, FlexTensor) -> [FlexTensor; N],
+) {
+    let grad = grads.consume::<Flex>(&ops.node);
+    for (parent, g) in ops.parents.into_iter().zip(gradients(ops.state, grad)) {
+        if let Some(node) = parent {
+            grads.register::<Flex>(node.id, g);
+        }
+    }
 }
 
 /// The tensor's values in row-major order, borrowed when already laid out so.
@@ -53,6 +107,30 @@ pub(crate) fn contiguous<T: HostFloat>(t: &FlexTensor) -> Cow<'_, [T]> {
         None => Cow::Owned(t.to_contiguous().as_slice::<T>().expect("contiguous copy").to_vec()),
     }
 }
+
+/// A contiguous host tensor of `shape` holding `values`.
+pub(crate) fn host_tensor<T: HostFloat>(values: Vec<T>, shape: &Shape) -> FlexTensor {
+    FlexTensor::new(Bytes::from_elems(values), Layout::contiguous(shape.clone()), T::dtype())
+}
+
+/// Evaluate `$body` with the type name `$T` bound to the float type of `$dtype` (the host kernels
+/// are only dispatched for f32 and f64, see [`Runtime::of`]).
+macro_rules! with_float {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            burn::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            burn::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            other => unreachable!("host kernel called in {other:?}"),
+        }
+    };
+}
+pub(crate) use with_float;
 
 /// The float types the host kernels run in.
 pub(crate) trait HostFloat:
@@ -73,6 +151,7 @@ pub(crate) trait HostFloat:
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
     fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
     /// `C ← α A B + β C` (`matrixmultiply`'s strided gemm, single-threaded).
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
@@ -112,6 +191,10 @@ macro_rules! host_float {
             #[inline(always)]
             fn from_f64(v: f64) -> Self {
                 v as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
             }
             unsafe fn gemm(
                 m: usize,
@@ -161,6 +244,11 @@ pub(crate) mod testing {
 
     pub(crate) fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
         t.into_data().convert::<f64>().into_vec::<f64>().unwrap()
+    }
+
+    /// `f` on a rayon pool of `threads` threads.
+    pub(crate) fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
     }
 
     pub(crate) fn assert_close(what: &str, x: &[f64], y: &[f64], tol: f64) {

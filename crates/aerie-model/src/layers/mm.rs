@@ -15,13 +15,14 @@
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Shape, Tensor, TensorPrimitive, backend::Backend};
+use burn::backend::autodiff::ops::{Backward, Ops, binary};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Shape, Tensor, backend::Backend};
 
-use super::host::{AdFlex, Runtime, cast};
+use super::host::{
+    AdTensor, HostFloat, Runtime, ad_primitive, flex_primitive, from_ad, from_flex, host_tensor, record, with_float,
+};
 
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
 const SPLIT_THRESHOLD: usize = 1 << 20;
@@ -40,16 +41,8 @@ pub(crate) fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 
     }
     match Runtime::of::<B>(&[a.dtype(), b.dtype()]) {
         None => a.matmul(b),
-        Some(Runtime::Autodiff) => {
-            let (a, b) = (cast::<_, Tensor<AdFlex, 2>>(a), cast::<_, Tensor<AdFlex, 2>>(b));
-            let out = autodiff_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
-            cast(Tensor::<AdFlex, 2>::from_primitive(TensorPrimitive::Float(out)))
-        }
-        Some(Runtime::Inference) => {
-            let (a, b) = (cast::<_, Tensor<Flex, 2>>(a), cast::<_, Tensor<Flex, 2>>(b));
-            let out = host_matmul(a.into_primitive().tensor(), b.into_primitive().tensor());
-            cast(Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(out)))
-        }
+        Some(Runtime::Autodiff) => from_ad(autodiff_matmul(ad_primitive(a), ad_primitive(b))),
+        Some(Runtime::Inference) => from_flex(host_matmul(flex_primitive(a), flex_primitive(b))),
     }
 }
 
@@ -72,17 +65,10 @@ impl Backward<Flex, 2> for HostMatmul {
     }
 }
 
-type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
-
 fn autodiff_matmul(a: AdTensor, b: AdTensor) -> AdTensor {
-    let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
-    match HostMatmul.prepare::<NoCheckpointing>([a.node.clone(), b.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => {
-            let out = host_matmul(a.primitive.clone(), b.primitive.clone());
-            prep.finish((b_tracked.then_some(a.primitive), a_tracked.then_some(b.primitive)), out)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(host_matmul(a.primitive, b.primitive)),
-    }
+    let out = host_matmul(a.primitive.clone(), b.primitive.clone());
+    let state = (b.is_tracked().then(|| a.primitive.clone()), a.is_tracked().then(|| b.primitive.clone()));
+    record(HostMatmul, [&a, &b], state, out)
 }
 
 /// A matrix operand: base pointer (at the layout's start offset) and row/column strides.
@@ -125,63 +111,27 @@ fn view<T: bytemuck::Pod + burn::tensor::Element>(t: &FlexTensor) -> View<T> {
 
 /// `[M, K] · [K, N]` on the host, contiguous `[M, N]` out.
 fn host_matmul(a: FlexTensor, b: FlexTensor) -> FlexTensor {
-    let dtype = a.dtype();
     let (ad, bd) = (a.layout().shape().clone(), b.layout().shape().clone());
     let (m, k, n) = (ad[0], ad[1], bd[1]);
     assert_eq!(k, bd[0], "matmul: inner dimensions must match");
     // The output buffer is typed from the start: `FlexTensor::empty` zeroes a `Vec<u8>` and then
     // copies it once more to raise its alignment.
-    let out = |data: Bytes| FlexTensor::new(data, Layout::contiguous(Shape::from(vec![m, n])), dtype);
-    match dtype {
-        DType::F32 => {
-            let mut c = vec![0f32; m * n];
-            if m * n > 0 {
-                gemm_split(
-                    m,
-                    k,
-                    n,
-                    view::<f32>(&a),
-                    view::<f32>(&b),
-                    OutPtr(c.as_mut_ptr()),
-                    |m, k, n, a, b, c, rsc| unsafe {
-                        matrixmultiply::sgemm(m, k, n, 1.0, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, 0.0, c, rsc, 1)
-                    },
-                );
-            }
-            out(Bytes::from_elems(c))
+    with_float!(a.dtype(), T => {
+        let mut c = vec![T::ZERO; m * n];
+        if m * n > 0 {
+            gemm_split(m, k, n, view::<T>(&a), view::<T>(&b), OutPtr(c.as_mut_ptr()));
         }
-        DType::F64 => {
-            let mut c = vec![0f64; m * n];
-            if m * n > 0 {
-                gemm_split(
-                    m,
-                    k,
-                    n,
-                    view::<f64>(&a),
-                    view::<f64>(&b),
-                    OutPtr(c.as_mut_ptr()),
-                    |m, k, n, a, b, c, rsc| unsafe {
-                        matrixmultiply::dgemm(m, k, n, 1.0, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, 0.0, c, rsc, 1)
-                    },
-                );
-            }
-            out(Bytes::from_elems(c))
-        }
-        _ => burn::backend::flex::ops::matmul::matmul(a, b),
-    }
+        host_tensor(c, &Shape::from(vec![m, n]))
+    })
 }
 
-/// Run `call` on blocks of rows (or columns, whichever dimension is larger) of C in parallel.
-#[allow(clippy::too_many_arguments)]
-fn gemm_split<T: Send + Sync>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: View<T>,
-    b: View<T>,
-    c: OutPtr<T>,
-    call: impl Fn(usize, usize, usize, View<T>, View<T>, *mut T, isize) + Send + Sync,
-) {
+/// `C = A B` by single-threaded gemm calls on blocks of rows (or columns, whichever dimension is
+/// larger) of C in parallel.
+fn gemm_split<T: HostFloat>(m: usize, k: usize, n: usize, a: View<T>, b: View<T>, c: OutPtr<T>) {
+    // SAFETY (for the callers below): the views cover m × k and k × n, C holds m × n at row stride rsc.
+    let call = |m, k, n, a: View<T>, b: View<T>, c: *mut T, rsc| unsafe {
+        T::gemm(m, k, n, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, T::ZERO, c, rsc)
+    };
     use rayon::prelude::*;
     let threads = rayon::current_num_threads();
     let rsc = n as isize;
@@ -212,6 +162,8 @@ fn gemm_split<T: Send + Sync>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::host::AdFlex;
+    use super::super::host::testing::on_threads;
     use super::*;
     use burn::tensor::Distribution;
 
@@ -225,7 +177,7 @@ mod tests {
     fn host_matmul_matches_burn_and_ignores_thread_count() {
         let dev = Default::default();
         let run = |threads: usize| {
-            rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
+            on_threads(threads, || {
                 let a = Tensor::<AdFlex, 2>::random([301, 70], Distribution::Normal(0.0, 1.0), &dev);
                 let bt = Tensor::<AdFlex, 2>::random([517, 70], Distribution::Normal(0.0, 1.0), &dev);
                 let w = Tensor::<AdFlex, 2>::random([301, 517], Distribution::Normal(0.0, 1.0), &dev);

@@ -8,14 +8,16 @@
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Shape, Tensor, TensorPrimitive, backend::Backend};
+use burn::backend::autodiff::ops::{Backward, Ops};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Tensor, backend::Backend};
 use rayon::prelude::*;
 
-use super::host::{AdFlex, HostFloat, Runtime, cast, contiguous};
+use super::host::{
+    AdTensor, HostFloat, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
+    host_tensor, record, with_float,
+};
 
 /// Rows per parallel task (and per partial weight gradient).
 const ROWS: usize = 32;
@@ -30,16 +32,8 @@ pub(crate) fn rms_norm<B: Backend, const D: usize>(
         return None;
     }
     Some(match Runtime::of::<B>(&[x.dtype(), w.dtype()])? {
-        Runtime::Autodiff => {
-            let (x, w) = (cast::<_, Tensor<AdFlex, D>>(x.clone()), cast::<_, Tensor<AdFlex, 1>>(w.clone()));
-            let out = autodiff_forward(x.into_primitive().tensor(), w.into_primitive().tensor(), eps);
-            cast(Tensor::<AdFlex, D>::from_primitive(TensorPrimitive::Float(out)))
-        }
-        Runtime::Inference => {
-            let (x, w) = (cast::<_, Tensor<Flex, D>>(x.clone()), cast::<_, Tensor<Flex, 1>>(w.clone()));
-            let out = host_forward(&x.into_primitive().tensor(), &w.into_primitive().tensor(), eps);
-            cast(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(out)))
-        }
+        Runtime::Autodiff => from_ad(autodiff_forward(ad_primitive(x.clone()), ad_primitive(w.clone()), eps)),
+        Runtime::Inference => from_flex(host_forward(&flex_primitive(x.clone()), &flex_primitive(w.clone()), eps)),
     })
 }
 
@@ -51,24 +45,14 @@ impl Backward<Flex, 2> for RmsNormOp {
     type State = (FlexTensor, FlexTensor, f64);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let (x, w, eps) = ops.state;
-        for (parent, g) in ops.parents.into_iter().zip(host_backward(&x, &w, eps, &grad)) {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        backward_all(ops, grads, |(x, w, eps), grad| host_backward(&x, &w, eps, &grad));
     }
 }
 
-type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
-
 fn autodiff_forward(x: AdTensor, w: AdTensor, eps: f64) -> AdTensor {
     let out = host_forward(&x.primitive, &w.primitive, eps);
-    match RmsNormOp.prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive, eps), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    }
+    let state = (x.primitive.clone(), w.primitive.clone(), eps);
+    record(RmsNormOp, [&x, &w], state, out)
 }
 
 /// `1 / sqrt(mean(x²) + ε)` of one row.
@@ -92,12 +76,7 @@ fn host_forward(x: &FlexTensor, w: &FlexTensor, eps: f64) -> FlexTensor {
         });
         out
     }
-    let bytes = match x.dtype() {
-        DType::F32 => Bytes::from_elems(run::<f32>(&contiguous(x), &contiguous(w), eps)),
-        DType::F64 => Bytes::from_elems(run::<f64>(&contiguous(x), &contiguous(w), eps)),
-        other => unreachable!("host RMSNorm in {other:?}"),
-    };
-    FlexTensor::new(bytes, Layout::contiguous(x.layout().shape().clone()), x.dtype())
+    with_float!(x.dtype(), T => host_tensor(run::<T>(&contiguous(x), &contiguous(w), eps), x.layout().shape()))
 }
 
 /// With u = dy ∘ w and r the row's scale: `dx = r u − x r³ mean(u ∘ x)`, `dw = Σ_rows dy ∘ x r`.
@@ -133,23 +112,20 @@ fn host_backward(x: &FlexTensor, w: &FlexTensor, eps: f64, grad: &FlexTensor) ->
         }
         [dx, dw]
     }
-    let [dx, dw] = match x.dtype() {
-        DType::F32 => run::<f32>(&contiguous(x), &contiguous(w), eps, &contiguous(grad)).map(Bytes::from_elems),
-        DType::F64 => run::<f64>(&contiguous(x), &contiguous(w), eps, &contiguous(grad)).map(Bytes::from_elems),
-        other => unreachable!("host RMSNorm in {other:?}"),
-    };
-    let h = w.layout().shape()[0];
-    [
-        FlexTensor::new(dx, Layout::contiguous(x.layout().shape().clone()), x.dtype()),
-        FlexTensor::new(dw, Layout::contiguous(Shape::from(vec![h])), w.dtype()),
-    ]
+    with_float!(x.dtype(), T => {
+        let [dx, dw] = run::<T>(&contiguous(x), &contiguous(w), eps, &contiguous(grad));
+        [host_tensor(dx, x.layout().shape()), host_tensor(dw, w.layout().shape())]
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use burn::tensor::backend::AutodiffBackend;
 
-    use super::super::host::testing::{assert_close, host, tensor};
+    use burn::tensor::DType;
+
+    use super::super::host::AdFlex;
+    use super::super::host::testing::{assert_close, host, on_threads, tensor};
     use super::*;
 
     const EPS: f64 = 1e-5;
@@ -227,13 +203,7 @@ mod tests {
     /// Fixed row blocks summed in order: bitwise the same on 1 and 3 threads.
     #[test]
     fn result_does_not_depend_on_the_thread_count() {
-        let on = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| run::<AdFlex>(true, [2, 70, 96], DType::F32))
-        };
+        let on = |threads: usize| on_threads(threads, || run::<AdFlex>(true, [2, 70, 96], DType::F32));
         assert_eq!(on(1), on(3));
     }
 }

@@ -8,14 +8,16 @@
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Tensor, TensorPrimitive, activation::silu, backend::Backend};
+use burn::backend::autodiff::ops::{Backward, Ops};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Tensor, activation::silu, backend::Backend};
 use rayon::prelude::*;
 
-use super::host::{AdFlex, HostFloat, Runtime, cast, contiguous};
+use super::host::{
+    AdTensor, HostFloat, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
+    host_tensor, record, with_float,
+};
 
 /// Elements per parallel task.
 const BLOCK: usize = 1 << 14;
@@ -27,14 +29,8 @@ pub(crate) fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<
     }
     match Runtime::of::<B>(&[gate.dtype(), up.dtype()]) {
         None => silu(gate) * up,
-        Some(Runtime::Autodiff) => {
-            let [g, u] = [gate, up].map(|t| cast::<_, Tensor<AdFlex, D>>(t).into_primitive().tensor());
-            cast(Tensor::<AdFlex, D>::from_primitive(TensorPrimitive::Float(autodiff_forward(g, u))))
-        }
-        Some(Runtime::Inference) => {
-            let [g, u] = [gate, up].map(|t| cast::<_, Tensor<Flex, D>>(t).into_primitive().tensor());
-            cast(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(host_forward(&g, &u))))
-        }
+        Some(Runtime::Autodiff) => from_ad(autodiff_forward(ad_primitive(gate), ad_primitive(up))),
+        Some(Runtime::Inference) => from_flex(host_forward(&flex_primitive(gate), &flex_primitive(up))),
     }
 }
 
@@ -45,28 +41,14 @@ impl Backward<Flex, 2> for SwiGlu {
     type State = (FlexTensor, FlexTensor);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let (gate, up) = ops.state;
-        for (parent, g) in ops.parents.into_iter().zip(host_backward(&gate, &up, &grad)) {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        backward_all(ops, grads, |(gate, up), grad| host_backward(&gate, &up, &grad));
     }
 }
-
-type AdTensor = burn::tensor::ops::FloatTensor<AdFlex>;
 
 fn autodiff_forward(gate: AdTensor, up: AdTensor) -> AdTensor {
     let out = host_forward(&gate.primitive, &up.primitive);
-    match SwiGlu.prepare::<NoCheckpointing>([gate.node.clone(), up.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((gate.primitive, up.primitive), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    }
-}
-
-fn like(t: &FlexTensor, bytes: Bytes) -> FlexTensor {
-    FlexTensor::new(bytes, Layout::contiguous(t.layout().shape().clone()), t.dtype())
+    let state = (gate.primitive.clone(), up.primitive.clone());
+    record(SwiGlu, [&gate, &up], state, out)
 }
 
 fn host_forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
@@ -79,12 +61,7 @@ fn host_forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
         });
         out
     }
-    let bytes = match gate.dtype() {
-        DType::F32 => Bytes::from_elems(run::<f32>(&contiguous(gate), &contiguous(up))),
-        DType::F64 => Bytes::from_elems(run::<f64>(&contiguous(gate), &contiguous(up))),
-        other => unreachable!("host SwiGLU in {other:?}"),
-    };
-    like(gate, bytes)
+    with_float!(gate.dtype(), T => host_tensor(run::<T>(&contiguous(gate), &contiguous(up)), gate.layout().shape()))
 }
 
 /// `d gate = dy ∘ up ∘ σ(g)(1 + g(1 − σ(g)))`, `d up = dy ∘ silu(g)`.
@@ -101,16 +78,18 @@ fn host_backward(gate: &FlexTensor, up: &FlexTensor, grad: &FlexTensor) -> [Flex
         });
         [dg, du]
     }
-    let [dg, du] = match gate.dtype() {
-        DType::F32 => run::<f32>(&contiguous(gate), &contiguous(up), &contiguous(grad)).map(Bytes::from_elems),
-        DType::F64 => run::<f64>(&contiguous(gate), &contiguous(up), &contiguous(grad)).map(Bytes::from_elems),
-        other => unreachable!("host SwiGLU in {other:?}"),
-    };
-    [like(gate, dg), like(up, du)]
+    with_float!(gate.dtype(), T => {
+        let [dg, du] = run::<T>(&contiguous(gate), &contiguous(up), &contiguous(grad));
+        [host_tensor(dg, gate.layout().shape()), host_tensor(du, up.layout().shape())]
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::DType;
+
+    use super::super::host::AdFlex;
     use super::super::host::testing::{assert_close, host, tensor};
     use super::*;
 

@@ -20,60 +20,7 @@
 use burn::tensor::{Element, Tensor, TensorData, backend::Backend};
 use rayon::prelude::*;
 
-/// The float types the host kernel runs in (the logits' dtype after upcast).
-pub(super) trait Real: Element + Copy + Send + Sync + PartialOrd + Default + 'static {
-    fn exp(self) -> Self;
-    fn from_f64(v: f64) -> Self;
-    fn to_f64(self) -> f64;
-    fn mul(self, o: Self) -> Self;
-    fn sub(self, o: Self) -> Self;
-}
-
-impl Real for f32 {
-    #[inline(always)]
-    fn exp(self) -> Self {
-        f32::exp(self)
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-}
-
-impl Real for f64 {
-    #[inline(always)]
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    #[inline(always)]
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-}
+use crate::layers::host::HostFloat;
 
 /// The unshifted teacher on the host: row `b·L + t` describes token `t + 1`.
 pub(super) struct HostTeacher<T> {
@@ -83,7 +30,7 @@ pub(super) struct HostTeacher<T> {
     vd: usize,
 }
 
-impl<T: Real> HostTeacher<T> {
+impl<T: HostFloat> HostTeacher<T> {
     pub(super) fn new<B: Backend>(p: &Tensor<B, 3>, pf: &Tensor<B, 3>) -> Self {
         let vd = p.dims()[2];
         let host = |t: &Tensor<B, 3>| -> Vec<T> {
@@ -98,7 +45,7 @@ impl<T: Real> HostTeacher<T> {
 
 /// First index of the maximum (NaN entries never win, as in a `>` scan).
 #[inline]
-fn argmax<T: Real>(row: &[T]) -> (usize, T) {
+fn argmax<T: HostFloat>(row: &[T]) -> (usize, T) {
     let mut best = row[0];
     let mut arg = 0;
     for (i, &v) in row.iter().enumerate().skip(1) {
@@ -127,7 +74,7 @@ pub(super) struct StepStats<T> {
 /// Step `k` over logits `z` `[B·L·Vd]`: position t of sequence b is scored against teacher row
 /// `t + k` (already the shifted-once row t + k + 1 of the capture) with weight `pm[b·L + t + k]`.
 /// `grads` says which of ∂CE/∂z and ∂α/∂z to write.
-pub(super) fn step<T: Real>(
+pub(super) fn step<T: HostFloat>(
     z: &[T],
     teacher: &HostTeacher<T>,
     pm: &[f32],
@@ -139,7 +86,7 @@ pub(super) fn step<T: Real>(
     let vd = teacher.vd;
     let n = b * l;
     debug_assert_eq!(z.len(), n * vd);
-    let buffer = |wanted: bool| if wanted { vec![T::default(); n * vd] } else { Vec::new() };
+    let buffer = |wanted: bool| if wanted { vec![T::ZERO; n * vd] } else { Vec::new() };
     let (mut g_ce, mut g_alpha) = (buffer(grads[0]), buffer(grads[1]));
     // Rows without a gradient buffer get a one-row scratch (q is staged in the α buffer).
     let rows: Vec<(f64, f64, f64)> = (0..n)
@@ -147,7 +94,7 @@ pub(super) fn step<T: Real>(
         .zip(chunks_or_none(&mut g_ce, vd, n).into_par_iter().zip(chunks_or_none(&mut g_alpha, vd, n)))
         .with_min_len(4)
         .map_init(
-            || vec![T::default(); 2 * vd],
+            || vec![T::ZERO; 2 * vd],
             |scratch, (r, (gc, ga))| {
                 let (seq, t) = (r / l, r % l);
                 let zr = &z[r * vd..(r + 1) * vd];
@@ -191,7 +138,7 @@ fn chunks_or_none<T>(buf: &mut [T], vd: usize, n: usize) -> Vec<Option<&mut [T]>
 /// One position: returns (w·CE, w·α, argmax z) and writes w·∂CE/∂z into `gc` and, when `ga`
 /// is given, w·∂α/∂z into it (`scratch` stands in for it otherwise).
 #[inline]
-fn row<T: Real>(
+fn row<T: HostFloat>(
     z: &[T],
     p: &[T],
     pf: &[T],
@@ -209,7 +156,7 @@ fn row<T: Real>(
     // e = exp(z − max) (staged in qs), Σe, Σp, Σp·z.
     let (mut s, mut sp, mut spz) = (0f64, 0f64, 0f64);
     for i in 0..z.len() {
-        let e = z[i].sub(max).exp();
+        let e = (z[i] - max).exp();
         qs[i] = e;
         s += e.to_f64();
         sp += p[i].to_f64();
@@ -222,7 +169,7 @@ fn row<T: Real>(
     let (wt, spt) = (T::from_f64(w), T::from_f64(sp));
     let (mut alpha, mut below) = (0f64, 0f64);
     for i in 0..z.len() {
-        let q = qs[i].mul(inv_s);
+        let q = qs[i] * inv_s;
         qs[i] = q;
         if q < pf[i] {
             alpha += q.to_f64();
@@ -230,7 +177,7 @@ fn row<T: Real>(
         } else {
             alpha += pf[i].to_f64();
         }
-        gc[i] = wt.mul(q.mul(spt).sub(p[i]));
+        gc[i] = wt * (q * spt - p[i]);
     }
     if !alpha_grad {
         return (w * ce, w * alpha, arg);
@@ -238,8 +185,8 @@ fn row<T: Real>(
     let belowt = T::from_f64(below);
     for i in 0..z.len() {
         let q = qs[i];
-        let own = if q < pf[i] { q } else { T::default() };
-        qs[i] = wt.mul(own.sub(q.mul(belowt)));
+        let own = if q < pf[i] { q } else { T::ZERO };
+        qs[i] = wt * (own - q * belowt);
     }
     (w * ce, w * alpha, arg)
 }
