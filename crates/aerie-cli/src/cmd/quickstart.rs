@@ -285,10 +285,11 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     )?;
 
     let decode = if args.decode_prompts > 0 {
-        let out = work.join("decode.json");
+        let (out, costs) = (work.join("decode.json"), work.join("costs.toml"));
+        // `eval decode` writes the report, then the costs file: the costs file marks it done.
         r.stage(
             "eval decode",
-            &out,
+            &costs,
             &os([
                 OsString::from("eval"),
                 "decode".into(),
@@ -307,10 +308,9 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
                 "--out".into(),
                 out.clone().into(),
                 "--costs-out".into(),
-                work.join("costs.toml").into(),
-                "--json".into(),
+                costs.clone().into(),
             ]),
-            true,
+            false,
         )?;
         let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
         Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))?)
