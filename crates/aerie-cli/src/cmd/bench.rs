@@ -14,7 +14,7 @@ use aerie_model::init::init_tensors;
 use aerie_model::{Drafter, DrafterConfig, TttBatch, TttOptions, VocabMap, ttt_forward};
 use aerie_train::LossKind;
 use aerie_train::TrainConfig;
-use aerie_train::config::InitKind;
+use aerie_train::config::{InitKind, Precision};
 use aerie_train::objective::{BatchMasks, Normalisers, micro_loss};
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
@@ -93,8 +93,20 @@ pub struct TttArgs {
     /// Unrolled steps K.
     #[arg(long, default_value_t = 7)]
     pub ttt_length: usize,
+    /// Activation dtype over f32 weights, as the training config's `precision` key.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: PrecisionArg,
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// `--precision` of `aerie bench ttt`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PrecisionArg {
+    /// float32 activations.
+    F32,
+    /// bfloat16 activations over f32 weights.
+    Bf16,
 }
 
 /// Arguments of `aerie bench train`.
@@ -122,6 +134,7 @@ pub struct TttBench {
     batch: usize,
     ttt_length: usize,
     loss: LossKind,
+    precision: Precision,
     backward: bool,
     threads: usize,
     trainable_params: usize,
@@ -143,6 +156,7 @@ struct Spec {
     seq_len: usize,
     ttt: TttOptions,
     loss: LossKind,
+    precision: Precision,
 }
 
 /// Run `aerie bench`.
@@ -159,6 +173,10 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 seq_len: a.seq_len,
                 ttt: TttOptions::geometric(a.ttt_length, 0.8).with_alpha_grad(false),
                 loss: LossKind::SoftCe,
+                precision: match a.precision {
+                    PrecisionArg::F32 => Precision::F32,
+                    PrecisionArg::Bf16 => Precision::Bf16,
+                },
             };
             (spec, a.run)
         }
@@ -183,13 +201,14 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} {} L={} B={} K={} {}: {:.1} tokens/s ({:.3} s/step, {:.2} CPU s/step), {:.2} GFLOP/token, {:.1} GFLOP/s, peak RSS {}",
+            "{} {} L={} B={} K={} {} {:?}: {:.1} tokens/s ({:.3} s/step, {:.2} CPU s/step), {:.2} GFLOP/token, {:.1} GFLOP/s, peak RSS {}",
             report.backend,
             report.shape,
             report.seq_len,
             report.batch,
             report.ttt_length,
             if report.backward { "fwd+bwd" } else { "fwd" },
+            report.precision,
             report.tokens_per_second,
             report.median_step_seconds,
             report.median_step_cpu_seconds,
@@ -215,7 +234,7 @@ fn train_spec(a: &TrainBenchArgs) -> Result<Spec> {
     let config = drafter_config_of(&cfg).with_context(|| format!("the drafter of {}", a.config.display()))?;
     let seq_len = a.seq_len.or(cfg.data.max_length).unwrap_or(cfg.data.batch_tokens);
     let name = a.config.file_stem().map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
-    Ok(Spec { config, name, seq_len, ttt: cfg.ttt_options(), loss: cfg.loss })
+    Ok(Spec { config, name, seq_len, ttt: cfg.ttt_options(), loss: cfg.loss, precision: cfg.precision })
 }
 
 /// The drafter `aerie train` would build from `cfg`, read from config files only: the target's
@@ -319,7 +338,8 @@ fn bench<B: AutodiffBackend>(spec: &Spec, run: &RunArgs, device: &B::Device) -> 
         input_ids: Tensor::<B, 2, Int>::random([b, l], Distribution::Uniform(0.0, config.vocab_size as f64), device),
         loss_mask: Tensor::ones([b, l], device),
         valid: Tensor::ones([b, l], device),
-        aux: Tensor::random([b, l, aw], Distribution::Normal(0.0, 1.0), device),
+        // The trainer's cast (`Trainer::with_compute_dtype`): aux features enter in the compute dtype.
+        aux: Tensor::<B, 3>::random([b, l, aw], Distribution::Normal(0.0, 1.0), device).cast(spec.precision.dtype()),
         teacher: aerie_model::TeacherTargets {
             pf: Tensor::from_inner(p.clone().mul_scalar(0.9)),
             p: Tensor::from_inner(p),
@@ -363,6 +383,7 @@ fn bench<B: AutodiffBackend>(spec: &Spec, run: &RunArgs, device: &B::Device) -> 
         batch: b,
         ttt_length: spec.ttt.ttt_length,
         loss: spec.loss,
+        precision: spec.precision,
         backward: !run.forward_only,
         threads,
         trainable_params,
