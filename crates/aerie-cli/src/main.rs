@@ -6,6 +6,7 @@
 
 mod cmd;
 mod device;
+mod kernel_cache;
 mod model_ref;
 mod progress;
 
@@ -84,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn main() {
+    kernel_cache::configure();
     let code = match run(Cli::parse()) {
         Ok(code) => code,
         Err(err) => {
