@@ -93,20 +93,12 @@ pub struct TttArgs {
     /// Unrolled steps K.
     #[arg(long, default_value_t = 7)]
     pub ttt_length: usize,
-    /// Activation dtype over f32 weights, as the training config's `precision` key.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub precision: PrecisionArg,
+    /// Activation dtype over f32 weights (`f32` or `bf16`), as the training config's `precision`
+    /// key.
+    #[arg(long, default_value = "f32")]
+    pub precision: Precision,
     #[command(flatten)]
     pub run: RunArgs,
-}
-
-/// `--precision` of `aerie bench ttt`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum PrecisionArg {
-    /// float32 activations.
-    F32,
-    /// bfloat16 activations over f32 weights.
-    Bf16,
 }
 
 /// Arguments of `aerie bench train`.
@@ -173,10 +165,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 seq_len: a.seq_len,
                 ttt: TttOptions::geometric(a.ttt_length, 0.8).with_alpha_grad(false),
                 loss: LossKind::SoftCe,
-                precision: match a.precision {
-                    PrecisionArg::F32 => Precision::F32,
-                    PrecisionArg::Bf16 => Precision::Bf16,
-                },
+                precision: a.precision,
             };
             (spec, a.run)
         }

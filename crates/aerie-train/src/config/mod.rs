@@ -91,6 +91,19 @@ pub enum Precision {
     Bf16,
 }
 
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    /// The config file's spelling (`f32`, `bf16`), for command-line flags.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            _ => Err(format!("`{s}` is not a precision: use `f32` or `bf16`")),
+        }
+    }
+}
+
 impl Precision {
     /// The activation dtype of the forward.
     pub fn dtype(self) -> burn::tensor::DType {
