@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
-use crate::layers::{Linear, Mlp, RmsNorm, attention, upcast};
+use crate::layers::{Linear, Mlp, RmsNorm, attention, diagonal};
 use crate::rope::{self, Rotary};
 use crate::vocab::VocabMap;
 use crate::{DrafterConfig, Error, Result};
@@ -47,13 +47,6 @@ impl<B: Backend> TttCache<B> {
     pub fn steps(&self) -> usize {
         self.prefix.iter().count() + self.diagonal.len()
     }
-}
-
-/// `[B, nKV, L, d]` → `[B, nKV, g·L, d]`, the whole block repeated g times along dim 2 (row
-/// `r·L + t` holds position t), matching the grouped query layout. Written with `cat`, whose
-/// backward burn 0.21 gets right (`repeat_dim`'s backward is wrong there, see tests/ttt.rs).
-fn tile<B: Backend>(x: Tensor<B, 4>, g: usize) -> Tensor<B, 4> {
-    if g == 1 { x } else { Tensor::cat(vec![x; g], 2) }
 }
 
 /// Grouped-query self-attention of the drafter layer, input width 2H.
@@ -108,29 +101,13 @@ impl<B: Backend> Eagle3Attention<B> {
         }
         let (k0, v0) = cache.prefix.clone().expect("prefix set above");
         let q = q.reshape([b, nkv, g * l, d]).mul_scalar(1.0 / (d as f64).sqrt());
-        let dtype = q.dtype();
 
         // Softmax over [causal step-0 scores | one diagonal score per later step]. The causal block
         // comes back as its own softmax output o0 and log-sum-exp (`layers::attention`, which on
-        // the CPU never keeps the `[.., g·L, L]` scores); with the row max m over lse0 and the
-        // diagonal scores (a constant for the gradient), out = (e0·o0 + Σ_j e_j·v_j) / (e0 + Σ_j e_j),
-        // e0 = exp(lse0 − m), e_j = exp(s_j − m). Float32 whatever the activation dtype.
+        // the CPU never keeps the `[.., g·L, L]` scores); `layers::diagonal` merges it with the
+        // diagonal keys.
         let (o0, lse0) = attention::causal(q.clone(), k0, v0);
-        let diag: Vec<Tensor<B, 4>> =
-            cache.diagonal.iter().map(|(kd, _)| upcast((q.clone() * tile(kd.clone(), g)).sum_dim(3))).collect();
-        let mut max = lse0.clone().detach();
-        for s in &diag {
-            max = max.max_pair(s.clone().detach());
-        }
-        let e0 = (lse0 - max.clone()).exp();
-        let mut denom = e0.clone();
-        let mut out = o0 * e0.cast(dtype);
-        for (s, (_, vd)) in diag.into_iter().zip(&cache.diagonal) {
-            let e = (s - max.clone()).exp();
-            denom = denom + e.clone();
-            out = out + e.cast(dtype) * tile(vd.clone(), g);
-        }
-        let out = out / denom.cast(dtype);
+        let out = if cache.diagonal.is_empty() { o0 } else { diagonal::merge(q, o0, lse0, &cache.diagonal) };
         let out = out.reshape([b, nh, l, d]).swap_dims(1, 2).reshape([b, l, nh * d]);
         match &cache.weights {
             Some(w) => Linear::forward_t(out, &w.o),

@@ -3,6 +3,7 @@
 //! in at least float32, and the SwiGLU MLP.
 
 pub(crate) mod attention;
+pub(crate) mod diagonal;
 pub(crate) mod host;
 pub(crate) mod mm;
 mod rms_norm;

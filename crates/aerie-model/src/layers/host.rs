@@ -152,7 +152,8 @@ pub(crate) trait HostFloat:
     fn sqrt(self) -> Self;
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
-    /// `C ← α A B + β C` (`matrixmultiply`'s strided gemm, single-threaded).
+    /// `C ← A B + β C` (the `gemm` crate on strided operands, single-threaded; C is not read when
+    /// β = 0).
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         m: usize,
@@ -171,7 +172,7 @@ pub(crate) trait HostFloat:
 }
 
 macro_rules! host_float {
-    ($t:ty, $gemm:path) => {
+    ($t:ty) => {
         impl HostFloat for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -210,13 +211,36 @@ macro_rules! host_float {
                 c: *mut Self,
                 rsc: isize,
             ) {
-                unsafe { $gemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, 1) }
+                // gemm: dst := alpha·dst + beta·lhs·rhs; `read_dst` false ignores dst's contents.
+                unsafe {
+                    gemm::gemm::<$t>(
+                        m,
+                        n,
+                        k,
+                        c,
+                        1,
+                        rsc,
+                        beta != 0.0,
+                        a,
+                        csa,
+                        rsa,
+                        b,
+                        csb,
+                        rsb,
+                        beta,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                }
             }
         }
     };
 }
-host_float!(f32, matrixmultiply::sgemm);
-host_float!(f64, matrixmultiply::dgemm);
+host_float!(f32);
+host_float!(f64);
 
 #[cfg(test)]
 pub(crate) mod testing {

@@ -1,14 +1,12 @@
-//! 2-D matmul on burn-flex through `matrixmultiply`, with its own autodiff op.
+//! 2-D matmul on burn-flex through the `gemm` crate, with its own autodiff op.
 //!
-//! burn-flex multiplies with the `gemm` crate, which reaches about 40–45 GFLOP per CPU-second
-//! on this project's 2-core AVX-512 machines for the drafter's shapes (`[L, 2H]·[2H, nH·d]`,
-//! `[L, H]·[H, Vd]` and their backward products), where `matrixmultiply`'s kernels reach 65–90
-//! (same inputs, one thread, measured side by side). The linear layers are ~90% of the TTT
-//! FLOPs, so on the CPU backend they go through [`matmul`] here: forward and both backward
-//! products split the larger of M and N over the rayon pool, one single-threaded
-//! `matrixmultiply` call per block. Every output element is accumulated in the same order
-//! whatever the split (the k-blocking does not depend on M or N), so results do not depend on
-//! the number of threads.
+//! The linear layers are ~96% of the TTT FLOPs. burn-flex's matmul goes through `gemm` as well,
+//! but its autodiff backward materialises transposes and it parallelises in its own way; here
+//! the forward and both backward products read strided operands directly and split the larger
+//! of M and N over the rayon pool, one single-threaded `gemm` call per block (its AVX-512
+//! kernels, ≈ 180 GFLOP/s per core on the drafter's shapes, 191–203 in isolation). Every output
+//! element is accumulated in the same order whatever the split (gemm's k-blocking depends only
+//! on K and the cache sizes), so results do not depend on the number of threads (tested).
 //!
 //! Backends other than burn-flex (and dtypes other than f32/f64) use burn's own matmul (see
 //! `layers/host.rs` for how the backend is recognised without changing generic signatures).
@@ -27,11 +25,10 @@ use super::host::{
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
 const SPLIT_THRESHOLD: usize = 1 << 20;
 
-/// Up to this many rows of `a`, burn-flex's own matmul is used: its `gemm` has a matrix-vector
-/// path that streams the weights once, while `matrixmultiply` packs all of `b` on every call. A
-/// decode step of the native target (M = 1) or a verify pass (M = k + 1) is bound by reading the
-/// weights: SmolLM2's plain decode step took 262 ms through `matrixmultiply` against 136 ms
-/// through `gemm` (`aerie eval decode`, same machine).
+/// Up to this many rows of `a`, burn-flex's own matmul is used: a decode step of the native target
+/// (M = 1) or a verify pass (M = k + 1) is bound by reading the weights once, and burn-flex's call
+/// (the same `gemm`, with its matrix-vector path and its own threading) was 1.9× faster there
+/// than this module's split when the split used `matrixmultiply`; not re-measured with `gemm`.
 const SMALL_M: usize = 16;
 
 /// `a · b` for `a: [M, K]`, `b: [K, N]` (any strides).
@@ -117,9 +114,12 @@ fn host_matmul(a: FlexTensor, b: FlexTensor) -> FlexTensor {
     // The output buffer is typed from the start: `FlexTensor::empty` zeroes a `Vec<u8>` and then
     // copies it once more to raise its alignment.
     with_float!(a.dtype(), T => {
-        let mut c = vec![T::ZERO; m * n];
-        if m * n > 0 {
+        // Uninitialised: with k > 0 the gemm calls below write every element without reading it.
+        let mut c: Vec<T> = if k == 0 { vec![T::ZERO; m * n] } else { Vec::with_capacity(m * n) };
+        if m * n > 0 && k > 0 {
             gemm_split(m, k, n, view::<T>(&a), view::<T>(&b), OutPtr(c.as_mut_ptr()));
+            // SAFETY: the gemm calls wrote all m·n elements (β = 0: C is written, never read).
+            unsafe { c.set_len(m * n) };
         }
         host_tensor(c, &Shape::from(vec![m, n]))
     })

@@ -43,18 +43,41 @@ impl<T: HostFloat> HostTeacher<T> {
     }
 }
 
-/// First index of the maximum (NaN entries never win, as in a `>` scan).
+/// First index of the maximum (NaN entries never win, as in a `>` scan from `row[0]`). Scanned
+/// in [`LANES`] interleaved lanes so it vectorises; the lanes' winners are merged by value, then
+/// by lowest index, which is the sequential scan's answer.
 #[inline]
 fn argmax<T: HostFloat>(row: &[T]) -> (usize, T) {
-    let mut best = row[0];
-    let mut arg = 0;
-    for (i, &v) in row.iter().enumerate().skip(1) {
-        if v > best {
-            best = v;
-            arg = i;
+    #[allow(clippy::eq_op)]
+    if row[0] != row[0] {
+        return (0, row[0]);
+    }
+    let mut best = [row[0]; LANES];
+    let mut arg = [0usize; LANES];
+    let body = row.len() / LANES * LANES;
+    for (c, chunk) in row[..body].chunks_exact(LANES).enumerate() {
+        let chunk: &[T; LANES] = chunk.try_into().expect("LANES values");
+        for j in 0..LANES {
+            if chunk[j] > best[j] {
+                best[j] = chunk[j];
+                arg[j] = c * LANES + j;
+            }
         }
     }
-    (arg, best)
+    for (i, &v) in row.iter().enumerate().skip(body) {
+        let j = i - body;
+        if v > best[j] {
+            best[j] = v;
+            arg[j] = i;
+        }
+    }
+    let mut win = 0;
+    for j in 1..LANES {
+        if best[j] > best[win] || (best[j] == best[win] && arg[j] < arg[win]) {
+            win = j;
+        }
+    }
+    (arg[win], best[win])
 }
 
 /// One step's host results.
@@ -135,6 +158,9 @@ fn chunks_or_none<T>(buf: &mut [T], vd: usize, n: usize) -> Vec<Option<&mut [T]>
     if buf.is_empty() { (0..n).map(|_| None).collect() } else { buf.chunks_mut(vd).map(Some).collect() }
 }
 
+/// Independent partial sums per row reduction (one AVX-512 register of f64).
+const LANES: usize = 8;
+
 /// One position: returns (w·CE, w·α, argmax z) and writes w·∂CE/∂z into `gc` and, when `ga`
 /// is given, w·∂α/∂z into it (`scratch` stands in for it otherwise).
 #[inline]
@@ -153,32 +179,62 @@ fn row<T: HostFloat>(
         Some(ga) => ga,
         None => scratch,
     };
-    // e = exp(z − max) (staged in qs), Σe, Σp, Σp·z.
-    let (mut s, mut sp, mut spz) = (0f64, 0f64, 0f64);
-    for i in 0..z.len() {
-        let e = (z[i] - max).exp();
-        qs[i] = e;
-        s += e.to_f64();
-        sp += p[i].to_f64();
-        spz += p[i].to_f64() * z[i].to_f64();
+    // e = exp(z − max) (staged in qs); then Σe, Σp, Σp·z in f64, in LANES independent partial
+    // sums so the compiler vectorises the conversions and adds (a fixed order: the result does
+    // not depend on the thread count).
+    for (q, &z) in qs.iter_mut().zip(z) {
+        *q = (z - max).exp();
     }
+    let (mut s, mut sp, mut spz) = ([0f64; LANES], [0f64; LANES], [0f64; LANES]);
+    let (e_blocks, p_blocks, z_blocks) = (qs.chunks_exact(LANES), p.chunks_exact(LANES), z.chunks_exact(LANES));
+    let tail = (e_blocks.remainder(), p_blocks.remainder(), z_blocks.remainder());
+    for ((e, p), z) in e_blocks.zip(p_blocks).zip(z_blocks) {
+        let (e, p, z): (&[T; LANES], &[T; LANES], &[T; LANES]) =
+            (e.try_into().expect("lanes"), p.try_into().expect("lanes"), z.try_into().expect("lanes"));
+        for j in 0..LANES {
+            s[j] += e[j].to_f64();
+            sp[j] += p[j].to_f64();
+            spz[j] += p[j].to_f64() * z[j].to_f64();
+        }
+    }
+    for (j, ((e, p), z)) in tail.0.iter().zip(tail.1).zip(tail.2).enumerate() {
+        s[j] += e.to_f64();
+        sp[j] += p.to_f64();
+        spz[j] += p.to_f64() * z.to_f64();
+    }
+    let [s, sp, spz] = [s, sp, spz].map(|x| x.iter().sum::<f64>());
     let lse = max.to_f64() + s.ln();
     let ce = lse * sp - spz;
     // q = e / Σe; α and the mass of q where q < pf.
     let inv_s = T::from_f64(1.0 / s);
     let (wt, spt) = (T::from_f64(w), T::from_f64(sp));
-    let (mut alpha, mut below) = (0f64, 0f64);
-    for i in 0..z.len() {
-        let q = qs[i] * inv_s;
-        qs[i] = q;
-        if q < pf[i] {
-            alpha += q.to_f64();
-            below += q.to_f64();
-        } else {
-            alpha += pf[i].to_f64();
+    let (mut alpha, mut below) = ([0f64; LANES], [0f64; LANES]);
+    let mut lane = |j: usize, q: &mut T, pf: T, p: T, gc: &mut T| {
+        *q = *q * inv_s;
+        let below_pf = *q < pf;
+        alpha[j] += if below_pf { *q } else { pf }.to_f64();
+        below[j] += if below_pf { *q } else { T::ZERO }.to_f64();
+        *gc = wt * (*q * spt - p);
+    };
+    let body = z.len() / LANES * LANES;
+    let (qb, qt) = qs.split_at_mut(body);
+    let (gb, gt) = gc.split_at_mut(body);
+    for (((q, pf), p), gc) in qb
+        .chunks_exact_mut(LANES)
+        .zip(pf.chunks_exact(LANES))
+        .zip(p.chunks_exact(LANES))
+        .zip(gb.chunks_exact_mut(LANES))
+    {
+        let (q, gc): (&mut [T; LANES], &mut [T; LANES]) = (q.try_into().expect("lanes"), gc.try_into().expect("lanes"));
+        let (pf, p): (&[T; LANES], &[T; LANES]) = (pf.try_into().expect("lanes"), p.try_into().expect("lanes"));
+        for j in 0..LANES {
+            lane(j, &mut q[j], pf[j], p[j], &mut gc[j]);
         }
-        gc[i] = wt * (q * spt - p[i]);
     }
+    for (j, (((q, &pf), &p), gc)) in qt.iter_mut().zip(&pf[body..]).zip(&p[body..]).zip(gt).enumerate() {
+        lane(j, q, pf, p, gc);
+    }
+    let [alpha, below] = [alpha, below].map(|x| x.iter().sum::<f64>());
     if !alpha_grad {
         return (w * ce, w * alpha, arg);
     }
