@@ -7,6 +7,7 @@ pub(crate) mod diagonal;
 pub(crate) mod host;
 pub(crate) mod mm;
 mod rms_norm;
+pub(crate) mod rotary;
 mod swiglu;
 
 use burn::module::{Module, Param};

@@ -111,8 +111,17 @@ impl Rotary {
     }
 }
 
-/// Apply RoPE to `x: [B, heads, L, d]` with tables `[L, d]`: `x * cos + rotate_half(x) * sin`.
+/// Apply RoPE to `x: [B, heads, L, d]` with tables `[L, d]`: `x * cos + rotate_half(x) * sin`
+/// (on the CPU backend as one host pass, `layers::rotary`).
 pub fn apply<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Tensor<B, 4> {
+    match crate::layers::rotary::apply(&x, cos, sin) {
+        Some(y) => y,
+        None => apply_reference(x, cos, sin),
+    }
+}
+
+/// [`apply`] in burn tensor ops (every backend and dtype).
+pub(crate) fn apply_reference<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Tensor<B, 4> {
     let [_, _, _, d] = x.dims();
     let x1 = x.clone().narrow(3, 0, d / 2);
     let x2 = x.clone().narrow(3, d / 2, d / 2);
