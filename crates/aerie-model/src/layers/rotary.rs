@@ -44,17 +44,18 @@ pub(crate) fn apply<B: Backend>(x: &Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tens
 struct RotaryOp;
 
 impl Backward<Flex, 1> for RotaryOp {
-    /// x (for its layout only), cos, sin.
-    type State = (FlexTensor, FlexTensor, FlexTensor);
+    /// x's strides (its values are not needed: the op is linear in x, and keeping x would hold
+    /// the projection's output alive until the backward), cos, sin.
+    type State = (Vec<isize>, FlexTensor, FlexTensor);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        backward_all(ops, grads, |(x, cos, sin), grad| [host_backward(&x, &cos, &sin, &grad)]);
+        backward_all(ops, grads, |(x_strides, cos, sin), grad| [host_backward(&x_strides, &cos, &sin, &grad)]);
     }
 }
 
 fn autodiff_forward(x: AdTensor, cos: FlexTensor, sin: FlexTensor) -> AdTensor {
     let out = host_forward(&x.primitive, &cos, &sin);
-    let state = (x.primitive.clone(), cos, sin);
+    let state = (x.primitive.layout().strides().to_vec(), cos, sin);
     record(RotaryOp, [&x], state, out)
 }
 
@@ -127,7 +128,10 @@ fn strided<T: HostFloat>(t: &FlexTensor) -> Option<Strided<'_, T>> {
 }
 
 fn dims(x: &FlexTensor, cos: &FlexTensor) -> [usize; 4] {
-    let s = x.layout().shape();
+    shape_of(x.layout().shape(), cos)
+}
+
+fn shape_of(s: &Shape, cos: &FlexTensor) -> [usize; 4] {
     assert!(s.len() == 4, "RoPE takes [B, H, L, d]");
     assert_eq!(cos.layout().shape().as_slice(), [s[2], s[3]], "RoPE tables are not [L, d]");
     assert!(s[3].is_multiple_of(2), "RoPE needs an even head dim");
@@ -161,12 +165,13 @@ fn host_forward(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor) -> FlexTenso
     })
 }
 
-/// `dx_j = g_j·cos_j + (j < d/2 ? g_{j+d/2}·sin_{j+d/2} : −g_{j−d/2}·sin_{j−d/2})`, in x's memory order.
-fn host_backward(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
-    let shape = dims(x, cos);
+/// `dx_j = g_j·cos_j + (j < d/2 ? g_{j+d/2}·sin_{j+d/2} : −g_{j−d/2}·sin_{j−d/2})`, in the memory
+/// order of x (whose strides are `x_strides`; the gradient has x's shape).
+fn host_backward(x_strides: &[isize], cos: &FlexTensor, sin: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
+    let shape = shape_of(grad.layout().shape(), cos);
     let d = shape[3];
     let half = d / 2;
-    with_float!(x.dtype(), T => {
+    with_float!(grad.dtype(), T => {
         let (cos, sin) = (contiguous::<T>(cos), contiguous::<T>(sin));
         let owned;
         let gs = match strided::<T>(grad) {
@@ -176,7 +181,7 @@ fn host_backward(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, grad: &Flex
                 strided::<T>(&owned).expect("contiguous")
             }
         };
-        let out_strides = dense_like(&shape, x.layout().strides());
+        let out_strides = dense_like(&shape, x_strides);
         let dx = for_rows(gs, shape, out_strides, |g, y, t| {
             let (c, s) = (&cos[t * d..][..d], &sin[t * d..][..d]);
             for i in 0..half {
