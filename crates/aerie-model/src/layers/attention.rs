@@ -334,7 +334,7 @@ mod tests {
     use burn::tensor::DType;
 
     use super::super::host::AdFlex;
-    use super::super::host::testing::{assert_close, host, on_threads, tensor, values};
+    use super::super::host::testing::{assert_close, assert_finite_differences, host, on_threads, tensor, values};
     use super::*;
 
     /// `Σ wo ∘ out + Σ wl ∘ lse` with fixed weights: exercises both outputs' gradients.
@@ -403,22 +403,8 @@ mod tests {
             .collect();
         let (out, lse) = causal(inputs[0].clone(), inputs[1].clone(), inputs[2].clone());
         let grads = objective(out, lse, 10).backward();
-        let h = 1e-5;
-        for (which, input) in inputs.iter().enumerate() {
-            let analytic = host(input.grad(&grads).unwrap());
-            for i in 0..base[which].len() {
-                let mut plus = base.clone();
-                plus[which][i] += h;
-                let mut minus = base.clone();
-                minus[which][i] -= h;
-                let numeric = (eval(&plus) - eval(&minus)) / (2.0 * h);
-                assert!(
-                    (analytic[i] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
-                    "input {which}[{i}]: analytic {} vs numeric {numeric}",
-                    analytic[i]
-                );
-            }
-        }
+        let analytic: Vec<Vec<f64>> = inputs.iter().map(|x| host(x.grad(&grads).unwrap())).collect();
+        assert_finite_differences(&base, &analytic, 1e-5, 1e-6, eval);
     }
 
     /// Each head and each query block is one task with a fixed order: bitwise the same result

@@ -276,7 +276,7 @@ mod tests {
     use burn::tensor::{DType, TensorData};
 
     use super::super::host::AdFlex;
-    use super::super::host::testing::{assert_close, host, on_threads, tensor, values};
+    use super::super::host::testing::{assert_close, assert_finite_differences, host, on_threads, tensor, values};
     use super::*;
 
     fn objective<B: Backend>(out: Tensor<B, 4>, seed: u64) -> Tensor<B, 1> {
@@ -342,21 +342,8 @@ mod tests {
         let eval = |inputs: &[Vec<f64>]| host(objective(call(&make(inputs, false), true), 99))[0];
         let t = make(&base, true);
         let grads = objective(call(&t, true), 99).backward();
-        let h = 1e-5;
-        for (which, input) in t.iter().enumerate() {
-            let analytic = host(input.grad(&grads).unwrap());
-            for i in 0..base[which].len() {
-                let (mut plus, mut minus) = (base.clone(), base.clone());
-                plus[which][i] += h;
-                minus[which][i] -= h;
-                let numeric = (eval(&plus) - eval(&minus)) / (2.0 * h);
-                assert!(
-                    (analytic[i] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
-                    "input {which}[{i}]: analytic {} vs numeric {numeric}",
-                    analytic[i]
-                );
-            }
-        }
+        let analytic: Vec<Vec<f64>> = t.iter().map(|x| host(x.grad(&grads).unwrap())).collect();
+        assert_finite_differences(&base, &analytic, 1e-5, 1e-6, eval);
     }
 
     #[test]

@@ -100,6 +100,19 @@ pub(crate) fn backward_all<S, const N: usize>(
     }
 }
 
+/// An output buffer written by parallel tasks at disjoint offsets.
+pub(crate) struct OutPtr<T>(pub(crate) *mut T);
+unsafe impl<T> Send for OutPtr<T> {}
+unsafe impl<T> Sync for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
+    /// # Safety
+    /// `off` stays inside the output.
+    pub(crate) unsafe fn at(&self, off: isize) -> *mut T {
+        unsafe { self.0.offset(off) }
+    }
+}
+
 /// The tensor's values in row-major order, borrowed when already laid out so.
 pub(crate) fn contiguous<T: HostFloat>(t: &FlexTensor) -> Cow<'_, [T]> {
     match t.as_slice::<T>() {
@@ -273,6 +286,30 @@ pub(crate) mod testing {
     /// `f` on a rayon pool of `threads` threads.
     pub(crate) fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
+    }
+
+    /// Central differences of `eval` around `base` (every element of every input, step `h`)
+    /// against the op's gradients `analytic`: |analytic − numeric| ≤ tol·(1 + |numeric|).
+    pub(crate) fn assert_finite_differences(
+        base: &[Vec<f64>],
+        analytic: &[Vec<f64>],
+        h: f64,
+        tol: f64,
+        eval: impl Fn(&[Vec<f64>]) -> f64,
+    ) {
+        for (which, analytic) in analytic.iter().enumerate() {
+            for i in 0..base[which].len() {
+                let (mut plus, mut minus) = (base.to_vec(), base.to_vec());
+                plus[which][i] += h;
+                minus[which][i] -= h;
+                let numeric = (eval(&plus) - eval(&minus)) / (2.0 * h);
+                assert!(
+                    (analytic[i] - numeric).abs() <= tol * (1.0 + numeric.abs()),
+                    "input {which}[{i}]: analytic {} vs numeric {numeric}",
+                    analytic[i]
+                );
+            }
+        }
     }
 
     pub(crate) fn assert_close(what: &str, x: &[f64], y: &[f64], tol: f64) {

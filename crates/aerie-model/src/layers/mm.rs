@@ -19,7 +19,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{Shape, Tensor, backend::Backend};
 
 use super::host::{
-    AdTensor, HostFloat, Runtime, ad_primitive, flex_primitive, from_ad, from_flex, host_tensor, record, with_float,
+    AdTensor, HostFloat, OutPtr, Runtime, ad_primitive, flex_primitive, from_ad, from_flex, host_tensor, record,
+    with_float,
 };
 
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
@@ -85,18 +86,6 @@ impl<T> Copy for View<T> {}
 // Read-only views into tensors that outlive the parallel section.
 unsafe impl<T> Send for View<T> {}
 unsafe impl<T> Sync for View<T> {}
-
-struct OutPtr<T>(*mut T);
-unsafe impl<T> Send for OutPtr<T> {}
-unsafe impl<T> Sync for OutPtr<T> {}
-
-impl<T> OutPtr<T> {
-    /// # Safety
-    /// `off` stays inside the output.
-    unsafe fn at(&self, off: isize) -> *mut T {
-        unsafe { self.0.offset(off) }
-    }
-}
 
 fn view<T: bytemuck::Pod + burn::tensor::Element>(t: &FlexTensor) -> View<T> {
     let layout = t.layout();

@@ -14,12 +14,12 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, Element, Shape, Tensor, backend::Backend};
+use burn::tensor::{Bytes, Shape, Tensor, backend::Backend};
 use rayon::prelude::*;
 
 use super::host::{
-    AdTensor, HostFloat, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
-    host_tensor, record, with_float,
+    AdTensor, HostFloat, OutPtr, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
+    record, with_float,
 };
 
 /// `x·cos + rotate_half(x)·sin` for `x: [B, H, L, d]` and constant tables `[L, d]` of x's dtype,
@@ -67,7 +67,18 @@ struct Strided<'a, T> {
     strides: [usize; 4],
 }
 
-impl<'a, T> Strided<'a, T> {
+impl<'a, T: HostFloat> Strided<'a, T> {
+    /// `t` read in place, or `None` when its rows are not contiguous (or a stride is negative).
+    fn of(t: &'a FlexTensor) -> Option<Self> {
+        let layout = t.layout();
+        let s = layout.strides();
+        if s.len() != 4 || s[3] != 1 || s.iter().any(|&x| x < 0) {
+            return None;
+        }
+        let strides = [s[0] as usize, s[1] as usize, s[2] as usize, 1];
+        Some(Self { data: t.storage::<T>(), offset: layout.start_offset(), strides })
+    }
+
     /// The row `[b, h, t, ..]`.
     fn row(&self, [b, h, t]: [usize; 3], d: usize) -> &'a [T] {
         let s = self.strides;
@@ -89,109 +100,77 @@ fn dense_like(shape: &[usize], strides: &[isize]) -> [usize; 4] {
     out
 }
 
-/// `f(x_row, out_row, table row t)` for every `[b, h, t]` row, rows written through `out_strides`.
-fn for_rows<T: HostFloat>(
-    x: Strided<'_, T>,
-    shape: [usize; 4],
-    out_strides: [usize; 4],
-    f: impl Fn(&[T], &mut [T], usize) + Sync,
-) -> Vec<T> {
-    let [b, h, l, d] = shape;
-    let mut out = vec![T::ZERO; b * h * l * d];
-    // One task per (b, h): its L rows are disjoint from every other task's whatever the layout.
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    (0..b * h).into_par_iter().for_each(|bh| {
-        let (bi, hi) = (bh / h, bh % h);
-        let ptr = &out_ptr;
-        for t in 0..l {
-            let at = bi * out_strides[0] + hi * out_strides[1] + t * out_strides[2];
-            // SAFETY: distinct [b, h, t] index distinct dense rows of d inside `out`.
-            let row = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(at), d) };
-            f(x.row([bi, hi, t], d), row, t);
-        }
-    });
-    out
-}
-
-struct SendPtr<T>(*mut T);
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-
-fn strided<T: HostFloat>(t: &FlexTensor) -> Option<Strided<'_, T>> {
-    let layout = t.layout();
-    let s = layout.strides();
-    if s.len() != 4 || s[3] != 1 || s.iter().any(|&x| x < 0) {
-        return None;
-    }
-    let strides = [s[0] as usize, s[1] as usize, s[2] as usize, 1];
-    Some(Strided { data: t.storage::<T>(), offset: layout.start_offset(), strides })
-}
-
-fn dims(x: &FlexTensor, cos: &FlexTensor) -> [usize; 4] {
-    shape_of(x.layout().shape(), cos)
-}
-
-fn shape_of(s: &Shape, cos: &FlexTensor) -> [usize; 4] {
+/// `[B, H, L, d]` of `input`, checked against the `[L, d]` tables.
+fn dims(input: &FlexTensor, cos: &FlexTensor) -> [usize; 4] {
+    let s = input.layout().shape();
     assert!(s.len() == 4, "RoPE takes [B, H, L, d]");
     assert_eq!(cos.layout().shape().as_slice(), [s[2], s[3]], "RoPE tables are not [L, d]");
     assert!(s[3].is_multiple_of(2), "RoPE needs an even head dim");
     [s[0], s[1], s[2], s[3]]
 }
 
+/// `rotate(input row, cos row, sin row, output row)` for every `[b, h, t]` row of `input` (read
+/// through its strides), into a dense tensor of input's shape laid out in the dimension order of
+/// the strides `order_of`.
+fn map_rows<T: HostFloat>(
+    input: &FlexTensor,
+    cos: &FlexTensor,
+    sin: &FlexTensor,
+    order_of: &[isize],
+    rotate: impl Fn(&[T], &[T], &[T], &mut [T]) + Sync,
+) -> FlexTensor {
+    let shape = dims(input, cos);
+    let [b, h, l, d] = shape;
+    let (cos, sin) = (contiguous::<T>(cos), contiguous::<T>(sin));
+    let copy;
+    let x = match Strided::<T>::of(input) {
+        Some(x) => x,
+        None => {
+            copy = input.to_contiguous();
+            Strided::of(&copy).expect("contiguous")
+        }
+    };
+    let strides = dense_like(&shape, order_of);
+    let mut out = vec![T::ZERO; b * h * l * d];
+    // One task per (b, h): its L rows are disjoint from every other task's whatever the order.
+    let ptr = OutPtr(out.as_mut_ptr());
+    (0..b * h).into_par_iter().for_each(|bh| {
+        let (bi, hi) = (bh / h, bh % h);
+        let ptr = &ptr;
+        for t in 0..l {
+            let at = bi * strides[0] + hi * strides[1] + t * strides[2];
+            // SAFETY: distinct [b, h, t] index distinct dense rows of d inside `out`.
+            let row = unsafe { std::slice::from_raw_parts_mut(ptr.at(at as isize), d) };
+            rotate(x.row([bi, hi, t], d), &cos[t * d..][..d], &sin[t * d..][..d], row);
+        }
+    });
+    let layout = Layout::new(Shape::from(shape.to_vec()), strides.map(|s| s as isize).to_vec(), 0);
+    FlexTensor::new(Bytes::from_elems(out), layout, T::dtype())
+}
+
 /// Contiguous `[B, H, L, d]` output.
 fn host_forward(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor) -> FlexTensor {
-    let shape = dims(x, cos);
-    let d = shape[3];
-    let half = d / 2;
-    with_float!(x.dtype(), T => {
-        let (cos, sin) = (contiguous::<T>(cos), contiguous::<T>(sin));
-        let owned;
-        let xs = match strided::<T>(x) {
-            Some(s) => s,
-            None => {
-                owned = x.to_contiguous();
-                strided::<T>(&owned).expect("contiguous")
-            }
-        };
-        let dense = [shape[1] * shape[2] * d, shape[2] * d, d, 1];
-        let out = for_rows(xs, shape, dense, |x, y, t| {
-            let (c, s) = (&cos[t * d..][..d], &sin[t * d..][..d]);
-            for i in 0..half {
-                y[i] = x[i] * c[i] - x[i + half] * s[i];
-                y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
-            }
-        });
-        host_tensor(out, &Shape::from(shape.to_vec()))
-    })
+    // Any decreasing strides order the dimensions as written: a row-major output.
+    let contiguous_order = [3, 2, 1, 0];
+    with_float!(x.dtype(), T => map_rows::<T>(x, cos, sin, &contiguous_order, |x, c, s, y| {
+        let half = x.len() / 2;
+        for i in 0..half {
+            y[i] = x[i] * c[i] - x[i + half] * s[i];
+            y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+        }
+    }))
 }
 
 /// `dx_j = g_j·cos_j + (j < d/2 ? g_{j+d/2}·sin_{j+d/2} : −g_{j−d/2}·sin_{j−d/2})`, in the memory
 /// order of x (whose strides are `x_strides`; the gradient has x's shape).
 fn host_backward(x_strides: &[isize], cos: &FlexTensor, sin: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
-    let shape = shape_of(grad.layout().shape(), cos);
-    let d = shape[3];
-    let half = d / 2;
-    with_float!(grad.dtype(), T => {
-        let (cos, sin) = (contiguous::<T>(cos), contiguous::<T>(sin));
-        let owned;
-        let gs = match strided::<T>(grad) {
-            Some(s) => s,
-            None => {
-                owned = grad.to_contiguous();
-                strided::<T>(&owned).expect("contiguous")
-            }
-        };
-        let out_strides = dense_like(&shape, x_strides);
-        let dx = for_rows(gs, shape, out_strides, |g, y, t| {
-            let (c, s) = (&cos[t * d..][..d], &sin[t * d..][..d]);
-            for i in 0..half {
-                y[i] = g[i] * c[i] + g[i + half] * s[i + half];
-                y[i + half] = g[i + half] * c[i + half] - g[i] * s[i];
-            }
-        });
-        let layout = Layout::new(Shape::from(shape.to_vec()), out_strides.map(|s| s as isize).to_vec(), 0);
-        FlexTensor::new(Bytes::from_elems(dx), layout, T::dtype())
-    })
+    with_float!(grad.dtype(), T => map_rows::<T>(grad, cos, sin, x_strides, |g, c, s, y| {
+        let half = g.len() / 2;
+        for i in 0..half {
+            y[i] = g[i] * c[i] + g[i + half] * s[i + half];
+            y[i + half] = g[i + half] * c[i + half] - g[i] * s[i];
+        }
+    }))
 }
 
 #[cfg(test)]
@@ -199,7 +178,7 @@ mod tests {
     use burn::tensor::{DType, TensorData};
 
     use super::super::host::AdFlex;
-    use super::super::host::testing::{assert_close, host, on_threads, tensor, values};
+    use super::super::host::testing::{assert_close, assert_finite_differences, host, on_threads, tensor, values};
     use super::*;
     use crate::rope::apply_reference;
 
@@ -245,21 +224,10 @@ mod tests {
         let x_of = |v: Vec<f64>| {
             Tensor::<AdFlex, 4>::from_data(TensorData::new(v, [b, l, h, d]), (&Default::default(), DType::F64))
         };
-        let eval = |v: Vec<f64>| host(objective(apply(&x_of(v).swap_dims(1, 2), &cos, &sin).unwrap()))[0];
+        let eval = |v: &[Vec<f64>]| host(objective(apply(&x_of(v[0].clone()).swap_dims(1, 2), &cos, &sin).unwrap()))[0];
         let x = x_of(base.clone()).require_grad();
         let grads = objective(apply(&x.clone().swap_dims(1, 2), &cos, &sin).unwrap()).backward();
-        let analytic = host(x.grad(&grads).unwrap());
-        for i in 0..base.len() {
-            let (mut plus, mut minus) = (base.clone(), base.clone());
-            plus[i] += 1e-5;
-            minus[i] -= 1e-5;
-            let numeric = (eval(plus) - eval(minus)) / 2e-5;
-            assert!(
-                (analytic[i] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
-                "x[{i}]: {} vs {numeric}",
-                analytic[i]
-            );
-        }
+        assert_finite_differences(&[base], &[host(x.grad(&grads).unwrap())], 1e-5, 1e-6, eval);
     }
 
     #[test]
