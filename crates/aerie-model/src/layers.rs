@@ -5,6 +5,7 @@
 pub(crate) mod attention;
 pub(crate) mod diagonal;
 pub(crate) mod host;
+mod matvec;
 pub(crate) mod mm;
 mod rms_norm;
 pub(crate) mod rotary;

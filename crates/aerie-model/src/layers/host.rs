@@ -1,7 +1,7 @@
 //! What the host kernels of this module share: recognising burn-flex behind a generic backend,
 //! moving tensors between the generic and the concrete type, and the float types they run in.
 //!
-//! The kernels ([`super::mm`], [`super::attention`], [`super::swiglu`], [`super::rms_norm`], and the
+//! The kernels ([`super::mm`], [`super::matvec`], [`super::attention`], [`super::swiglu`], [`super::rms_norm`], and the
 //! TTT loss in `ttt/fused.rs`) replace
 //! chains of burn-flex ops whose intermediate tensors autodiff would keep, or which burn-flex runs
 //! slowly; every other backend (a GPU) and every other dtype keeps burn's own ops.
@@ -163,6 +163,9 @@ pub(crate) trait HostFloat:
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
+    /// `self · a + b` rounded once (an FMA instruction where the CPU has one, libm's `fma`
+    /// otherwise).
+    fn mul_add(self, a: Self, b: Self) -> Self;
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
     /// `C ← A B + β C` (the `gemm` crate on strided operands, single-threaded; C is not read when
@@ -201,6 +204,10 @@ macro_rules! host_float {
             #[inline(always)]
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
             }
             #[inline(always)]
             fn from_f64(v: f64) -> Self {

@@ -26,15 +26,19 @@ use super::host::{
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
 const SPLIT_THRESHOLD: usize = 1 << 20;
 
-/// Up to this many rows of `a`, burn-flex's own matmul is used: a decode step of the native target
-/// (M = 1) or a verify pass (M = k + 1) is bound by reading the weights once, and burn-flex's call
-/// (the same `gemm`, with its matrix-vector path and its own threading) was 1.9× faster there
-/// than this module's split when the split used `matrixmultiply`; not re-measured with `gemm`.
+/// Up to this many rows of `a`, burn-flex's own matmul (the same `gemm`, with its own threading)
+/// beats this module's split, except where [`super::matvec`] applies.
 const SMALL_M: usize = 16;
 
 /// `a · b` for `a: [M, K]`, `b: [K, N]` (any strides).
 pub(crate) fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
     if a.dims()[0] <= SMALL_M {
+        if a.dims()[0] <= super::matvec::MAX_ROWS
+            && Runtime::of::<B>(&[a.dtype(), b.dtype()]) == Some(Runtime::Inference)
+            && let Some(c) = super::matvec::matmul(&flex_primitive(a.clone()), &flex_primitive(b.clone()))
+        {
+            return from_flex(c);
+        }
         return a.matmul(b);
     }
     match Runtime::of::<B>(&[a.dtype(), b.dtype()]) {
