@@ -5,12 +5,13 @@
 //! token, against ≈ 24 GB/s on the 2-core development machine). `gemm` packs its operands into
 //! its own layout at every call, so a decode step read and wrote the weights more than once: in a
 //! perf profile of `aerie eval decode`, gemm's packing and its 4 × 4 kernel took 64% of the time.
-//! Here each block of output columns streams its slice of the weights once, in stored order, with
-//! the M × K rows of `a` held in cache.
+//! Here each task streams its part of the weights once, in stored order (a chunk of weight rows,
+//! or a block of columns of a transposed weight), with the M × K rows of `a` held in cache.
 //!
-//! Every output element is one chain of fused multiply-adds in an order that depends only on K and
-//! the weights' layout, so row i of the result does not depend on the other rows, on M or on the
-//! thread count (tested): a verify pass computes exactly the logits decoding would.
+//! The order of every output element's sum depends only on K and the weights' layout (fused
+//! multiply-add chains over fixed chunks of k, added in a fixed order), so row i of the result does
+//! not depend on the other rows, on M or on the thread count (tested): a verify pass computes
+//! exactly the logits decoding would.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
@@ -34,10 +35,10 @@ pub(crate) const MAX_ROWS: usize = 8;
 /// Below this many weights one call on the calling thread beats a fork-join.
 const SPLIT_THRESHOLD: usize = 1 << 17;
 
-/// Weight rows per task of the row form. Each task streams its rows (contiguous memory) into its
-/// own M × N partial sums, which are then added in chunk order: a fixed split, whatever the
-/// thread count. Splitting the columns instead cut each weight row into short pieces that the
-/// hardware prefetcher did not follow (13 GB/s in a decode step against 24 GB/s for a stream).
+/// Weight rows per task of the row form. Each task streams its rows (one contiguous stretch of
+/// memory) into its own M × N partial sums, which are then added in chunk order: a fixed split,
+/// whatever the thread count. Splitting the columns instead would cut each weight row into pieces
+/// of a few cache lines on the target's 576- and 1536-wide matrices.
 const ROW_CHUNK: usize = 64;
 
 /// Partial sums per dot product in the column form: k mod 64 picks the lane, so eight AVX2
@@ -48,7 +49,11 @@ const LANES: usize = 64;
 /// contiguous `[M, N]` tensor; `None` when `b` has neither layout, or when the CPU lacks fused
 /// multiply-add (x86-64 without AVX2 and FMA), where the caller keeps burn's matmul.
 pub(crate) fn matmul(a: &FlexTensor, b: &FlexTensor) -> Option<FlexTensor> {
-    let isa = isa()?;
+    matmul_on(isa()?, a, b)
+}
+
+/// [`matmul`] in a given variant of the kernels, which the CPU must support.
+fn matmul_on(isa: Isa, a: &FlexTensor, b: &FlexTensor) -> Option<FlexTensor> {
     let (ad, bd) = (a.layout().shape().clone(), b.layout().shape().clone());
     let (m, k, n) = (ad[0], ad[1], bd[1]);
     assert_eq!(k, bd[0], "matmul: inner dimensions must match");
@@ -94,6 +99,7 @@ impl<T> Copy for Weights<T> {}
 unsafe impl<T> Send for Weights<T> {}
 unsafe impl<T> Sync for Weights<T> {}
 
+/// Whether to fork: the product is large enough, and there is more than one thread.
 fn parallel(threads_worth_it: bool) -> bool {
     threads_worth_it && rayon::current_num_threads() > 1
 }
@@ -153,8 +159,9 @@ unsafe fn by_columns<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, n: usi
 }
 
 /// Which compiled variant of the kernels the CPU runs: they are written once, in portable code
-/// that the compiler vectorises, and compiled for AVX-512 (16-lane registers, 32 of them: a 4 × 16
-/// tile of partial sums and its broadcast operands stay in registers) and for AVX2.
+/// that the compiler vectorises, and compiled for AVX-512 (the one-row product on two threads:
+/// 18–20 GB/s against 16–17 GB/s for the AVX2 build on the development machine) and for AVX2.
+/// Both give the same bits (the same fused multiply-adds in the same order; tested).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
     #[cfg(target_arch = "x86_64")]
@@ -397,6 +404,25 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The AVX2 build of the kernels gives the same bits as the AVX-512 one, in both layouts.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_and_avx512_builds_agree_bitwise() {
+        if isa() != Some(Isa::Avx512) {
+            return; // this CPU runs only the AVX2 build, which the other tests cover
+        }
+        let (m, k, n) = (5, 2 * ROW_CHUNK + 21, 333);
+        let a = tensor([m, k], 11, DType::F32).into_primitive().tensor();
+        for b in [tensor([k, n], 12, DType::F32), tensor([n, k], 12, DType::F32).transpose()] {
+            let b = b.into_primitive().tensor();
+            let bits = |isa| {
+                let c = matmul_on(isa, &a, &b).expect("kernel applies");
+                c.as_slice::<f32>().expect("contiguous").iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(bits(Isa::Avx2), bits(Isa::Avx512));
         }
     }
 
