@@ -89,9 +89,42 @@ fn main() {
     let code = match run(Cli::parse()) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_chain(&err));
             1
         }
     };
     std::process::exit(code);
+}
+
+/// The error and its causes joined by ": ", each cause left out when the message before it
+/// already says it (the crates' errors name their file and include the OS error in one message,
+/// which is also their `source`, so `{:#}` printed "No such file or directory" twice).
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let os = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let err = aerie_data::Error::io("/d/manifest.json", os);
+        let err = anyhow::Error::new(err).context("training with train.toml");
+        assert_eq!(error_chain(&err), "training with train.toml: /d/manifest.json: No such file or directory");
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
+    }
 }

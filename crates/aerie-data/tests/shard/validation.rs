@@ -206,7 +206,8 @@ fn manifest_problems() {
     }
     let dir = TempDir::new("no-manifest");
     let err = ShardDataset::open(dir.path()).unwrap_err();
-    assert!(matches!(&err, Error::Io { path, .. } if path.ends_with("manifest.json")), "{err}");
+    assert!(matches!(&err, Error::Manifest { path, .. } if path.ends_with("manifest.json")), "{err}");
+    assert!(err.to_string().contains("is not a capture shard directory"), "{err}");
 }
 
 #[test]
