@@ -14,6 +14,20 @@ mod swiglu;
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, backend::Backend};
 
+/// The same tensor with its values in row-major memory order, on the CPU backend (other backends
+/// and dtypes: returned as is).
+///
+/// Why: the gradient of a weight used transposed (every linear layer, see [`Linear::weight_t`])
+/// comes out of autodiff as a transposed view, and burn-flex runs each later element-wise op on
+/// it (the clipping norm, the clip, AdamW's moment updates) through its per-element strided
+/// iterator: ≈ 10% of a quickstart training step. Training makes every gradient contiguous once.
+pub fn contiguous<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
+    match host::Runtime::of::<B>(&[t.dtype()]) {
+        Some(host::Runtime::Inference) => host::from_flex(host::flex_primitive(t).to_contiguous()),
+        _ => t,
+    }
+}
+
 /// Cast half-precision activations up to f32 for reductions; f32/f64 stay as they are (f64 is
 /// used by the finite-difference gradient tests).
 pub(crate) fn upcast<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
@@ -123,5 +137,29 @@ impl<B: Backend> Mlp<B> {
     /// [`Self::forward`] with the weights taken by [`Linear::weight_t`] (gate, up, down).
     pub fn forward_t<const D: usize>(x: Tensor<B, D>, [gate, up, down]: &[Tensor<B, 2>; 3]) -> Tensor<B, D> {
         Linear::forward_t(swiglu::swiglu(Linear::forward_t(x.clone(), gate), Linear::forward_t(x, up)), down)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, TensorPrimitive};
+
+    /// A transposed view comes back with the same values in row-major memory; a contiguous
+    /// tensor comes back as it was.
+    #[test]
+    fn contiguous_keeps_values_and_lays_them_out_row_major() {
+        let dev = Default::default();
+        let t = Tensor::<Flex, 2>::random([5, 7], Distribution::Normal(0.0, 1.0), &dev).transpose();
+        let strided = |t: &Tensor<Flex, 2>| match t.clone().into_primitive() {
+            TensorPrimitive::Float(p) => !p.is_contiguous(),
+            TensorPrimitive::QFloat(_) => unreachable!(),
+        };
+        assert!(strided(&t));
+        let c = contiguous(t.clone());
+        assert!(!strided(&c));
+        assert_eq!(c.to_data().to_vec::<f32>().unwrap(), t.to_data().to_vec::<f32>().unwrap());
+        assert_eq!(contiguous(c.clone()).to_data(), c.to_data());
     }
 }

@@ -6,7 +6,8 @@
 //!   [`aerie_model::drafter::trainable_keys`]);
 //! - summing [`GradientsParams`] of several micro-batches and replicas onto one device;
 //! - the GLOBAL gradient norm and PyTorch `clip_grad_norm_` rescaling (burn's optimizer clipping
-//!   is per tensor, burn.md "Traps").
+//!   is per tensor, burn.md "Traps");
+//! - row-major gradients for the CPU backend's element-wise ops.
 
 use aerie_model::Drafter;
 use aerie_model::drafter::trainable_keys;
@@ -87,6 +88,25 @@ pub fn accumulate<B: AutodiffBackend, M: AutodiffModule<B>>(
     device: &B::Device,
 ) {
     model.visit(&mut Accumulate::<B> { into, from, device: device.clone() });
+}
+
+struct Contiguous<'a> {
+    grads: &'a mut GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Contiguous<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            self.grads.register(param.id, aerie_model::layers::contiguous(g));
+        }
+    }
+}
+
+/// Lay every gradient out in row-major order (see [`aerie_model::layers::contiguous`]: the
+/// gradients of transposed weights are strided views, which make every later element-wise op on
+/// the CPU slow). The values are unchanged.
+pub fn make_contiguous<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &mut GradientsParams) {
+    model.visit(&mut Contiguous { grads });
 }
 
 struct SquaredNorm<'a> {

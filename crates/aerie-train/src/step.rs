@@ -19,7 +19,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 
 use crate::config::{LossKind, OptimConfig};
-use crate::grads::{accumulate, clip_global_norm};
+use crate::grads::{accumulate, clip_global_norm, make_contiguous};
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
 use crate::{Error, Result};
 
@@ -241,7 +241,8 @@ impl<B: AutodiffBackend> Trainer<B> {
             }
             out.loss += value;
             out.sums.add(&fwd);
-            let grads = GradientsParams::from_grads(loss.backward(), model);
+            let mut grads = GradientsParams::from_grads(loss.backward(), model);
+            make_contiguous(model, &mut grads);
             match out.grads.as_mut() {
                 None => out.grads = Some(grads),
                 Some(acc) => accumulate(model, acc, grads, &rep.device),
