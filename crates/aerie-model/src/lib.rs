@@ -24,6 +24,6 @@ pub mod vocab;
 
 pub use drafter::Drafter;
 pub use target::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel, TargetOutput};
-pub use teacher::{TargetHead, TeacherTargets};
+pub use teacher::{TargetHead, TeacherTargets, VocabStats};
 pub use ttt::{TttBatch, TttMetrics, TttOptions, TttSums, ttt_forward};
 pub use vocab::VocabMap;

@@ -22,6 +22,17 @@ pub struct TeacherTargets<B: Backend> {
     pub in_draft: Tensor<B, 2>,
 }
 
+/// What the teacher takes from the whole target vocabulary at each position of a batch (row-major
+/// over `[B, L]`): the log-partition (kept in f64, which holds f32 and f64 values exactly) and
+/// the argmax. See [`TargetHead::targets_with`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct VocabStats {
+    /// log Σ_v exp(logit_v).
+    pub log_z: Vec<f64>,
+    /// First index of the largest logit.
+    pub argmax: Vec<i64>,
+}
+
 /// The target lm_head prepared for teacher computation.
 #[derive(Debug, Clone)]
 pub struct TargetHead<B: Backend> {
@@ -61,6 +72,50 @@ impl<B: Backend> TargetHead<B> {
         let [b, l, ht] = final_hidden.dims();
         let x = final_hidden.reshape([b * l, ht]);
         let (log_z, argmax) = self.full_vocab_stats(x.clone());
+        self.targets_from(x, log_z, argmax, [b, l])
+    }
+
+    /// The full-vocabulary statistics of final hidden states `[N, Ht]` (one sequence, unpadded):
+    /// the pass over all V rows of the head, which is most of the teacher's cost (SmolLM2: 57 of
+    /// the 61 MFLOP per token, half as much again as the drafter's own forward and backward). It
+    /// depends only on the captured states, so training computes it once per sample and reuses
+    /// it in later epochs ([`Self::targets_with`]). Computed per sequence, not per batch, so that
+    /// the bits do not depend on which batch the sample first came in (the matmul's kernels
+    /// depend on the number of rows).
+    pub fn vocab_stats(&self, final_hidden: Tensor<B, 2>) -> VocabStats {
+        let (log_z, argmax) = self.full_vocab_stats(final_hidden);
+        VocabStats {
+            log_z: log_z.into_data().convert::<f64>().into_vec::<f64>().expect("f64 log_z"),
+            argmax: argmax.into_data().convert::<i64>().into_vec::<i64>().expect("i64 argmax"),
+        }
+    }
+
+    /// [`Self::targets`] with the full-vocabulary statistics of the batch's positions given
+    /// (`[B, L]` row-major; padding positions may hold anything finite, the loss masks them).
+    pub fn targets_with(&self, final_hidden: Tensor<B, 3>, stats: &VocabStats) -> TeacherTargets<B> {
+        let [b, l, ht] = final_hidden.dims();
+        assert_eq!(
+            stats.log_z.len(),
+            b * l,
+            "vocabulary statistics for {} positions, the batch has {}",
+            stats.log_z.len(),
+            b * l
+        );
+        let x = final_hidden.reshape([b * l, ht]);
+        let device = x.device();
+        let log_z = Tensor::<B, 2>::from_data(TensorData::new(stats.log_z.clone(), [b * l, 1]), &device)
+            .cast(upcast(x.clone()).dtype());
+        let argmax = Tensor::<B, 1, Int>::from_data(TensorData::new(stats.argmax.clone(), [b * l]), &device);
+        self.targets_from(x, log_z, argmax, [b, l])
+    }
+
+    fn targets_from(
+        &self,
+        x: Tensor<B, 2>,
+        log_z: Tensor<B, 2>,
+        argmax: Tensor<B, 1, Int>,
+        [b, l]: [usize; 2],
+    ) -> TeacherTargets<B> {
         let x = upcast(x);
         let draft = mm::matmul(x.clone(), self.draft_rows.clone().cast(x.dtype()).transpose());
         let vd = draft.dims()[1];
@@ -153,5 +208,73 @@ pub fn targets_from_topk<B: Backend>(
         p: Tensor::from_data(TensorData::new(p, [b, l, vd]), device),
         pf: Tensor::from_data(TensorData::new(pf, [b, l, vd]), device),
         in_draft: Tensor::from_data(TensorData::new(in_draft, [b, l]), device),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::Distribution;
+
+    fn bits<const D: usize>(t: &Tensor<Flex, D>) -> Vec<u32> {
+        t.clone().into_data().into_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Statistics computed for a sequence alone, placed into a padded batch with another sequence,
+    /// give the same teacher bits at that sequence's positions as computing everything for the
+    /// batch: what lets training cache them per sample. The head is split into uneven chunks.
+    #[test]
+    fn cached_vocab_stats_give_the_same_teacher() {
+        let dev = Default::default();
+        let (v, ht) = (300, 24);
+        let weight = Tensor::<Flex, 2>::random([v, ht], Distribution::Normal(0.0, 1.0), &dev);
+        let vocab = VocabMap::from_target_ids((0..v).step_by(3).collect(), v).unwrap();
+        let head = TargetHead::new(weight, &vocab, 128);
+        let a = Tensor::<Flex, 2>::random([12, ht], Distribution::Normal(0.0, 3.0), &dev);
+        let s = Tensor::<Flex, 2>::random([10, ht], Distribution::Normal(0.0, 3.0), &dev);
+        let s_values = s.clone().into_data().into_vec::<f32>().unwrap();
+        let (sa, ss) = (head.vocab_stats(a.clone()), head.vocab_stats(s.clone()));
+        let mut stats = VocabStats { log_z: vec![0.0; 24], argmax: vec![0; 24] };
+        stats.log_z[..12].copy_from_slice(&sa.log_z);
+        stats.argmax[..12].copy_from_slice(&sa.argmax);
+        stats.log_z[12..22].copy_from_slice(&ss.log_z);
+        stats.argmax[12..22].copy_from_slice(&ss.argmax);
+        let padded = Tensor::cat(vec![s, Tensor::zeros([2, ht], &dev)], 0);
+        let batch = Tensor::stack::<3>(vec![a, padded], 0);
+        let direct = head.targets(batch.clone());
+        let cached = head.targets_with(batch, &stats);
+        let rows = |t: &Tensor<Flex, 3>| -> Vec<u32> {
+            let vd = t.dims()[2];
+            bits(&t.clone().reshape([24, vd]).slice([0..22, 0..vd]))
+        };
+        let close = |x: Vec<u32>, y: Vec<u32>, what: &str| {
+            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+                let (p, q) = (f32::from_bits(*p), f32::from_bits(*q));
+                assert!((p - q).abs() <= 1e-6 * (1.0 + q.abs()), "{what}[{i}]: {p} vs {q}");
+            }
+        };
+        // p does not use the statistics: the same bits; pf and in_draft use them: per-sequence
+        // against per-batch matmuls round differently only in the last bits.
+        assert_eq!(rows(&direct.p), rows(&cached.p));
+        close(rows(&direct.pf), rows(&cached.pf), "pf");
+        assert_eq!(
+            bits(&direct.in_draft.clone().reshape([24]).narrow(0, 0, 22)),
+            bits(&cached.in_draft.clone().reshape([24]).narrow(0, 0, 22))
+        );
+        let of_s = ss;
+        // And they are the log-partition and argmax of a plain f64 computation (1e-5: f32 logits
+        // over Ht = 24 products; the argmax may differ only on a near-tie).
+        let w = head.weight.clone().into_data().into_vec::<f32>().unwrap();
+        let xs: Vec<&[f32]> = s_values.chunks(ht).collect();
+        for (row, x) in xs.iter().enumerate() {
+            let logits: Vec<f64> = (0..v).map(|t| (0..ht).map(|k| x[k] as f64 * w[t * ht + k] as f64).sum()).collect();
+            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let log_z = max + logits.iter().map(|z| (z - max).exp()).sum::<f64>().ln();
+            assert!((of_s.log_z[row] - log_z).abs() < 1e-5 * (1.0 + log_z.abs()), "{} vs {log_z}", of_s.log_z[row]);
+            let arg = logits.iter().position(|&z| z == max).unwrap();
+            let got = of_s.argmax[row] as usize;
+            assert!(got == arg || (logits[got] - max).abs() < 1e-4, "argmax {got} vs {arg}");
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! same device (`--devices cpu,cpu`) run one after the other on the shared model.
 
 use aerie_data::shard::SampleView;
-use aerie_eval::batch::{TeacherSource, collate};
+use aerie_eval::batch::{TeacherSource, VocabStatsCache, collate};
 use aerie_model::{Drafter, TargetHead, TeacherTargets, TttBatch, TttOptions, TttSums, ttt_forward};
 use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -89,6 +89,10 @@ pub struct Trainer<B: AutodiffBackend> {
     max_grad_norm: f64,
     /// Activation dtype of the forward (the weights stay f32; see [`Trainer::with_compute_dtype`]).
     compute: DType,
+    /// Each training sample's full-vocabulary teacher statistics after its first step, so the
+    /// later epochs skip the pass over the whole target head (bit-identical: a position's
+    /// statistics do not depend on the batch it is in).
+    vocab_stats: VocabStatsCache,
 }
 
 struct Prepared<B: AutodiffBackend> {
@@ -147,6 +151,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             loss,
             max_grad_norm: optim.max_grad_norm,
             compute: DType::F32,
+            vocab_stats: VocabStatsCache::new(),
         })
     }
 
@@ -195,7 +200,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let vocab = self.model().vocab();
         let work = |(rep, inputs): (&Replica<B>, Vec<MicroInput<'a>>)| -> Result<Vec<Prepared<B>>> {
             let teacher = match &rep.head {
-                Some(h) => TeacherSource::Head(h),
+                Some(h) => TeacherSource::CachedHead(h, &self.vocab_stats),
                 None => TeacherSource::TopK,
             };
             inputs
