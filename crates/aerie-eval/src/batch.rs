@@ -35,16 +35,6 @@ impl VocabStatsCache {
         Self::default()
     }
 
-    /// Samples held.
-    pub fn len(&self) -> usize {
-        self.samples.lock().expect("vocab stats cache").len()
-    }
-
-    /// Whether it holds no sample.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn key(s: &SampleView<'_>) -> (std::path::PathBuf, usize) {
         (s.shard_path().to_path_buf(), s.index())
     }

@@ -90,8 +90,8 @@ pub struct Trainer<B: AutodiffBackend> {
     /// Activation dtype of the forward (the weights stay f32; see [`Trainer::with_compute_dtype`]).
     compute: DType,
     /// Each training sample's full-vocabulary teacher statistics after its first step, so the
-    /// later epochs skip the pass over the whole target head (bit-identical: a position's
-    /// statistics do not depend on the batch it is in).
+    /// later epochs skip the pass over the whole target head (computed per sequence, so the bits
+    /// do not depend on the batch a sample first came in, and a resumed run recomputes the same).
     vocab_stats: VocabStatsCache,
 }
 

@@ -40,8 +40,8 @@ pub struct QuickstartArgs {
     #[arg(long, default_value_t = 4096)]
     pub draft_vocab: usize,
     /// Training samples to capture, ≈ 360 tokens each: the quickstart's budget knob. On 2 cores
-    /// a sample costs ≈ 0.6 s of capture and ≈ 0.67 s per epoch of training (the recipe runs 3);
-    /// 320 samples take 15.5 minutes in all (held-out τ(k=3) 1.43; 160 took 8.2 min for 1.35).
+    /// a sample costs ≈ 0.6 s of capture and ≈ 0.6 s per epoch of training (the recipe runs 3);
+    /// 320 samples take 13.8 minutes in all (held-out τ(k=3) 1.43; 160 gave 1.35).
     #[arg(long, default_value_t = 320)]
     pub train_samples: usize,
     /// Held-out samples to capture for evaluation.

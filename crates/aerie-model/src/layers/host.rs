@@ -113,6 +113,34 @@ impl<T> OutPtr<T> {
     }
 }
 
+/// A read-only matrix operand for the parallel kernels: base pointer (at the layout's start
+/// offset) and row/column strides.
+pub(crate) struct View<T> {
+    pub(crate) ptr: *const T,
+    pub(crate) rs: isize,
+    pub(crate) cs: isize,
+}
+
+impl<T> Clone for View<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for View<T> {}
+
+// Read-only views into tensors that outlive the parallel section.
+unsafe impl<T> Send for View<T> {}
+unsafe impl<T> Sync for View<T> {}
+
+/// The [`View`] of a 2-D tensor.
+pub(crate) fn view<T: bytemuck::Pod + burn::tensor::Element>(t: &FlexTensor) -> View<T> {
+    let layout = t.layout();
+    let s = layout.strides();
+    // SAFETY: the start offset is inside the storage the layout describes.
+    let ptr = unsafe { t.storage::<T>().as_ptr().add(layout.start_offset()) };
+    View { ptr, rs: s[0], cs: s[1] }
+}
+
 /// The tensor's values in row-major order, borrowed when already laid out so.
 pub(crate) fn contiguous<T: HostFloat>(t: &FlexTensor) -> Cow<'_, [T]> {
     match t.as_slice::<T>() {

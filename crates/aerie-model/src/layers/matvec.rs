@@ -16,7 +16,7 @@
 use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 
-use super::host::{HostFloat, contiguous, host_tensor, with_float};
+use super::host::{HostFloat, View, contiguous, host_tensor, view, with_float};
 
 /// How the weights `b: [K, N]` are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,11 +69,8 @@ fn matmul_on(isa: Isa, a: &FlexTensor, b: &FlexTensor) -> Option<FlexTensor> {
         if k == 0 || m * n == 0 {
             return Some(host_tensor(vec![T::ZERO; m * n], &Shape::from(vec![m, n])));
         }
-        let x = contiguous::<T>(a);
-        // SAFETY: the start offset is inside the storage the layout describes.
-        let ptr = unsafe { b.storage::<T>().as_ptr().add(b.layout().start_offset()) };
-        let w = Weights { ptr, stride: if form == Form::Rows { strides[0] } else { strides[1] } };
-        // SAFETY: `w` addresses k × n weights at these strides.
+        let (x, w) = (contiguous::<T>(a), view::<T>(b));
+        // SAFETY: `w` addresses the k × n weights.
         let c = unsafe {
             match form {
                 Form::Rows => by_rows(isa, &x, m, k, n, w),
@@ -84,21 +81,6 @@ fn matmul_on(isa: Isa, a: &FlexTensor, b: &FlexTensor) -> Option<FlexTensor> {
     }))
 }
 
-/// The weights: element (k, j) at `ptr + k·stride + j` (row form) or `ptr + j·stride + k` (column form).
-struct Weights<T> {
-    ptr: *const T,
-    stride: isize,
-}
-impl<T> Clone for Weights<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Weights<T> {}
-// Read-only view into a tensor that outlives the parallel section.
-unsafe impl<T> Send for Weights<T> {}
-unsafe impl<T> Sync for Weights<T> {}
-
 /// Whether to fork: the product is large enough, and there is more than one thread.
 fn parallel(threads_worth_it: bool) -> bool {
     threads_worth_it && rayon::current_num_threads() > 1
@@ -108,14 +90,14 @@ fn parallel(threads_worth_it: bool) -> bool {
 ///
 /// # Safety
 /// `w` addresses k × n weights with contiguous rows.
-unsafe fn by_rows<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, n: usize, w: Weights<T>) -> Vec<T> {
+unsafe fn by_rows<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, n: usize, w: View<T>) -> Vec<T> {
     use rayon::prelude::*;
     let chunks = k.div_ceil(ROW_CHUNK).max(1);
     let mut partial = vec![T::ZERO; chunks * m * n];
     // SAFETY: chunk t reads weight rows t·ROW_CHUNK.. inside k (caller's contract).
     let run = |(t, p): (usize, &mut [T])| unsafe {
         let k0 = t * ROW_CHUNK;
-        rows_fma(isa, x, k, n, w, k0, ROW_CHUNK.min(k - k0), p)
+        run_on(isa, RowsChunk { x, k, n, w, k0, rows: ROW_CHUNK.min(k - k0), p })
     };
     if parallel(chunks > 1 && k * n >= SPLIT_THRESHOLD) {
         partial.par_chunks_mut(m * n).enumerate().for_each(run);
@@ -136,14 +118,14 @@ unsafe fn by_rows<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, n: usize,
 ///
 /// # Safety
 /// `w` addresses k × n weights with contiguous columns.
-unsafe fn by_columns<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, n: usize, w: Weights<T>) -> Vec<T> {
+unsafe fn by_columns<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, n: usize, w: View<T>) -> Vec<T> {
     use rayon::prelude::*;
     // Transposed out (c[j, i]) so that a block of columns is one contiguous slice.
     let mut ct = vec![T::ZERO; n * m];
     let split = parallel(k * n >= SPLIT_THRESHOLD);
     let block = if split { n.div_ceil(2 * rayon::current_num_threads()) } else { n };
     // SAFETY: block b covers columns b·block.. inside n (caller's contract).
-    let run = |(b, out): (usize, &mut [T])| unsafe { columns_fma(isa, x, m, k, w, b * block, out) };
+    let run = |(b, out): (usize, &mut [T])| unsafe { run_on(isa, ColumnsBlock { x, m, k, w, j0: b * block, out }) };
     if split {
         ct.par_chunks_mut(block * m).enumerate().for_each(run);
     } else {
@@ -200,68 +182,38 @@ fn isa() -> Option<Isa> {
     }
 }
 
-/// [`rows_chunk`] in the variant the CPU runs.
-///
-/// # Safety
-/// As [`rows_chunk`]; `isa` came from [`isa`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn rows_fma<T: HostFloat>(
-    isa: Isa,
-    x: &[T],
-    k: usize,
-    n: usize,
-    w: Weights<T>,
-    k0: usize,
-    rows: usize,
-    p: &mut [T],
-) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn avx512<T: HostFloat>(x: &[T], k: usize, n: usize, w: Weights<T>, k0: usize, rows: usize, p: &mut [T]) {
-        unsafe { rows_chunk(x, k, n, w, k0, rows, p) }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2<T: HostFloat>(x: &[T], k: usize, n: usize, w: Weights<T>, k0: usize, rows: usize, p: &mut [T]) {
-        unsafe { rows_chunk(x, k, n, w, k0, rows, p) }
-    }
-    // SAFETY: the CPU has the variant's features (`isa`).
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512(x, k, n, w, k0, rows, p),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2(x, k, n, w, k0, rows, p),
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => rows_chunk(x, k, n, w, k0, rows, p),
-        }
-    }
+/// A kernel body compiled once per [`Isa`]: [`run_on`] inlines `run` into a wrapper that has
+/// the ISA's target features, so its loops vectorise for them (the pattern of `pulp::WithSimd`).
+trait Kernel {
+    /// # Safety
+    /// The kernel's own contract (its pointers address what it reads).
+    unsafe fn run(self);
 }
 
-/// [`columns_block`] in the variant the CPU runs.
+/// Run `kernel` in the variant the CPU supports.
 ///
 /// # Safety
-/// As [`columns_block`]; `isa` came from [`isa`].
-unsafe fn columns_fma<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, w: Weights<T>, j0: usize, out: &mut [T]) {
+/// The kernel's contract; `isa` came from [`isa`].
+unsafe fn run_on<K: Kernel>(isa: Isa, kernel: K) {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn avx512<T: HostFloat>(x: &[T], m: usize, k: usize, w: Weights<T>, j0: usize, out: &mut [T]) {
-        unsafe { columns_block(x, m, k, w, j0, out) }
+    unsafe fn avx512<K: Kernel>(kernel: K) {
+        unsafe { kernel.run() }
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2<T: HostFloat>(x: &[T], m: usize, k: usize, w: Weights<T>, j0: usize, out: &mut [T]) {
-        unsafe { columns_block(x, m, k, w, j0, out) }
+    unsafe fn avx2<K: Kernel>(kernel: K) {
+        unsafe { kernel.run() }
     }
     // SAFETY: the CPU has the variant's features (`isa`).
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512(x, m, k, w, j0, out),
+            Isa::Avx512 => avx512(kernel),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2(x, m, k, w, j0, out),
+            Isa::Avx2 => avx2(kernel),
             #[cfg(target_arch = "aarch64")]
-            Isa::Neon => columns_block(x, m, k, w, j0, out),
+            Isa::Neon => kernel.run(),
         }
     }
 }
@@ -272,52 +224,73 @@ unsafe fn columns_fma<T: HostFloat>(isa: Isa, x: &[T], m: usize, k: usize, w: We
 const ROW_BLOCK_VALUES: usize = 8192;
 
 /// `p += x[:, k0..k0+rows] · w[k0..k0+rows, :]` (`p` is M × N), each element a chain of fused
-/// multiply-adds in k order, four weight rows per pass over the partial sums.
-///
-/// # Safety
-/// Rows `k0 .. k0 + rows` of `w` are inside it.
-#[inline(always)]
-unsafe fn rows_chunk<T: HostFloat>(x: &[T], k: usize, n: usize, w: Weights<T>, k0: usize, rows: usize, p: &mut [T]) {
-    let m = p.len() / n;
-    let width = (ROW_BLOCK_VALUES / m).next_multiple_of(16);
-    for j0 in (0..n).step_by(width) {
-        let cols = width.min(n - j0);
-        // SAFETY: inside the weights per the contract.
-        let row =
-            |kk: usize| unsafe { std::slice::from_raw_parts(w.ptr.offset(kk as isize * w.stride + j0 as isize), cols) };
-        let mut kk = k0;
-        while kk + 4 <= k0 + rows {
-            let (w0, w1, w2, w3) = (row(kk), row(kk + 1), row(kk + 2), row(kk + 3));
-            for (a, o) in x.chunks_exact(k).zip(p.chunks_exact_mut(n)) {
-                let a = &a[kk..kk + 4];
-                for ((((o, &w0), &w1), &w2), &w3) in o[j0..j0 + cols].iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
-                    *o = w3.mul_add(a[3], w2.mul_add(a[2], w1.mul_add(a[1], w0.mul_add(a[0], *o))));
+/// multiply-adds in k order, four weight rows per pass over the partial sums. Rows `k0 .. k0 +
+/// rows` of `w` (contiguous rows) are inside it.
+struct RowsChunk<'a, T> {
+    x: &'a [T],
+    k: usize,
+    n: usize,
+    w: View<T>,
+    k0: usize,
+    rows: usize,
+    p: &'a mut [T],
+}
+
+impl<T: HostFloat> Kernel for RowsChunk<'_, T> {
+    #[inline(always)]
+    unsafe fn run(self) {
+        let Self { x, k, n, w, k0, rows, p } = self;
+        let m = p.len() / n;
+        let width = (ROW_BLOCK_VALUES / m).next_multiple_of(16);
+        for j0 in (0..n).step_by(width) {
+            let cols = width.min(n - j0);
+            // SAFETY: inside the weights per the contract.
+            let row =
+                |kk: usize| unsafe { std::slice::from_raw_parts(w.ptr.offset(kk as isize * w.rs + j0 as isize), cols) };
+            let mut kk = k0;
+            while kk + 4 <= k0 + rows {
+                let (w0, w1, w2, w3) = (row(kk), row(kk + 1), row(kk + 2), row(kk + 3));
+                for (a, o) in x.chunks_exact(k).zip(p.chunks_exact_mut(n)) {
+                    let a = &a[kk..kk + 4];
+                    for ((((o, &w0), &w1), &w2), &w3) in o[j0..j0 + cols].iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
+                        *o = w3.mul_add(a[3], w2.mul_add(a[2], w1.mul_add(a[1], w0.mul_add(a[0], *o))));
+                    }
                 }
+                kk += 4;
             }
-            kk += 4;
-        }
-        for kk in kk..k0 + rows {
-            let w0 = row(kk);
-            for (a, o) in x.chunks_exact(k).zip(p.chunks_exact_mut(n)) {
-                for (o, &w0) in o[j0..j0 + cols].iter_mut().zip(w0) {
-                    *o = w0.mul_add(a[kk], *o);
+            for kk in kk..k0 + rows {
+                let w0 = row(kk);
+                for (a, o) in x.chunks_exact(k).zip(p.chunks_exact_mut(n)) {
+                    for (o, &w0) in o[j0..j0 + cols].iter_mut().zip(w0) {
+                        *o = w0.mul_add(a[kk], *o);
+                    }
                 }
             }
         }
     }
 }
 
-/// `out[j, i] = x[i, :] · w[:, j0 + j]` for the `out.len() / m` columns from `j0`.
-///
-/// # Safety
-/// Those columns are inside `w`.
-#[inline(always)]
-unsafe fn columns_block<T: HostFloat>(x: &[T], m: usize, k: usize, w: Weights<T>, j0: usize, out: &mut [T]) {
-    for (j, out) in out.chunks_exact_mut(m).enumerate() {
-        // SAFETY: inside the weights per the contract.
-        let col = unsafe { std::slice::from_raw_parts(w.ptr.offset((j0 + j) as isize * w.stride), k) };
-        for (o, a) in out.iter_mut().zip(x.chunks_exact(k)) {
-            *o = dot(a, col);
+/// `out[j, i] = x[i, :] · w[:, j0 + j]` for the `out.len() / m` columns from `j0` (contiguous
+/// columns, inside `w`).
+struct ColumnsBlock<'a, T> {
+    x: &'a [T],
+    m: usize,
+    k: usize,
+    w: View<T>,
+    j0: usize,
+    out: &'a mut [T],
+}
+
+impl<T: HostFloat> Kernel for ColumnsBlock<'_, T> {
+    #[inline(always)]
+    unsafe fn run(self) {
+        let Self { x, m, k, w, j0, out } = self;
+        for (j, out) in out.chunks_exact_mut(m).enumerate() {
+            // SAFETY: inside the weights per the contract.
+            let col = unsafe { std::slice::from_raw_parts(w.ptr.offset((j0 + j) as isize * w.cs), k) };
+            for (o, a) in out.iter_mut().zip(x.chunks_exact(k)) {
+                *o = dot(a, col);
+            }
         }
     }
 }

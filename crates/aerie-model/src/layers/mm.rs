@@ -19,8 +19,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{Shape, Tensor, backend::Backend};
 
 use super::host::{
-    AdTensor, HostFloat, OutPtr, Runtime, ad_primitive, flex_primitive, from_ad, from_flex, host_tensor, record,
-    with_float,
+    AdTensor, HostFloat, OutPtr, Runtime, View, ad_primitive, flex_primitive, from_ad, from_flex, host_tensor, record,
+    view, with_float,
 };
 
 /// Below this many multiply-adds one call on the calling thread is cheaper than splitting.
@@ -71,32 +71,6 @@ fn autodiff_matmul(a: AdTensor, b: AdTensor) -> AdTensor {
     let out = host_matmul(a.primitive.clone(), b.primitive.clone());
     let state = (b.is_tracked().then(|| a.primitive.clone()), a.is_tracked().then(|| b.primitive.clone()));
     record(HostMatmul, [&a, &b], state, out)
-}
-
-/// A matrix operand: base pointer (at the layout's start offset) and row/column strides.
-struct View<T> {
-    ptr: *const T,
-    rs: isize,
-    cs: isize,
-}
-
-impl<T> Clone for View<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for View<T> {}
-
-// Read-only views into tensors that outlive the parallel section.
-unsafe impl<T> Send for View<T> {}
-unsafe impl<T> Sync for View<T> {}
-
-fn view<T: bytemuck::Pod + burn::tensor::Element>(t: &FlexTensor) -> View<T> {
-    let layout = t.layout();
-    let s = layout.strides();
-    // SAFETY: the start offset is inside the storage the layout describes.
-    let ptr = unsafe { t.storage::<T>().as_ptr().add(layout.start_offset()) };
-    View { ptr, rs: s[0], cs: s[1] }
 }
 
 /// `[M, K] · [K, N]` on the host, contiguous `[M, N]` out.
