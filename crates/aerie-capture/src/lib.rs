@@ -1,6 +1,6 @@
 //! aerie-capture: the CPU/GPU capture engine of aerie.
 //!
-//! It runs the native target ([`aerie_model::target::TargetModel`]) over a prepared dataset
+//! It runs the native target ([`aerie_model::TargetModel`]) over a prepared dataset
 //! (`aerie data prepare`) and writes what EAGLE-3 training consumes: the pre-norm residual stream
 //! at the aux layers, and a teacher (the post-norm final hidden state, or top-k log-probs), as
 //! an `aerie-shard/1` dataset (docs/shard-format.md). The production capture for Kimi-K2.5 runs

@@ -47,7 +47,7 @@ use aerie_data::conversation::{Message, NormalizeOptions, Role, normalize};
 use aerie_data::readers::{ConversationReader, ProgressUnit, ReadOptions, ReadReport};
 use aerie_data::template::{ChatTemplate, TemplateChoice};
 use aerie_data::tokenizer::TokenizerFiles;
-use aerie_model::target::TargetModel;
+use aerie_model::TargetModel;
 use burn::tensor::{DType, Tensor, backend::Backend};
 use serde::Serialize;
 use serde_json::{Value, json};

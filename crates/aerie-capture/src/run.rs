@@ -9,8 +9,7 @@ use aerie_data::shard::{
     AuxConvention as ShardConvention, FloatDtype, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions,
     Teacher, VerifyReport, sha256_file,
 };
-use aerie_model::target::{CaptureRequest, LogitsMode, TargetModel};
-use aerie_model::{AuxConvention, AuxLayers};
+use aerie_model::{AuxConvention, AuxLayers, CaptureRequest, LogitsMode, TargetModel};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 

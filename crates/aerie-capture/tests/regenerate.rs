@@ -14,7 +14,7 @@ use aerie_capture::{RegenerateOptions, regenerate};
 use aerie_data::conversation::{Message, Role};
 use aerie_data::template::{ChatTemplate, TemplateChoice};
 use aerie_data::tokenizer::TokenizerFiles;
-use aerie_model::target::TargetModel;
+use aerie_model::TargetModel;
 use burn::backend::Flex;
 use serde_json::{Value, json};
 

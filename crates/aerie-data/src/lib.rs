@@ -57,6 +57,7 @@ mod arrowutil;
 pub mod conversation;
 mod error;
 pub mod generation;
+mod paths;
 pub mod prepare;
 pub mod readers;
 pub mod shard;

@@ -70,7 +70,7 @@ impl TokenizerFiles {
         let (dir, file) = if path.is_dir() {
             (path.to_owned(), path.join("tokenizer.json"))
         } else {
-            (crate::prepare::parent_dir(path).to_owned(), path.to_owned())
+            (crate::paths::parent_dir(path).to_owned(), path.to_owned())
         };
         if !file.is_file() {
             return Err(tok_err(&file, "no tokenizer.json (a Hugging Face `tokenizers` file is needed)"));

@@ -1,5 +1,5 @@
 //! The verifier of `aerie eval accept`: the drafter proposes in serving mode at every assistant
-//! position of captured shards ([`aerie_model::draft`]), and each draft is checked against the
+//! position of captured shards ([`aerie_model::drafter::offline`]), and each draft is checked against the
 //! target's distribution at the position it proposes, under one of the rules of
 //! [`AcceptRule`]. The statistics are the pure functions of [`crate::accept`].
 //!
@@ -16,7 +16,7 @@
 //! share of positions where they are not is measured and reported with a warning.
 
 use aerie_data::shard::{SampleView, ShardDataset};
-use aerie_model::draft::{ChainOptions, DraftSampling, TreeOptions, draft_chain, draft_tree};
+use aerie_model::drafter::offline::{ChainOptions, DraftSampling, TreeOptions, draft_chain, draft_tree};
 use aerie_model::{Drafter, TargetHead};
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 

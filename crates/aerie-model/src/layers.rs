@@ -2,40 +2,11 @@
 //! (`weight` stored `[out, in]` as in the checkpoint, not burn's `[in, out]`), RMSNorm computed
 //! in at least float32, and the SwiGLU MLP.
 
-pub(crate) mod attention;
-pub(crate) mod diagonal;
-pub(crate) mod host;
-mod matvec;
-pub(crate) mod mm;
-mod rms_norm;
-pub(crate) mod rotary;
-mod swiglu;
-
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, backend::Backend};
 
-/// The same tensor with its values in row-major memory order, on the CPU backend (other backends
-/// and dtypes: returned as is).
-///
-/// Why: the gradient of a weight used transposed (every linear layer, see [`Linear::weight_t`])
-/// comes out of autodiff as a transposed view, and burn-flex runs each later element-wise op on
-/// it (the clipping norm, the clip, AdamW's moment updates) through its per-element strided
-/// iterator: ≈ 10% of a quickstart training step. Training makes every gradient contiguous once.
-pub fn contiguous<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    match host::Runtime::of::<B>(&[t.dtype()]) {
-        Some(host::Runtime::Inference) => host::from_flex(host::flex_primitive(t).to_contiguous()),
-        _ => t,
-    }
-}
-
-/// Cast half-precision activations up to f32 for reductions; f32/f64 stay as they are (f64 is
-/// used by the finite-difference gradient tests).
-pub(crate) fn upcast<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    match x.dtype() {
-        DType::F16 | DType::BF16 => x.cast(DType::F32),
-        _ => x,
-    }
-}
+use crate::kernels::{mm, rms_norm, swiglu};
+use crate::precision::upcast;
 
 /// `y = x Wᵀ`, no bias; `weight: [out, in]` exactly as HF/SGLang store it.
 #[derive(Module, Debug)]
@@ -87,7 +58,7 @@ impl<B: Backend> Linear<B> {
 }
 
 /// RMSNorm `w * x / sqrt(mean(x²) + eps)`, reduced in f32 whatever the activation dtype (one
-/// fused op on the CPU backend, see `layers/rms_norm.rs`).
+/// fused op on the CPU backend, see `kernels/rms_norm.rs`).
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
     /// `[H]`.
@@ -117,7 +88,7 @@ impl<B: Backend> RmsNorm<B> {
     }
 }
 
-/// SwiGLU: `down(silu(gate x) * up x)` (the gate fused on the CPU backend, see `layers/swiglu.rs`).
+/// SwiGLU: `down(silu(gate x) * up x)` (the gate fused on the CPU backend, see `kernels/swiglu.rs`).
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     /// `[I, H]`.
@@ -137,29 +108,5 @@ impl<B: Backend> Mlp<B> {
     /// [`Self::forward`] with the weights taken by [`Linear::weight_t`] (gate, up, down).
     pub fn forward_t<const D: usize>(x: Tensor<B, D>, [gate, up, down]: &[Tensor<B, 2>; 3]) -> Tensor<B, D> {
         Linear::forward_t(swiglu::swiglu(Linear::forward_t(x.clone(), gate), Linear::forward_t(x, up)), down)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use burn::backend::Flex;
-    use burn::tensor::{Distribution, TensorPrimitive};
-
-    /// A transposed view comes back with the same values in row-major memory; a contiguous
-    /// tensor comes back as it was.
-    #[test]
-    fn contiguous_keeps_values_and_lays_them_out_row_major() {
-        let dev = Default::default();
-        let t = Tensor::<Flex, 2>::random([5, 7], Distribution::Normal(0.0, 1.0), &dev).transpose();
-        let strided = |t: &Tensor<Flex, 2>| match t.clone().into_primitive() {
-            TensorPrimitive::Float(p) => !p.is_contiguous(),
-            TensorPrimitive::QFloat(_) => unreachable!(),
-        };
-        assert!(strided(&t));
-        let c = contiguous(t.clone());
-        assert!(!strided(&c));
-        assert_eq!(c.to_data().to_vec::<f32>().unwrap(), t.to_data().to_vec::<f32>().unwrap());
-        assert_eq!(contiguous(c.clone()).to_data(), c.to_data());
     }
 }

@@ -1,29 +1,38 @@
-//! aerie-model: the EAGLE-3 drafter in burn, its configuration, and checkpoint I/O.
+//! aerie-model: the EAGLE-3 drafter in burn, its configuration and checkpoint I/O, and the
+//! native target model whose features it learns from.
 //!
 //! The drafter follows `LlamaForCausalLMEagle3` (SGLang `llama_eagle3.py`, SpecForge
 //! `llama3_eagle.py`; EAGLE-3, arXiv 2503.01840). Everything is generic over the burn backend;
 //! the CPU default is burn-flex, and the `cuda` feature adds burn-cuda.
+//!
+//! - [`drafter`]: the drafter model, and its two drafting modes (at decode time over a KV cache,
+//!   and offline over every position of a captured sequence) with the draft tree they share.
+//! - [`ttt`]: the training-time-test objective over a batch, with [`teacher`] targets.
+//! - [`native`]: the native target engine (Llama/Qwen2/Qwen3 with KV cache and aux outputs).
+//! - [`layers`]: the Llama building blocks both models use (linear, RMSNorm, SwiGLU MLP);
+//!   [`rope`]: rotary position embeddings; [`kernels`]: the CPU backend's fused host kernels.
+//! - [`config`], [`vocab`], [`init`] and [`checkpoint`]: drafter configuration, the draft
+//!   vocabulary map, initialisation and the checkpoint formats.
 #![deny(missing_docs)]
 
 pub mod checkpoint;
 pub mod config;
-pub mod decode;
-mod error;
-
-pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
-pub use error::{Error, Result};
-pub mod draft;
 pub mod drafter;
+mod error;
 pub mod init;
+pub mod kernels;
 pub mod layers;
+pub mod native;
+mod precision;
 pub mod rope;
-pub mod target;
 pub mod teacher;
 pub mod ttt;
 pub mod vocab;
 
+pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
 pub use drafter::Drafter;
-pub use target::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel, TargetOutput};
+pub use error::{Error, Result};
+pub use native::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel, TargetOutput};
 pub use teacher::{TargetHead, TeacherTargets, VocabStats};
 pub use ttt::{TttBatch, TttMetrics, TttOptions, TttSums, ttt_forward};
 pub use vocab::VocabMap;

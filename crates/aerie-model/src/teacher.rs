@@ -7,7 +7,8 @@
 
 use burn::tensor::{Int, Tensor, TensorData, activation::softmax, backend::Backend};
 
-use crate::layers::{mm, upcast};
+use crate::kernels::mm;
+use crate::precision::upcast;
 use crate::vocab::VocabMap;
 
 /// Per-position teacher quantities, aligned with the captured tokens: row `t` describes the

@@ -1,10 +1,10 @@
-//! Serving-mode drafting ([`aerie_model::draft`]): causality (the drafts at position t depend on
+//! Serving-mode drafting ([`aerie_model::drafter::offline`]): causality (the drafts at position t depend on
 //! nothing after x_{t+1}), padding invariance, chain/tree agreement, seeded sampling, and q.
 
 mod reference;
 
 use aerie_model::Drafter;
-use aerie_model::draft::{ChainOptions, DraftChain, DraftSampling, TreeOptions, draft_chain, draft_tree};
+use aerie_model::drafter::offline::{ChainOptions, DraftChain, DraftSampling, TreeOptions, draft_chain, draft_tree};
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use reference::{random_sequence, random_tiny_checkpoint, tiny_config};
@@ -140,12 +140,12 @@ fn sampling_is_seeded_and_q_is_a_distribution() {
 }
 
 mod decode_mode {
-    //! [`aerie_model::decode`]: the KV-cached drafter of real speculative decoding agrees with the
+    //! [`aerie_model::drafter::decode`]: the KV-cached drafter of real speculative decoding agrees with the
     //! all-positions drafting above (tolerance 1e-5 relative on q: same f32 arithmetic in a
     //! different order of matmuls).
 
     use super::*;
-    use aerie_model::decode::{BranchKv, DraftKv};
+    use aerie_model::drafter::decode::{BranchKv, DraftKv};
     use burn::tensor::activation::softmax;
 
     fn aux_rows(c: &Case, from: usize, to: usize) -> Tensor<B, 3> {
@@ -232,7 +232,7 @@ mod decode_mode {
         }
         let order = [2usize, 0, 1];
         let mut path = path.select(&order);
-        let rows = aerie_model::decode::row_index::<B>(&order, &Default::default());
+        let rows = aerie_model::drafter::decode::row_index::<B>(&order, &Default::default());
         let o2 = c.drafter.draft_step(&[2, 2, 2], o1.hidden.select(0, rows), &cache, &mut path).unwrap();
         let l2 = host(o2.logits);
         for (r, &i) in order.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! The native target model (`aerie_model::target`) against the independent f64 reference
+//! The native target model (`aerie_model::native`) against the independent f64 reference
 //! (`target_reference/`), on tiny random checkpoints written to disk as real safetensors plus an
 //! HF `config.json` and loaded through the public loader: logits, aux features and final hidden
 //! state; incremental decoding with the cache; rollback with `truncate`; tree verification with a
@@ -15,8 +15,9 @@ use std::path::Path;
 
 use aerie_model::checkpoint::io::{INDEX_FILE, SINGLE_FILE, write_safetensors};
 use aerie_model::checkpoint::{Dtype, TensorMap};
-use aerie_model::target::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel};
-use aerie_model::{AuxConvention, AuxLayers, Error};
+use aerie_model::{
+    AuxConvention, AuxLayers, CaptureRequest, Error, LogitsMode, TargetCache, TargetConfig, TargetModel,
+};
 use burn::backend::Flex;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use target_reference::{Mat, RefConfig, RefRope, Rng, forward as ref_forward, greedy, random_checkpoint};

@@ -97,12 +97,12 @@ struct Contiguous<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for Contiguous<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            self.grads.register(param.id, aerie_model::layers::contiguous(g));
+            self.grads.register(param.id, aerie_model::kernels::contiguous(g));
         }
     }
 }
 
-/// Lay every gradient out in row-major order (see [`aerie_model::layers::contiguous`]: the
+/// Lay every gradient out in row-major order (see [`aerie_model::kernels::contiguous`]: the
 /// gradients of transposed weights are strided views, which make every later element-wise op on
 /// the CPU slow). The values are unchanged.
 pub fn make_contiguous<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &mut GradientsParams) {

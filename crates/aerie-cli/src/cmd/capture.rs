@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use aerie_capture::{CaptureOptions, capture};
 use aerie_data::prepare::PreparedDataset;
 use aerie_data::shard::{FloatDtype, Teacher};
-use aerie_model::target::TargetModel;
+use aerie_model::TargetModel;
 use anyhow::{Context, Result};
 use burn::tensor::backend::Backend;
 use clap::Args;

@@ -9,7 +9,7 @@ use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, reg
 use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
 use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
 use aerie_data::template::TemplateChoice;
-use aerie_model::target::TargetModel;
+use aerie_model::TargetModel;
 use anyhow::{Context, Result};
 use burn::tensor::backend::Backend;
 use clap::Args;

@@ -36,8 +36,8 @@ use crate::tokenizer::TokenizerFiles;
 use crate::{Error, Result};
 
 pub use dataset::{PreparedDataset, PreparedSample, PreparedSamples};
+pub(crate) use writer::write_bytes_atomic as write_atomic;
 pub use writer::{columns, schema};
-pub(crate) use writer::{parent_dir, write_bytes_atomic as write_atomic};
 
 /// The `format` of `report.json`.
 pub const PREPARED_FORMAT: &str = "aerie-prepared/1";

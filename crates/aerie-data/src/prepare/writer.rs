@@ -15,6 +15,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use super::SplitStats;
+use crate::paths::parent_dir;
 use crate::{Error, Result};
 
 /// Samples per record batch handed to the parquet writer.
@@ -46,14 +47,6 @@ pub fn schema() -> SchemaRef {
 
 fn perr(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Parquet { path: path.to_owned(), message: e.to_string() }
-}
-
-/// The directory holding `path` (`.` for a bare file name).
-pub(crate) fn parent_dir(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    }
 }
 
 /// Fsync the directory so a rename in it survives a crash (no-op off Unix).

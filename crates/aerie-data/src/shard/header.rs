@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::Dtype;
@@ -14,8 +14,33 @@ use super::codec;
 use super::manifest::ShardEntry;
 use super::metadata::{self, FloatDtype, ShardMetadata};
 use super::names;
-use super::reader::Shard;
 use crate::{Error, MetadataError, Result};
+
+/// One mapped shard and the byte ranges of its tensors inside the map.
+pub(crate) struct Shard {
+    pub(crate) path: PathBuf,
+    pub(crate) mmap: Mmap,
+    /// `sample_offsets`, N + 1 values, validated.
+    pub(crate) offsets: Vec<usize>,
+    pub(crate) sample_ids: Option<Vec<i64>>,
+    pub(crate) input_ids: Range<usize>,
+    pub(crate) loss_mask: Range<usize>,
+    pub(crate) aux_hidden: Range<usize>,
+    pub(crate) final_hidden: Option<Range<usize>>,
+    /// (`teacher_topk_ids`, `teacher_topk_logprobs`).
+    pub(crate) topk: Option<(Range<usize>, Range<usize>)>,
+    pub(crate) logprobs_dtype: Option<FloatDtype>,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard")
+            .field("path", &self.path)
+            .field("samples", &(self.offsets.len() - 1))
+            .field("tokens", &self.offsets[self.offsets.len() - 1])
+            .finish_non_exhaustive()
+    }
+}
 
 /// A tensor's header entry, its data located inside the whole file.
 struct Found {

@@ -8,43 +8,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::fsutil::MANIFEST_FILE;
-use super::header::open_shard;
+use super::header::{Shard, open_shard};
 use super::manifest::Manifest;
 use super::metadata::{FloatDtype, ShardMetadata};
 use super::names;
-use super::view::SampleView;
+use super::view::{Layout, SampleView};
 use crate::{Error, Result};
-
-/// Per-dataset widths and dtypes the views need.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Layout {
-    pub(crate) aux_width: usize,
-    pub(crate) hidden_size: usize,
-    pub(crate) dtype: FloatDtype,
-    /// K, or 0 without a top-k teacher.
-    pub(crate) k: usize,
-    /// Storage of `teacher_topk_logprobs`: the same in every shard.
-    pub(crate) logprobs_dtype: Option<FloatDtype>,
-}
-
-/// One mapped shard and the byte ranges of its tensors inside the map.
-pub(crate) struct Shard {
-    pub(crate) path: PathBuf,
-    pub(crate) mmap: Mmap,
-    /// `sample_offsets`, N + 1 values, validated.
-    pub(crate) offsets: Vec<usize>,
-    pub(crate) sample_ids: Option<Vec<i64>>,
-    pub(crate) input_ids: Range<usize>,
-    pub(crate) loss_mask: Range<usize>,
-    pub(crate) aux_hidden: Range<usize>,
-    pub(crate) final_hidden: Option<Range<usize>>,
-    /// (`teacher_topk_ids`, `teacher_topk_logprobs`).
-    pub(crate) topk: Option<(Range<usize>, Range<usize>)>,
-    pub(crate) logprobs_dtype: Option<FloatDtype>,
-}
 
 /// A validated, memory-mapped shard dataset. Samples are numbered across shards in manifest
 /// order; views borrow from the maps, so the dataset must outlive them.
@@ -57,16 +27,6 @@ pub struct ShardDataset {
     /// `first_sample[s]` is the dataset index of shard `s`'s first sample; one extra entry holds
     /// the total.
     first_sample: Vec<usize>,
-}
-
-impl std::fmt::Debug for Shard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shard")
-            .field("path", &self.path)
-            .field("samples", &(self.offsets.len() - 1))
-            .field("tokens", &self.offsets[self.offsets.len() - 1])
-            .finish_non_exhaustive()
-    }
 }
 
 impl std::fmt::Debug for ShardDataset {

@@ -10,9 +10,21 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::codec;
+use super::header::Shard;
 use super::metadata::FloatDtype;
-use super::reader::{Layout, Shard};
 use crate::{Error, Result};
+
+/// Per-dataset widths and dtypes the views need.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub(crate) aux_width: usize,
+    pub(crate) hidden_size: usize,
+    pub(crate) dtype: FloatDtype,
+    /// K, or 0 without a top-k teacher.
+    pub(crate) k: usize,
+    /// Storage of `teacher_topk_logprobs`: the same in every shard.
+    pub(crate) logprobs_dtype: Option<FloatDtype>,
+}
 
 /// One sample: `len()` tokens of every tensor, borrowed from the dataset.
 #[derive(Clone, Copy)]

@@ -30,9 +30,10 @@ mod run;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use aerie_model::decode::{BranchKv, DraftKv, StepOutput, row_index};
-use aerie_model::draft::{SplitMix, TreeNode, prune, sample_index, top_children};
-use aerie_model::target::{CaptureRequest, LogitsMode, TargetModel};
+use aerie_model::drafter::decode::{BranchKv, DraftKv, StepOutput, row_index};
+use aerie_model::drafter::offline::{SplitMix, sample_index};
+use aerie_model::drafter::tree::{TreeNode, prune, top_children};
+use aerie_model::{CaptureRequest, LogitsMode, TargetModel};
 use aerie_model::{Drafter, TargetCache};
 use burn::tensor::{Bool, Int, Tensor, TensorData, backend::Backend};
 use serde::Serialize;

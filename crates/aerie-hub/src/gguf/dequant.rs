@@ -19,7 +19,7 @@
 
 use half::{bf16, f16};
 
-use super::reader::GgmlType;
+use super::ggml_type::GgmlType;
 
 /// The ggml types [`dequantize`] handles, by name.
 pub const SUPPORTED: &[&str] = &["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"];

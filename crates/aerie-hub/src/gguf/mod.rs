@@ -3,6 +3,7 @@
 //! training and evaluation like any HF model.
 //!
 //! - [`reader`]: the GGUF v2/v3 container, memory-mapped and bounds-checked.
+//! - [`ggml_type`]: ggml's tensor type ids, their names and block layouts.
 //! - [`dequant`]: ggml storage types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)
 //!   to `f32`.
 //! - [`names`]: the llama.cpp ↔ HF tensor-name table and the Q/K row (un)permutation.
@@ -27,11 +28,13 @@
 pub mod config;
 pub mod convert;
 pub mod dequant;
+pub mod ggml_type;
 pub mod names;
 pub mod reader;
 pub mod tokenizer;
 
 pub use config::LlamaHparams;
 pub use convert::{ImportOptions, ImportReport, import_gguf, tensor_to_f32};
-pub use reader::{GgmlType, GgufFile, TensorInfo, Value};
+pub use ggml_type::GgmlType;
+pub use reader::{GgufFile, TensorInfo, Value};
 pub use tokenizer::{GgufVocab, PreTokenizer};

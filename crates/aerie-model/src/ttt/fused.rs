@@ -20,7 +20,7 @@
 use burn::tensor::{Element, Tensor, TensorData, backend::Backend};
 use rayon::prelude::*;
 
-use crate::layers::host::HostFloat;
+use crate::kernels::host::HostFloat;
 
 /// The unshifted teacher on the host: row `b·L + t` describes token `t + 1`.
 pub(super) struct HostTeacher<T> {

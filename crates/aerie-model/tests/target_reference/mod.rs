@@ -2,7 +2,7 @@
 //! (transformers `modeling_llama.py`, with the `modeling_qwen2.py` q/k/v biases and the
 //! `modeling_qwen3.py` per-head q/k RMSNorm), written with plain loops over `Vec<f64>`: no burn,
 //! no batching, no cache, no masks-as-tensors. It recomputes the whole sequence every call and is
-//! the ground truth `aerie_model::target` is tested against.
+//! the ground truth `aerie_model::native` is tested against.
 //!
 //! It also makes tiny random checkpoints: tensors under HF file keys and a `config.json` written
 //! here by hand (not through `TargetConfig`), so the loader is exercised on what HF writes.

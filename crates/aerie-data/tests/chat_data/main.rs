@@ -2,13 +2,11 @@
 //! drop reasons, chat templates, loss masks, prepared datasets and draft vocabularies. Fixtures
 //! are written into temp directories; the tokenizer is a tiny byte-level BPE built in the test.
 
-mod chat_data {
-    pub mod common;
-    mod mask;
-    mod normalize;
-    mod prepare;
-    mod readers;
-    mod real_assets;
-    mod templates;
-    mod vocab;
-}
+pub mod common;
+mod mask;
+mod normalize;
+mod prepare;
+mod readers;
+mod real_assets;
+mod templates;
+mod vocab;

@@ -1,10 +1,11 @@
-//! What the host kernels of this module share: recognising burn-flex behind a generic backend,
-//! moving tensors between the generic and the concrete type, and the float types they run in.
+//! What the host kernels share: recognising burn-flex behind a generic backend, moving tensors
+//! between the generic and the concrete type, and the float types they run in.
 //!
-//! The kernels ([`super::mm`], [`super::matvec`], [`super::attention`], [`super::swiglu`], [`super::rms_norm`], and the
-//! TTT loss in `ttt/fused.rs`) replace
-//! chains of burn-flex ops whose intermediate tensors autodiff would keep, or which burn-flex runs
-//! slowly; every other backend (a GPU) and every other dtype keeps burn's own ops.
+//! The kernels ([`super::mm`], [`super::matvec`], [`super::attention`], [`super::diagonal`],
+//! [`super::swiglu`], [`super::rms_norm`], RoPE's in `rope/kernel.rs` and the TTT loss in
+//! `ttt/fused.rs`) replace chains of burn-flex ops whose intermediate tensors autodiff would keep,
+//! or which burn-flex runs slowly; every other backend (a GPU) and every other dtype keeps burn's
+//! own ops.
 
 use std::any::{Any, TypeId};
 use std::borrow::Cow;

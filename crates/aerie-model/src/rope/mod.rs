@@ -2,7 +2,11 @@
 //! scalings of transformers' `modeling_rope_utils.py` (default, linear, llama3, yarn).
 //!
 //! burn's `RotaryEncoding` rotates interleaved pairs and has no scaling (burn.md), so the tables
-//! are computed here in f64 on the host and applied as `x * cos + rotate_half(x) * sin`.
+//! are computed here in f64 on the host ([`Rotary`], for the drafter and the native target alike)
+//! and applied as `x * cos + rotate_half(x) * sin` ([`apply`]: burn tensor ops, or on the CPU
+//! backend the host kernel of `rope/kernel.rs`).
+
+mod kernel;
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
@@ -93,10 +97,18 @@ impl Rotary {
     /// `(cos, sin)` of shape `[L, head_dim]` for positions `start..start + len`, halves
     /// duplicated as HF does (`emb = cat(freqs, freqs)`).
     pub fn tables<B: Backend>(&self, start: usize, len: usize, device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let positions: Vec<usize> = (start..start + len).collect();
+        self.tables_at(&positions, device)
+    }
+
+    /// [`Self::tables`] at arbitrary `positions`, one row each (tree verification puts siblings
+    /// at one position).
+    pub fn tables_at<B: Backend>(&self, positions: &[usize], device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let d = self.head_dim;
+        let len = positions.len();
         let mut cos = Vec::with_capacity(len * d);
         let mut sin = Vec::with_capacity(len * d);
-        for p in start..start + len {
+        for &p in positions {
             for _half in 0..2 {
                 for &f in &self.inv_freq {
                     let angle = p as f64 * f;
@@ -112,9 +124,9 @@ impl Rotary {
 }
 
 /// Apply RoPE to `x: [B, heads, L, d]` with tables `[L, d]`: `x * cos + rotate_half(x) * sin`
-/// (on the CPU backend as one host pass, `layers::rotary`).
+/// (on the CPU backend as one host pass, `rope/kernel.rs`).
 pub fn apply<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Tensor<B, 4> {
-    match crate::layers::rotary::apply(&x, cos, sin) {
+    match kernel::apply(&x, cos, sin) {
         Some(y) => y,
         None => apply_reference(x, cos, sin),
     }

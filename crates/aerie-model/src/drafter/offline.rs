@@ -16,15 +16,17 @@
 //! [`draft_chain`] drafts one token per step (argmax, or a seeded sample at a temperature) and can
 //! keep the draft distribution q of every step. [`draft_tree`] expands the top-k children of the
 //! k best paths per step and prunes the candidates to N-1 nodes by cumulative draft log-prob, as
-//! EAGLE-2 and SGLang (`--speculative-eagle-topk`, `--speculative-num-draft-tokens`) do; the
+//! EAGLE-2 and SGLang (`--speculative-eagle-topk`, `--speculative-num-draft-tokens`) do
+//! ([`super::tree`]); the
 //! drafter's diagonal cache cannot be re-indexed from outside, so each tree step recomputes its
 //! branch's path from the step-0 cache (depth² forwards, fine for evaluation).
 
-use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use crate::drafter::{Drafter, TttCache};
-use crate::layers::upcast;
+use super::tree::{TreeNode, prune, top_children};
+use super::{Drafter, TttCache, host_f32, host_ids};
+use crate::precision::upcast;
 use crate::{Error, Result};
 
 /// How chain drafts are chosen from q.
@@ -80,21 +82,6 @@ pub struct TreeOptions {
     pub verify_tokens: usize,
 }
 
-/// One drafted tree node.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TreeNode {
-    /// Index of the parent within the same position's node list; `None` under the root.
-    pub parent: Option<usize>,
-    /// 1 for children of the root: the node proposes x_{t+1+depth}.
-    pub depth: usize,
-    /// Draft-vocabulary id.
-    pub draft_id: u32,
-    /// Target id.
-    pub target_id: u32,
-    /// Σ log q along the path (the EAGLE-2 ranking score).
-    pub log_score: f64,
-}
-
 /// Pruned draft trees, one per position (`b·L + t`); parents precede children.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftTree {
@@ -140,14 +127,6 @@ pub fn sample_index(probs: &[f32], u: f64) -> usize {
 fn ids_tensor<B: Backend>(ids: &[u32], shape: [usize; 2], device: &B::Device) -> Tensor<B, 2, Int> {
     let v: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
     Tensor::from_data(TensorData::new(v, shape), device)
-}
-
-fn host_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<u32> {
-    t.into_data().iter::<i64>().map(|i| i as u32).collect()
-}
-
-fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().iter::<f32>().collect()
 }
 
 /// The shared start of both drafting modes: shapes checked, step-0 inputs.
@@ -245,17 +224,6 @@ pub fn draft_chain<B: Backend>(
     Ok(out)
 }
 
-/// Top-`w` (log q, draft id) per row of f32 logits `[R, L, Vd]`, on the host as `[R·L][w]`.
-pub fn top_children<B: Backend>(logits: Tensor<B, 3>, w: usize) -> Vec<Vec<(f64, u32)>> {
-    let (vals, idx) = log_softmax(logits, 2).topk_with_indices(w, 2);
-    let vals = host_f32(vals);
-    let idx = host_ids(idx);
-    vals.chunks(w)
-        .zip(idx.chunks(w))
-        .map(|(v, i)| v.iter().map(|&x| x as f64).zip(i.iter().copied()).collect())
-        .collect()
-}
-
 /// Draft an EAGLE-2 tree at every position of a right-padded batch (see the module docs).
 pub fn draft_tree<B: Backend>(
     drafter: &Drafter<B>,
@@ -335,52 +303,9 @@ pub fn draft_tree<B: Backend>(
     Ok(DraftTree { batch: b, len: l, nodes: nodes.into_iter().map(|n| prune(n, keep)).collect() })
 }
 
-/// Keep the `keep` nodes of highest score (ties: shallower, then earlier), re-indexed with parents
-/// first. Scores never increase along a path, so every kept node's parent is kept too.
-pub fn prune(nodes: Vec<TreeNode>, keep: usize) -> Vec<TreeNode> {
-    let mut order: Vec<usize> = (0..nodes.len()).collect();
-    order.sort_by(|&x, &y| {
-        let (a, b) = (&nodes[x], &nodes[y]);
-        b.log_score.total_cmp(&a.log_score).then(a.depth.cmp(&b.depth)).then(x.cmp(&y))
-    });
-    order.truncate(keep);
-    order.sort_by_key(|&i| (nodes[i].depth, i));
-    let mut new_index = vec![usize::MAX; nodes.len()];
-    let mut out = Vec::with_capacity(order.len());
-    for &i in &order {
-        let mut n = nodes[i];
-        match n.parent.map(|p| new_index[p]) {
-            Some(usize::MAX) => continue, // parent pruned (only on exact score ties across depths)
-            parent => n.parent = parent,
-        }
-        new_index[i] = out.len();
-        out.push(n);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn node(parent: Option<usize>, depth: usize, score: f64) -> TreeNode {
-        TreeNode { parent, depth, draft_id: 0, target_id: 0, log_score: score }
-    }
-
-    #[test]
-    fn prune_keeps_best_paths_parents_first() {
-        // root children a (-0.1), b (-1.0); a's children c (-0.3), d (-2.0); b's child e (-1.2).
-        let nodes = vec![
-            node(None, 1, -0.1),
-            node(None, 1, -1.0),
-            node(Some(0), 2, -0.3),
-            node(Some(0), 2, -2.0),
-            node(Some(1), 2, -1.2),
-        ];
-        let kept = prune(nodes, 3);
-        assert_eq!(kept.iter().map(|n| n.log_score).collect::<Vec<_>>(), vec![-0.1, -1.0, -0.3]);
-        assert_eq!(kept[2].parent, Some(0));
-    }
 
     #[test]
     fn sampling_follows_the_cdf() {

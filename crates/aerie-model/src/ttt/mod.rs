@@ -11,8 +11,9 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData, activation
 use serde::Serialize;
 
 use crate::drafter::{Drafter, TttCache};
-use crate::layers::host::HostFloat;
-use crate::layers::{Linear, upcast};
+use crate::kernels::host::HostFloat;
+use crate::layers::Linear;
+use crate::precision::upcast;
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
 

@@ -23,7 +23,7 @@ use super::host::{
     AdTensor, HostFloat, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
     host_tensor, record, with_float,
 };
-use super::upcast;
+use crate::precision::upcast;
 
 /// `w0·o0 + Σ_j w_j·v_j` with `(w0, w_j) = softmax([lse0, q·k_j])` per query row, for
 /// `q, o0: [B, nKV, g·L, d]` (q already scaled; row `r·L + t` is position t), `lse0: [B, nKV, g·L, 1]`

@@ -4,12 +4,24 @@
 //! `fc` over the concatenated target aux features, with its own head over the draft vocabulary.
 //!
 //! Field paths reproduce the canonical checkpoint keys (`fc.weight`, `midlayer.self_attn.q_proj.weight`, ...).
+//!
+//! Besides the teacher-forced TTT forward of training ([`crate::ttt`]), the drafter drafts in two
+//! modes, which share the draft tree ([`tree`]):
+//! - [`decode`]: at decode time, one position at a time over its own KV cache, as a serving
+//!   engine runs it between verify passes;
+//! - [`offline`]: over every position of a captured sequence at once, for offline acceptance
+//!   measurement.
+
+pub mod decode;
+pub mod offline;
+pub mod tree;
 
 use burn::module::Module;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
-use crate::layers::{Linear, Mlp, RmsNorm, attention, diagonal};
+use crate::kernels::{attention, diagonal};
+use crate::layers::{Linear, Mlp, RmsNorm};
 use crate::rope::{self, Rotary};
 use crate::vocab::VocabMap;
 use crate::{DrafterConfig, Error, Result};
@@ -103,8 +115,8 @@ impl<B: Backend> Eagle3Attention<B> {
         let q = q.reshape([b, nkv, g * l, d]).mul_scalar(1.0 / (d as f64).sqrt());
 
         // Softmax over [causal step-0 scores | one diagonal score per later step]. The causal block
-        // comes back as its own softmax output o0 and log-sum-exp (`layers::attention`, which on
-        // the CPU never keeps the `[.., g·L, L]` scores); `layers::diagonal` merges it with the
+        // comes back as its own softmax output o0 and log-sum-exp (`kernels::attention`, which on
+        // the CPU never keeps the `[.., g·L, L]` scores); `kernels::diagonal` merges it with the
         // diagonal keys.
         let (o0, lse0) = attention::causal(q.clone(), k0, v0);
         let out = if cache.diagonal.is_empty() { o0 } else { diagonal::merge(q, o0, lse0, &cache.diagonal) };
@@ -223,6 +235,16 @@ pub(crate) fn host_to_tensor<B: Backend, const D: usize>(
         return Err(Error::Shape(format!("`{name}` has shape {:?}, expected {:?}", t.shape, shape)));
     }
     Ok(Tensor::<B, D>::from_data(TensorData::new(t.to_f32(name)?, shape), device).cast(dtype))
+}
+
+/// Int tensor values on the host, as the u32 token ids the drafting modes work with.
+fn host_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<u32> {
+    t.into_data().iter::<i64>().map(|i| i as u32).collect()
+}
+
+/// f32 tensor values on the host.
+fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().iter::<f32>().collect()
 }
 
 fn tensor_to_host<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: Dtype) -> HostTensor {

@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! use std::path::Path;
-//! use aerie_model::target::{CaptureRequest, LogitsMode, TargetModel};
+//! use aerie_model::native::{CaptureRequest, LogitsMode, TargetModel};
 //! use aerie_model::AuxLayers;
 //! use burn::backend::Flex;
 //! use burn::tensor::{Int, Tensor, TensorData};

@@ -17,7 +17,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, Shape, Tensor, backend::Backend};
 use rayon::prelude::*;
 
-use super::host::{
+use crate::kernels::host::{
     AdTensor, HostFloat, OutPtr, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
     record, with_float,
 };
@@ -177,9 +177,9 @@ fn host_backward(x_strides: &[isize], cos: &FlexTensor, sin: &FlexTensor, grad: 
 mod tests {
     use burn::tensor::{DType, TensorData};
 
-    use super::super::host::AdFlex;
-    use super::super::host::testing::{assert_close, assert_finite_differences, host, on_threads, tensor, values};
     use super::*;
+    use crate::kernels::host::AdFlex;
+    use crate::kernels::host::testing::{assert_close, assert_finite_differences, host, on_threads, tensor, values};
     use crate::rope::apply_reference;
 
     /// `[B, L, H, d]` swapped to `[B, H, L, d]`, the drafter's head view (strided).

@@ -18,7 +18,7 @@ use super::cache::TargetCache;
 use super::config::TargetSpec;
 use super::{CaptureRequest, LogitsMode, TargetOutput};
 use crate::layers::{Linear, Mlp, RmsNorm};
-use crate::rope;
+use crate::rope::{self, Rotary};
 use crate::{Error, Result};
 
 /// `y = x Wᵀ + b`: an HF `nn.Linear` whose bias is optional (Qwen2 q/k/v, Llama `attention_bias`).
@@ -171,27 +171,10 @@ pub(super) struct RopeTables<B: Backend> {
 }
 
 impl<B: Backend> RopeTables<B> {
-    /// Tables at arbitrary `positions` (tree verification puts siblings at one position),
-    /// computed in f64 exactly as [`crate::rope::Rotary::tables`] does.
+    /// Tables at arbitrary `positions` (tree verification puts siblings at one position).
     fn at(spec: &TargetSpec, positions: &[usize], device: &B::Device) -> Self {
-        let d = spec.head_dim;
-        let (inv_freq, scaling) = rope::inv_freq(&spec.rope, d);
-        let mut cos = Vec::with_capacity(positions.len() * d);
-        let mut sin = Vec::with_capacity(positions.len() * d);
-        for &p in positions {
-            for _half in 0..2 {
-                for &f in &inv_freq {
-                    let angle = p as f64 * f;
-                    cos.push((angle.cos() * scaling) as f32);
-                    sin.push((angle.sin() * scaling) as f32);
-                }
-            }
-        }
-        let n = positions.len();
-        Self {
-            cos: Tensor::from_data(TensorData::new(cos, [n, d]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [n, d]), device),
-        }
+        let (cos, sin) = Rotary::new(&spec.rope, spec.head_dim).tables_at(positions, device);
+        Self { cos, sin }
     }
 }
 

@@ -2,9 +2,7 @@
 //! teacher kind, shard rotation, crash and resume, and every validation error, each naming the
 //! file and tensor. Datasets are written under cargo's per-target tmp dir.
 
-mod shard {
-    pub mod common;
-    mod resume;
-    mod roundtrip;
-    mod validation;
-}
+pub mod common;
+mod resume;
+mod roundtrip;
+mod validation;

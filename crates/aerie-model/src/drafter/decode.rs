@@ -12,12 +12,12 @@
 //!
 //! This is the teacher-forced TTT of [`crate::ttt`] run one position at a time: step k of base
 //! position t sees the step-0 keys of positions <= t and its own path, exactly the "diagonal"
-//! cache of training (checked against [`crate::draft::draft_chain`] in tests/draft.rs).
+//! cache of training (checked against [`super::offline::draft_chain`] in tests/draft.rs).
 
 use burn::tensor::{Bool, Int, Tensor, TensorData, activation::softmax, backend::Backend};
 
-use crate::drafter::Drafter;
-use crate::layers::upcast;
+use super::Drafter;
+use crate::precision::upcast;
 use crate::rope;
 use crate::{Error, Result};
 

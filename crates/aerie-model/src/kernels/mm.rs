@@ -9,7 +9,7 @@
 //! on K and the cache sizes), so results do not depend on the number of threads (tested).
 //!
 //! Backends other than burn-flex (and dtypes other than f32/f64) use burn's own matmul (see
-//! `layers/host.rs` for how the backend is recognised without changing generic signatures).
+//! [`super::host`] for how the backend is recognised without changing generic signatures).
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

@@ -24,7 +24,7 @@ use super::host::{
     AdTensor, HostFloat, Runtime, ad_primitive, backward_all, contiguous, flex_primitive, from_ad, from_flex,
     host_tensor, record, with_float,
 };
-use super::upcast;
+use crate::precision::upcast;
 
 /// Query rows per chunk: the chunk's scores (`CHUNK × L`) and their gradient stay in cache-sized
 /// buffers, and the rows of a chunk share one pass over the keys.

@@ -1,0 +1,14 @@
+//! The precision rule of every reduction (softmax, log-sum-exp, norms, attention scores):
+//! half-precision activations are reduced in f32, so bf16 training and decoding keep the small
+//! terms of long sums.
+
+use burn::tensor::{DType, Tensor, backend::Backend};
+
+/// Cast half-precision activations up to f32 for reductions; f32/f64 stay as they are (f64 is
+/// used by the finite-difference gradient tests).
+pub(crate) fn upcast<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => x.cast(DType::F32),
+        _ => x,
+    }
+}
