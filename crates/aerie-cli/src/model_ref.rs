@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use aerie_hub::hf::{self, HubConfig};
 
-use crate::cmd::hub::FileBars;
+use crate::progress::FileBars;
 
 /// Resolve `s` (a local path or `org/name[@revision]`) to a local path.
 pub fn resolve(s: &str) -> anyhow::Result<PathBuf> {
@@ -25,6 +25,13 @@ pub fn resolve(s: &str) -> anyhow::Result<PathBuf> {
     let resolved = hf::resolve_model_ref_with(s, &cfg, &mut |file, done, total| bars.update(file, done, total));
     bars.finish();
     Ok(resolved?)
+}
+
+/// Whether `s` has the shape of a hub id (`org/name`, optionally `@revision`), not of a path:
+/// what a config value must look like to be resolved as one.
+pub fn looks_like_hub_id(s: &str) -> bool {
+    let repo = s.split_once('@').map_or(s, |(r, _)| r);
+    !s.starts_with(['/', '.', '~']) && repo.split('/').count() == 2 && repo.split('/').all(|p| !p.is_empty())
 }
 
 /// [`resolve`] as a clap `value_parser`: the error becomes clap's "invalid value" message.

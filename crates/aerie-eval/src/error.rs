@@ -46,4 +46,22 @@ pub enum Error {
     /// A report or plot that could not be written.
     #[error("{0}")]
     Report(String),
+    /// A step of an evaluation that failed: `what` names it with the path it was about (loading
+    /// the target, its tokenizer or a drafter, pairing the drafter with the target, opening or
+    /// evaluating on shards), `source` says why.
+    #[error("{what}")]
+    Step {
+        /// The step.
+        what: String,
+        /// The error of that step.
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+impl Error {
+    /// Wrap `source` as the failure of the step `what`.
+    pub fn step(what: impl Into<String>, source: impl Into<Error>) -> Self {
+        Self::Step { what: what.into(), source: Box::new(source.into()) }
+    }
 }

@@ -14,6 +14,7 @@ pub mod decode;
 mod error;
 pub mod loss;
 pub mod measure;
+pub mod offline;
 pub mod plot;
 pub mod prompts;
 pub mod sglang;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config};
+use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config, read_config};
 use aerie_model::checkpoint::io::WeightFiles;
 use aerie_model::checkpoint::{
     Dialect, DrafterCheckpoint, Dtype, HostTensor, TensorMap, load_drafter_with_notes, load_target_embedding,
@@ -191,7 +191,24 @@ pub fn initial_drafter(cfg: &TrainConfig) -> Result<Initial> {
     }
 }
 
-fn fresh(cfg: &TrainConfig) -> Result<Initial> {
+/// The shape of the drafter a run starts from, read from config files only (no weights): for a
+/// fresh drafter the target's `config.json` and the vocab file, exactly as [`initial_drafter`]
+/// reads them; for a warm start the drafter's own `config.json` (its shape is kept). What
+/// `aerie bench train` measures.
+pub fn drafter_config(cfg: &TrainConfig) -> Result<DrafterConfig> {
+    match cfg.init.kind {
+        InitKind::Fresh => Ok(fresh_shape(cfg)?.1),
+        InitKind::WarmStart => {
+            let dir = cfg.init.drafter.as_deref().expect("validated: warm_start has init.drafter");
+            let path = if dir.is_dir() { dir.join("config.json") } else { dir.to_path_buf() };
+            Ok(read_config(&path, None)?.resolved(&path)?)
+        }
+    }
+}
+
+/// A fresh drafter's draft vocab and config: `init.vocab` (its target vocab size from the
+/// target's `config.json`) and [`fresh_config`] of the target config.
+fn fresh_shape(cfg: &TrainConfig) -> Result<(VocabMap, DrafterConfig)> {
     let vocab_path = cfg.init.vocab.as_deref().expect("validated: fresh has init.vocab");
     let target_config: PathBuf = match (&cfg.init.target_config, &cfg.target.path) {
         (Some(p), _) => p.clone(),
@@ -206,6 +223,11 @@ fn fresh(cfg: &TrainConfig) -> Result<Initial> {
     };
     let vocab = read_vocab_file(vocab_path, t2d_hint)?;
     let dc = fresh_config(&target_config, &vocab, &cfg.init.shape)?;
+    Ok((vocab, dc))
+}
+
+fn fresh(cfg: &TrainConfig) -> Result<Initial> {
+    let (vocab, dc) = fresh_shape(cfg)?;
     let embed = load_embedding(cfg, &dc)?;
     let mut tensors = aerie_model::init::init_tensors(&dc, &vocab, Some(embed), cfg.seed);
     let mut notes = Vec::new();

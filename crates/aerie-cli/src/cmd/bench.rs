@@ -7,14 +7,15 @@
 //! (V·H above 2^28 values) it is cut to fewer rows, which changes no FLOP count (`embed_rows` in
 //! the report says so).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use aerie_model::init::init_tensors;
 use aerie_model::{Drafter, DrafterConfig, TttBatch, TttOptions, VocabMap, ttt_forward};
 use aerie_train::LossKind;
 use aerie_train::TrainConfig;
-use aerie_train::config::{InitKind, Precision};
+use aerie_train::config::Precision;
+use aerie_train::init::drafter_config;
 use aerie_train::objective::{BatchMasks, Normalisers, micro_loss};
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
@@ -24,6 +25,7 @@ use burn::tensor::{Distribution, Int, Tensor};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::cmd::common::parse_set;
 use crate::device::DeviceArg;
 
 /// `aerie bench ...`
@@ -211,45 +213,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 
 /// The drafter shape, K, step weights, loss and L of a training config.
 fn train_spec(a: &TrainBenchArgs) -> Result<Spec> {
-    let sets = a
-        .set
-        .iter()
-        .map(|s| match s.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => bail!("--set `{s}`: expected KEY=VALUE"),
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let sets = parse_set(&a.set)?;
     let cfg = TrainConfig::load(&a.config, &sets)?;
-    let config = drafter_config_of(&cfg).with_context(|| format!("the drafter of {}", a.config.display()))?;
+    let config = drafter_config(&cfg).with_context(|| format!("the drafter of {}", a.config.display()))?;
     let seq_len = a.seq_len.or(cfg.data.max_length).unwrap_or(cfg.data.batch_tokens);
     let name = a.config.file_stem().map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
     Ok(Spec { config, name, seq_len, ttt: cfg.ttt_options(), loss: cfg.loss, precision: cfg.precision })
-}
-
-/// The drafter `aerie train` would build from `cfg`, read from config files only: the target's
-/// `config.json` and the vocab file for a fresh drafter, the drafter's `config.json` for a warm
-/// start.
-fn drafter_config_of(cfg: &TrainConfig) -> Result<DrafterConfig> {
-    let json = |p: &Path| if p.is_dir() { p.join("config.json") } else { p.to_path_buf() };
-    match cfg.init.kind {
-        InitKind::Fresh => {
-            let target =
-                cfg.init.target_config.as_deref().or(cfg.target.path.as_deref()).context("no target config")?;
-            let vocab_path = cfg.init.vocab.as_deref().context("no init.vocab")?;
-            let text =
-                std::fs::read_to_string(json(target)).with_context(|| format!("reading {}", json(target).display()))?;
-            let top: serde_json::Value = serde_json::from_str(&text)?;
-            let inner = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
-            let v = inner.get("vocab_size").and_then(serde_json::Value::as_u64).map(|v| v as usize);
-            let vocab = aerie_train::init::read_vocab_file(vocab_path, v)?;
-            Ok(aerie_train::init::fresh_config(target, &vocab, &cfg.init.shape)?)
-        }
-        InitKind::WarmStart => {
-            let dir = cfg.init.drafter.as_deref().context("no init.drafter")?;
-            let path = json(dir);
-            Ok(aerie_model::checkpoint::config::read_config(&path, None)?.resolved(&path)?)
-        }
-    }
 }
 
 /// Matmul FLOPs per token of the TTT forward at sequence length `l` (attention counted over the

@@ -6,14 +6,13 @@ use std::path::PathBuf;
 
 use aerie_eval::compare::{Candidate, rows, write_report};
 use aerie_eval::cost::Costs;
+use aerie_eval::decode::{DecodeOptions, DecodeSession, DraftShape, measured_costs};
+use aerie_eval::offline::ShardEval;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use aerie_eval::decode::{DecodeOptions, DraftShape};
-
-use super::accept::{AcceptCommon, accept_one, open_data, samples};
-use super::decode::{DecodeSetup, measured_costs};
+use crate::cmd::common::{AcceptCommon, today};
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.
@@ -112,24 +111,24 @@ fn compare_decoding<B: Backend>(
         seed: c.seed,
     };
     opts.validate(usize::MAX)?;
-    let setup = DecodeSetup::<B>::load(target, prompts, c.max_samples, &args.template, device)?;
+    let session = DecodeSession::<B>::load(target, prompts, c.max_samples, &args.template, device)?;
     let n = args.drafters.len();
-    let pb = candidates_bar(n, 2 * setup.answers() * args.max_new_tokens, "tokens (max)");
+    let pb = candidates_bar(n, 2 * session.answers() * args.max_new_tokens, "tokens (max)");
     let mut cands = Vec::with_capacity(n);
     let mut report_costs = costs.cloned();
     for (i, dir) in args.drafters.iter().enumerate() {
         let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
         pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
-        pb.set_position((i * 2 * setup.answers() * args.max_new_tokens) as u64);
-        let run = setup.run(target, dir, &opts, device, &mut |t| pb.inc(t as u64));
+        pb.set_position((i * 2 * session.answers() * args.max_new_tokens) as u64);
+        let run = session.run(target, dir, &opts, device, &mut |t| pb.inc(t as u64));
         let (report, timings) = match run {
             Ok(r) => r,
             Err(e) => {
                 pb.abandon();
-                return Err(e);
+                return Err(e.into());
             }
         };
-        let measured = measured_costs(&timings, target, &c.device, &shape);
+        let measured = measured_costs(&timings, target, &c.device.to_string(), &shape, &today());
         let own = costs.cloned().or(measured);
         if report_costs.is_none() {
             report_costs.clone_from(&own);
@@ -147,27 +146,23 @@ fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::De
     if let Some(prompts) = &args.prompts {
         return compare_decoding::<B>(args, prompts, costs, device);
     }
-    let (data, head) = open_data::<B>(&args.common, device)?;
+    let c = &args.common;
+    let shards = ShardEval::<B>::open(c.data_dir()?, c.target_head.as_deref(), device)?;
+    let opts = c.options()?;
+    let target = c.target_for_embedding();
     let n = args.drafters.len();
-    let per = samples(&args.common, &data);
+    let per = shards.samples(c.max_samples);
     let pb = candidates_bar(n, per, "samples");
     let mut cands = Vec::with_capacity(n);
     for (i, dir) in args.drafters.iter().enumerate() {
         let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
         pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
-        let report = accept_one::<B>(
-            dir,
-            &args.common,
-            &data,
-            head.as_ref(),
-            &|d| pb.set_position((i * per + d) as u64),
-            device,
-        );
+        let report = shards.accept(dir, target.as_deref(), &opts, &|d| pb.set_position((i * per + d) as u64), device);
         let report = match report {
             Ok(r) => r,
             Err(e) => {
                 pb.abandon();
-                return Err(e);
+                return Err(e.into());
             }
         };
         pb.println(format!("[{}/{n}] {name}: τ {:.3}", i + 1, report.tau));

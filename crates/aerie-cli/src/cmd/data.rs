@@ -3,28 +3,21 @@
 
 use std::path::PathBuf;
 
-use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
+use aerie_data::conversation::NormalizeOptions;
 use aerie_data::prepare::{PrepareOptions, PrepareProgress, PrepareReport, prepare};
 use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
 use aerie_data::template::{EncodeOptions, TemplateChoice};
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cmd::common::SameRole;
 
 /// `aerie data ...`
 #[derive(Debug, Subcommand)]
 pub enum DataCommand {
     /// Tokenise chat data with the model's chat template and loss masks over assistant turns.
     Prepare(PrepareArgs),
-}
-
-/// Same-role policy on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum SameRole {
-    /// Merge consecutive same-role turns.
-    Merge,
-    /// Cut the conversation at the second one.
-    Cut,
 }
 
 /// Arguments of `aerie data prepare`.
@@ -99,13 +92,7 @@ impl PrepareArgs {
         let mut opts = PrepareOptions::new(&self.data, &self.tokenizer, &self.out);
         opts.template = self.template.parse::<TemplateChoice>()?;
         opts.read = ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict };
-        opts.normalize = NormalizeOptions {
-            same_role: match self.same_role {
-                SameRole::Merge => SameRolePolicy::Merge,
-                SameRole::Cut => SameRolePolicy::Cut,
-            },
-            ..NormalizeOptions::default()
-        };
+        opts.normalize = NormalizeOptions { same_role: self.same_role.policy(), ..NormalizeOptions::default() };
         opts.encode = EncodeOptions {
             max_length: (self.max_length > 0).then_some(self.max_length),
             system_prompt: self.system_prompt.clone(),

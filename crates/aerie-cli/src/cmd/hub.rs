@@ -4,7 +4,8 @@
 use aerie_hub::hf::{self, HubConfig, RepoRef, RepoType};
 use anyhow::{Context, Result};
 use clap::{Subcommand, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::progress::FileBars;
 
 /// `aerie hub ...`
 #[derive(Debug, Subcommand)]
@@ -66,37 +67,4 @@ pub fn run(cmd: HubCommand) -> Result<()> {
         println!("{}", snap.path.display());
     }
     Ok(())
-}
-
-/// One byte bar per file, replaced when the next file starts.
-#[derive(Default)]
-pub(crate) struct FileBars {
-    current: Option<(String, ProgressBar)>,
-}
-
-impl FileBars {
-    pub(crate) fn update(&mut self, file: &str, done: u64, total: u64) {
-        if self.current.as_ref().is_none_or(|(f, _)| f != file) {
-            self.finish();
-            let pb = ProgressBar::new(total);
-            pb.set_style(
-                ProgressStyle::with_template(
-                    "{msg} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta})",
-                )
-                .expect("valid template"),
-            );
-            pb.set_message(file.to_owned());
-            self.current = Some((file.to_owned(), pb));
-        }
-        if let Some((_, pb)) = &self.current {
-            pb.set_length(total);
-            pb.set_position(done);
-        }
-    }
-
-    pub(crate) fn finish(&mut self) {
-        if let Some((_, pb)) = self.current.take() {
-            pb.finish_and_clear();
-        }
-    }
 }

@@ -1,13 +1,13 @@
 //! One module per subcommand: clap arguments, conversion into library options, one library call,
-//! and the human or `--json` rendering of its result.
+//! and the human or `--json` rendering of its result. Subcommand modules do not use each other;
+//! what several of them take on the command line is in [`common`].
 
-pub mod accept;
 pub mod assets;
 pub mod bench;
 pub mod capture;
+pub mod common;
 pub mod compare;
 pub mod data;
-pub mod decode;
 pub mod eval;
 pub mod export;
 pub mod hub;

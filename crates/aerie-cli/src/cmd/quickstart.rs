@@ -340,22 +340,12 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     Ok(())
 }
 
+/// The newest complete checkpoint of a run directory (the trainer's own rule: a `checkpoint-N`
+/// directory with its training state), as the drafter of that run.
 fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
-    let mut best: Option<(u64, PathBuf)> = None;
-    for entry in std::fs::read_dir(run).with_context(|| format!("reading {}", run.display()))? {
-        let path = entry?.path();
-        let step = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("checkpoint-"))
-            .and_then(|s| s.parse().ok());
-        if let Some(step) = step
-            && best.as_ref().is_none_or(|(b, _)| step > *b)
-        {
-            best = Some((step, path));
-        }
-    }
-    best.map(|(_, p)| p).ok_or_else(|| anyhow::anyhow!("{}: no checkpoint-N directory after training", run.display()))
+    aerie_train::checkpoint::latest_checkpoint(run)?
+        .map(|(_, p)| p)
+        .ok_or_else(|| anyhow::anyhow!("{}: no checkpoint-N directory after training", run.display()))
 }
 
 fn print_report(r: &Report) {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use aerie_capture::regenerate::report_path;
 use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate};
-use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
+use aerie_data::conversation::NormalizeOptions;
 use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
 use aerie_data::template::TemplateChoice;
 use aerie_model::TargetModel;
@@ -15,7 +15,7 @@ use burn::tensor::backend::Backend;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::data::SameRole;
+use crate::cmd::common::SameRole;
 use crate::device::{DeviceArg, with_backend};
 
 /// Arguments of `aerie regenerate`.
@@ -82,13 +82,7 @@ impl RegenerateArgs {
         o.tokenizer = self.tokenizer.clone();
         o.target_name = self.target.display().to_string();
         o.read = ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict };
-        o.normalize = NormalizeOptions {
-            same_role: match self.same_role {
-                SameRole::Merge => SameRolePolicy::Merge,
-                SameRole::Cut => SameRolePolicy::Cut,
-            },
-            ..NormalizeOptions::default()
-        };
+        o.normalize = NormalizeOptions { same_role: self.same_role.policy(), ..NormalizeOptions::default() };
         o.template = self.template.parse::<TemplateChoice>()?;
         o.temperature = self.temperature;
         o.top_p = self.top_p;

@@ -3,15 +3,18 @@
 //! with its default in `configs/README.md`).
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use aerie_train::config::model_paths::model_path_overrides;
 use aerie_train::{Event, RunOptions, Summary, TrainConfig, train};
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::cmd::common::parse_set;
 use crate::device::DeviceArg;
+use crate::model_ref::{self, looks_like_hub_id};
 
 /// Arguments of `aerie train`.
 #[derive(Debug, Args)]
@@ -61,52 +64,17 @@ fn parse_devices(s: &str) -> Result<Vec<DeviceArg>> {
     Ok(out)
 }
 
-fn parse_set(items: &[String]) -> Result<Vec<(String, String)>> {
-    items
-        .iter()
-        .map(|s| match s.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => bail!("--set `{s}`: expected KEY=VALUE"),
-        })
-        .collect()
-}
-
-/// Config keys that name a model or drafter: a hub id `org/name[@revision]` there resolves as
-/// `--target` does on the command line (see `model_ref`).
-const MODEL_KEYS: [&str; 5] = ["init.drafter", "init.target_config", "target.path", "target.head", "target.embedding"];
-
-/// Whether `s` has the shape of a hub id (`org/name`, optionally `@revision`), not of a path.
-fn looks_like_hub_id(s: &str) -> bool {
-    let repo = s.split_once('@').map_or(s, |(r, _)| r);
-    !s.starts_with(['/', '.', '~']) && repo.split('/').count() == 2 && repo.split('/').all(|p| !p.is_empty())
-}
-
-/// `--set` overrides that replace hub ids in the model keys of `config` (after the user's own
-/// overrides) by their local snapshot directories. Paths that exist, and values that are not
+/// `--set` overrides that replace hub ids in the model-path keys of `config` (after the user's
+/// own overrides) by their local snapshot directories. Paths that exist, and values that are not
 /// hub ids, are left to the config loader.
-fn hub_overrides(config: &std::path::Path, overrides: &[(String, String)]) -> Result<Vec<(String, String)>> {
-    let Ok(text) = std::fs::read_to_string(config) else { return Ok(Vec::new()) };
-    let Ok(table) = toml::from_str::<toml::Table>(&text) else { return Ok(Vec::new()) };
-    let mut out = Vec::new();
-    for key in MODEL_KEYS {
-        let from_set = overrides.iter().rev().find(|(k, _)| k == key).map(|(_, raw)| {
-            match toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v")) {
-                Some(toml::Value::String(s)) => s,
-                _ => raw.clone(),
-            }
-        });
-        let from_file = || {
-            let (section, leaf) = key.split_once('.')?;
-            table.get(section)?.get(leaf)?.as_str().map(str::to_owned)
-        };
-        let Some(value) = from_set.or_else(from_file) else { continue };
-        if std::path::Path::new(&value).exists() || !looks_like_hub_id(&value) {
-            continue;
+fn hub_overrides(config: &Path, overrides: &[(String, String)]) -> Result<Vec<(String, String)>> {
+    model_path_overrides(config, overrides, |key, value| {
+        if Path::new(value).exists() || !looks_like_hub_id(value) {
+            return Ok(None);
         }
-        let path = crate::model_ref::resolve(&value).with_context(|| format!("config key `{key}` = \"{value}\""))?;
-        out.push((key.to_owned(), toml::Value::String(path.display().to_string()).to_string()));
-    }
-    Ok(out)
+        let path = model_ref::resolve(value).with_context(|| format!("config key `{key}` = \"{value}\""))?;
+        Ok(Some(path))
+    })
 }
 
 /// Run `aerie train`.

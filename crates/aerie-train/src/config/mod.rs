@@ -14,6 +14,7 @@
 
 pub mod fingerprint;
 pub mod keys;
+pub mod model_paths;
 
 use std::path::{Path, PathBuf};
 

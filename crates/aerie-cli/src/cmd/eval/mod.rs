@@ -1,9 +1,14 @@
-//! `aerie eval loss`: teacher-forced TTT metrics of a drafter on captured shards.
+//! `aerie eval ...`: the evaluations of a drafter, one module per subcommand. `aerie eval loss`
+//! (teacher-forced TTT metrics on captured shards) is here; `accept` and `decode` have their own.
+
+mod accept;
+mod decode;
 
 use std::path::PathBuf;
 
 use aerie_data::shard::ShardDataset;
 use aerie_eval::loss::{EvalLossOptions, eval_loss};
+use aerie_eval::offline::head_tensor;
 use aerie_model::checkpoint::load_drafter;
 use aerie_model::{Drafter, TargetHead, TttOptions};
 use anyhow::{Context, Result, bail};
@@ -20,10 +25,10 @@ pub enum EvalCommand {
     Loss(LossArgs),
     /// Serving-mode acceptance: drafts from the drafter's own tokens, verified against the
     /// target; τ, per-position rates, τ(k).
-    Accept(super::accept::AcceptArgs),
+    Accept(accept::AcceptArgs),
     /// Real speculative decoding on the native target, beside plain decoding of the same
     /// prompts: τ, tokens/s of both, measured T_d / T_s / T_v(n), greedy identity.
-    Decode(super::decode::DecodeArgs),
+    Decode(decode::DecodeArgs),
 }
 
 /// Arguments of `aerie eval loss`.
@@ -71,8 +76,8 @@ pub struct LossArgs {
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::Loss(args) => with_backend!(args.device, |B, dev| loss::<B>(&args, &dev)),
-        EvalCommand::Accept(args) => super::accept::run(args),
-        EvalCommand::Decode(args) => super::decode::run(args),
+        EvalCommand::Accept(args) => accept::run(args),
+        EvalCommand::Decode(args) => decode::run(args),
     }
 }
 
@@ -84,11 +89,9 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
         .with_context(|| format!("building drafter {}", args.drafter.display()))?;
     let data = ShardDataset::open(&args.data)?;
     let head = match (&args.target_head, data.metadata().teacher.has_final_hidden()) {
-        (Some(path), true) => Some(TargetHead::new(
-            crate::cmd::accept::head_tensor::<B>(path, device)?,
-            drafter.vocab(),
-            args.head_chunk_rows,
-        )),
+        (Some(path), true) => {
+            Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.head_chunk_rows))
+        }
         (None, true) if data.metadata().teacher.topk().is_none() => bail!(
             "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
             args.data.display()

@@ -1,19 +1,15 @@
 //! `aerie eval decode`: real EAGLE-3 speculative decoding on the native target, against plain
 //! decoding of the same prompts in the same run; τ, tokens/s of both, measured costs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use aerie_data::generation::PromptEncoder;
-use aerie_data::template::TemplateChoice;
 use aerie_eval::accept::AcceptRule;
-use aerie_eval::decode::{DecodeOptions, DecodeReport, DecodeTimings, DraftShape, SpecDecoder, decode_prompts};
-use aerie_eval::prompts::read_prompts;
-use aerie_model::checkpoint::load_drafter;
-use aerie_model::{Drafter, TargetModel};
-use anyhow::{Context, Result, bail};
+use aerie_eval::decode::{DecodeOptions, DecodeReport, DecodeSession, DraftShape, measured_costs};
+use anyhow::{Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
+use crate::cmd::common::today;
 use crate::device::{DeviceArg, with_backend};
 use crate::progress;
 
@@ -98,97 +94,22 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))
 }
 
-/// What decoding runs against: the target, its prompt encoder and stop ids, the prompts.
-pub struct DecodeSetup<B: Backend> {
-    /// The target model.
-    pub target: TargetModel<B>,
-    /// Its tokenizer and chat template.
-    pub encoder: PromptEncoder,
-    /// The prompts.
-    pub prompts: Vec<aerie_eval::prompts::Prompt>,
-}
-
-impl<B: Backend> DecodeSetup<B> {
-    /// Load the target at `target_dir` and the first `max_prompts` prompts of `prompts`.
-    pub fn load(
-        target_dir: &Path,
-        prompts: &Path,
-        max_prompts: Option<usize>,
-        template: &str,
-        device: &B::Device,
-    ) -> Result<Self> {
-        let mut list = read_prompts(prompts)?;
-        if let Some(n) = max_prompts {
-            list.truncate(n);
-        }
-        let template: TemplateChoice = template.parse()?;
-        let encoder = PromptEncoder::load(target_dir, &template)
-            .with_context(|| format!("loading the tokenizer and chat template of {}", target_dir.display()))?;
-        let target = TargetModel::<B>::load(target_dir, device)
-            .with_context(|| format!("loading target {}", target_dir.display()))?;
-        Ok(Self { target, encoder, prompts: list })
-    }
-
-    /// Answers per drafter run (prompts × turns).
-    pub fn answers(&self) -> usize {
-        self.prompts.iter().map(|p| p.turns()).sum()
-    }
-
-    /// Decode every prompt plainly and with the drafter at `drafter_dir`; `progress(tokens)`.
-    pub fn run(
-        &self,
-        target_dir: &Path,
-        drafter_dir: &Path,
-        opts: &DecodeOptions,
-        device: &B::Device,
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<(DecodeReport, DecodeTimings)> {
-        let ckpt = load_drafter(drafter_dir, Some(target_dir))
-            .with_context(|| format!("loading drafter {}", drafter_dir.display()))?;
-        let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
-            .with_context(|| format!("building drafter {}", drafter_dir.display()))?;
-        opts.validate(drafter.config().draft_vocab_size)?;
-        let stop = self.encoder.stop_ids(&self.target.spec().eos_token_ids);
-        let dec = SpecDecoder::new(&self.target, &drafter, stop)
-            .with_context(|| format!("{} does not draft for {}", drafter_dir.display(), target_dir.display()))?;
-        Ok(decode_prompts(&dec, &self.encoder, &self.prompts, opts, progress)?)
-    }
-}
-
-/// The measured costs of a run as a costs file, named after the target and device.
-pub fn measured_costs(
-    timings: &DecodeTimings,
-    target_dir: &Path,
-    device: &DeviceArg,
-    shape: &DraftShape,
-) -> Option<aerie_eval::cost::Costs> {
-    let name = format!(
-        "{}-native-{device}",
-        target_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "target".into())
-    );
-    let place = format!(
-        "aerie eval decode, native burn target {} on {device} ({} threads), batch 1, {shape:?}",
-        target_dir.display(),
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
-    );
-    timings.costs(&name, shape, &place, &today())
-}
-
 fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
     let opts = args.options()?;
-    let setup = DecodeSetup::<B>::load(&args.target, &args.prompts, args.max_prompts, &args.template, device)?;
-    let pb = progress::bar((2 * setup.answers() * args.max_new_tokens) as u64, "eval decode", "tok");
-    let result = setup.run(&args.target, &args.drafter, &opts, device, &mut |n| pb.inc(n as u64));
+    let session = DecodeSession::<B>::load(&args.target, &args.prompts, args.max_prompts, &args.template, device)?;
+    let pb = progress::bar((2 * session.answers() * args.max_new_tokens) as u64, "eval decode", "tok");
+    let result = session.run(&args.target, &args.drafter, &opts, device, &mut |n| pb.inc(n as u64));
     pb.finish_and_clear();
     let (report, timings) = result?;
-    let prompts = &setup.prompts;
+    let prompts = &session.prompts;
 
     let json = serde_json::to_string(&report)?;
     if let Some(out) = &args.out {
         aerie_data::write_bytes_atomic(out, format!("{json}\n").as_bytes())?;
     }
     if let Some(path) = &args.costs_out {
-        let Some(costs) = measured_costs(&timings, &args.target, &args.device, &opts.shape) else {
+        let Some(costs) = measured_costs(&timings, &args.target, &args.device.to_string(), &opts.shape, &today())
+        else {
             bail!("no decode steps were timed (every answer ended at its first token); no costs file written");
         };
         let header =
@@ -201,23 +122,6 @@ fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
         print_report(&report, args);
     }
     Ok(())
-}
-
-/// Today's UTC date (YYYY-MM-DD) from the system clock, for provenance.
-fn today() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
 }
 
 fn print_report(r: &DecodeReport, args: &DecodeArgs) {

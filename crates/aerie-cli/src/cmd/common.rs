@@ -1,0 +1,145 @@
+//! What several subcommands share on the command line: flag groups (`eval accept` and `compare`),
+//! `--set KEY=VALUE` and `--same-role` parsing, and the date stamped on measured costs files.
+
+use std::path::{Path, PathBuf};
+
+use aerie_data::conversation::SameRolePolicy;
+use aerie_eval::accept::AcceptRule;
+use aerie_eval::verify::{AcceptOptions, TreeShape};
+use anyhow::{Result, bail};
+use clap::{Args, ValueEnum};
+
+use crate::device::DeviceArg;
+
+/// Parse `--set KEY=VALUE` items (keys and values trimmed) as `aerie train` and `aerie bench
+/// train` take them.
+pub fn parse_set(items: &[String]) -> Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|s| match s.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => bail!("--set `{s}`: expected KEY=VALUE"),
+        })
+        .collect()
+}
+
+/// Same-role policy on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SameRole {
+    /// Merge consecutive same-role turns.
+    Merge,
+    /// Cut the conversation at the second one.
+    Cut,
+}
+
+impl SameRole {
+    /// The normalisation rule this flag names.
+    pub fn policy(self) -> SameRolePolicy {
+        match self {
+            SameRole::Merge => SameRolePolicy::Merge,
+            SameRole::Cut => SameRolePolicy::Cut,
+        }
+    }
+}
+
+/// Flags shared by `eval accept` and `compare`.
+#[derive(Debug, Args)]
+pub struct AcceptCommon {
+    /// Captured shard directory (aerie-shard/1).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Target lm_head: a safetensors file with `lm_head.weight`, or the target model directory.
+    /// Not needed when the shards carry a top-k teacher only. A hub id names the target's
+    /// snapshot directory.
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub target_head: Option<PathBuf>,
+    /// Target model to take `embed_tokens` from when a drafter does not ship it; defaults to
+    /// --target-head when that is a directory. A directory, file or hub id.
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub target: Option<PathBuf>,
+    /// Draft steps K (chain length, or tree depth).
+    #[arg(long = "k", default_value_t = 3)]
+    pub k: usize,
+    /// Children per node of a draft tree (SGLang --speculative-eagle-topk); > 1 drafts a tree.
+    #[arg(long, default_value_t = 1)]
+    pub topk: usize,
+    /// Tokens verified per pass of a tree, root included (SGLang --speculative-num-draft-tokens).
+    #[arg(long)]
+    pub tree_tokens: Option<usize>,
+    /// Draft temperature; 0 drafts the argmax (as SGLang's EAGLE worker does).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Seed of the draft sampler (temperature > 0).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Verify rule: greedy (draft == target argmax), sampling (Σ min(p, q)), onehot (p(draft)).
+    #[arg(long, default_value = "greedy")]
+    pub rule: AcceptRule,
+    /// Samples per forward.
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+    /// Evaluate only the first N samples.
+    #[arg(long)]
+    pub max_samples: Option<usize>,
+    /// Rows of the target head per chunk of the full-vocabulary pass.
+    #[arg(long, default_value_t = 8192)]
+    pub head_chunk_rows: usize,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+}
+
+impl AcceptCommon {
+    /// The library options these flags describe.
+    pub fn options(&self) -> Result<AcceptOptions> {
+        let tree = match (self.topk, self.tree_tokens) {
+            (1, None) => None,
+            (topk, Some(n)) => Some(TreeShape { topk, verify_tokens: n }),
+            (topk, None) => {
+                bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
+            }
+        };
+        let opts = AcceptOptions {
+            steps: self.k,
+            tree,
+            temperature: self.temperature,
+            seed: self.seed,
+            rule: self.rule,
+            batch_size: self.batch_size,
+            max_samples: self.max_samples,
+            head_chunk_rows: self.head_chunk_rows,
+        };
+        opts.validate()?;
+        Ok(opts)
+    }
+
+    /// The shard directory (`--data`), required by offline evaluation.
+    pub fn data_dir(&self) -> Result<&Path> {
+        self.data
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--data SHARD_DIR is required (captured shards to evaluate on)"))
+    }
+
+    /// The target to take `embed_tokens` from: `--target`, else `--target-head` when that is a
+    /// directory.
+    pub fn target_for_embedding(&self) -> Option<PathBuf> {
+        self.target.clone().or_else(|| self.target_head.clone().filter(|p| p.is_dir()))
+    }
+}
+
+/// Today's UTC date (YYYY-MM-DD) from the system clock, for provenance.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}

@@ -1,0 +1,97 @@
+//! A decoding session: the target, its prompt encoder (tokenizer and chat template) and the
+//! prompts, loaded once, then any number of drafters decoded against them (`aerie eval decode`
+//! runs one, `aerie compare --prompts` several), and the costs such a run measured, named after
+//! the target and device it ran on.
+
+use std::path::Path;
+
+use aerie_data::generation::PromptEncoder;
+use aerie_data::template::TemplateChoice;
+use aerie_model::checkpoint::load_drafter;
+use aerie_model::{Drafter, TargetModel};
+use burn::tensor::backend::Backend;
+
+use super::{DecodeOptions, DecodeReport, DecodeTimings, DraftShape, SpecDecoder, decode_prompts};
+use crate::cost::Costs;
+use crate::prompts::{Prompt, read_prompts};
+use crate::{Error, Result};
+
+/// What decoding runs against: the target, its prompt encoder and stop ids, the prompts.
+pub struct DecodeSession<B: Backend> {
+    /// The target model.
+    pub target: TargetModel<B>,
+    /// Its tokenizer and chat template.
+    pub encoder: PromptEncoder,
+    /// The prompts.
+    pub prompts: Vec<Prompt>,
+}
+
+impl<B: Backend> DecodeSession<B> {
+    /// Load the target at `target_dir` and the first `max_prompts` prompts of `prompts`.
+    pub fn load(
+        target_dir: &Path,
+        prompts: &Path,
+        max_prompts: Option<usize>,
+        template: &str,
+        device: &B::Device,
+    ) -> Result<Self> {
+        let mut list = read_prompts(prompts)?;
+        if let Some(n) = max_prompts {
+            list.truncate(n);
+        }
+        let template: TemplateChoice = template.parse()?;
+        let encoder = PromptEncoder::load(target_dir, &template).map_err(|e| {
+            Error::step(format!("loading the tokenizer and chat template of {}", target_dir.display()), e)
+        })?;
+        let target = TargetModel::<B>::load(target_dir, device)
+            .map_err(|e| Error::step(format!("loading target {}", target_dir.display()), e))?;
+        Ok(Self { target, encoder, prompts: list })
+    }
+
+    /// Answers per drafter run (prompts × turns).
+    pub fn answers(&self) -> usize {
+        self.prompts.iter().map(|p| p.turns()).sum()
+    }
+
+    /// Decode every prompt plainly and with the drafter at `drafter_dir`; `progress(tokens)`.
+    pub fn run(
+        &self,
+        target_dir: &Path,
+        drafter_dir: &Path,
+        opts: &DecodeOptions,
+        device: &B::Device,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<(DecodeReport, DecodeTimings)> {
+        let ckpt = load_drafter(drafter_dir, Some(target_dir))
+            .map_err(|e| Error::step(format!("loading drafter {}", drafter_dir.display()), e))?;
+        let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
+            .map_err(|e| Error::step(format!("building drafter {}", drafter_dir.display()), e))?;
+        opts.validate(drafter.config().draft_vocab_size)?;
+        let stop = self.encoder.stop_ids(&self.target.spec().eos_token_ids);
+        let dec = SpecDecoder::new(&self.target, &drafter, stop).map_err(|e| {
+            Error::step(format!("{} does not draft for {}", drafter_dir.display(), target_dir.display()), e)
+        })?;
+        decode_prompts(&dec, &self.encoder, &self.prompts, opts, progress)
+    }
+}
+
+/// The measured costs of a run as a costs file, named after the target and `device` (as
+/// `--device` spells it) and dated `when` (YYYY-MM-DD); `None` when no decode step was timed.
+pub fn measured_costs(
+    timings: &DecodeTimings,
+    target_dir: &Path,
+    device: &str,
+    shape: &DraftShape,
+    when: &str,
+) -> Option<Costs> {
+    let name = format!(
+        "{}-native-{device}",
+        target_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "target".into())
+    );
+    let place = format!(
+        "aerie eval decode, native burn target {} on {device} ({} threads), batch 1, {shape:?}",
+        target_dir.display(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
+    timings.costs(&name, shape, &place, when)
+}
