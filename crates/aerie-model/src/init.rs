@@ -5,30 +5,8 @@
 use crate::DrafterConfig;
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
 use crate::drafter::trainable_keys;
+use crate::rng::SplitMix;
 use crate::vocab::VocabMap;
-
-/// splitmix64: tiny, fast, and fully determined by the seed.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    /// Box–Muller normal sample.
-    fn normal(&mut self, std: f64) -> f32 {
-        let (u, v) = (self.uniform(), self.uniform());
-        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos() * std) as f32
-    }
-}
 
 fn shape_of(config: &DrafterConfig, key: &str) -> Vec<usize> {
     let c = config;

@@ -24,6 +24,7 @@ pub mod kernels;
 pub mod layers;
 pub mod native;
 mod precision;
+pub mod rng;
 pub mod rope;
 pub mod teacher;
 pub mod ttt;

@@ -20,7 +20,7 @@ use aerie_model::{
 };
 use burn::backend::Flex;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
-use target_reference::{Mat, RefConfig, RefRope, Rng, forward as ref_forward, greedy, random_checkpoint};
+use target_reference::{Mat, RefConfig, RefRope, Rng, below, forward as ref_forward, greedy, random_checkpoint};
 
 type B = Flex;
 
@@ -73,7 +73,7 @@ fn assert_close(what: &str, got: &[Vec<f64>], want: &[Vec<f64>]) {
 }
 
 fn random_ids(rng: &mut Rng, vocab: usize, n: usize) -> Vec<usize> {
-    (0..n).map(|_| rng.below(vocab)).collect()
+    (0..n).map(|_| below(rng, vocab)).collect()
 }
 
 fn output_of(ids: &[usize]) -> AuxLayers {
@@ -302,7 +302,7 @@ fn tree_verification_with_mask_matches_chains() {
     let (_dir, model) = load(&c, &w);
     let mut rng = Rng(18);
     let prefix = random_ids(&mut rng, c.vocab, 6);
-    let [a1, b1, a2, b2, x] = [0, 0, 0, 0, 0].map(|_| rng.below(c.vocab));
+    let [a1, b1, a2, b2, x] = [0, 0, 0, 0, 0].map(|_| below(&mut rng, c.vocab));
     let mut cache = model.new_cache();
     model.forward(ids(std::slice::from_ref(&prefix)), &mut cache, &CaptureRequest::logits(LogitsMode::None)).unwrap();
     // Tree nodes in input order: a1, b1 (depth 0), a2 (child of a1), b2 (child of b1).
@@ -451,7 +451,7 @@ fn smollm2_shaped_throughput() {
             let n = 32;
             let t0 = Instant::now();
             for _ in 0..n {
-                let tok = rng.below(c.vocab);
+                let tok = below(&mut rng, c.vocab);
                 model.forward(ids(&[vec![tok]]), &mut cache, &CaptureRequest::logits(LogitsMode::Last)).unwrap();
             }
             let dt = t0.elapsed().as_secs_f64();

@@ -12,35 +12,9 @@ use std::path::Path;
 use aerie_data::shard::{SampleView, ShardDataset};
 
 use crate::config::DataConfig;
+use aerie_model::rng::SplitMix;
+
 use crate::{Error, Result};
-
-/// splitmix64, the PRNG of the data order (and of `aerie_model::init`): tiny and fully determined
-/// by its state, which is all a resume needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0), by rejection-free multiply-shift (bias < n / 2^64).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
-
-    /// Fisher–Yates shuffle.
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i + 1));
-        }
-    }
-}
 
 /// The PRNG state that orders epoch `epoch` of a run seeded `seed`.
 pub fn epoch_seed(seed: u64, epoch: u64) -> u64 {

@@ -16,7 +16,7 @@ use aerie_model::{DrafterConfig, VocabMap};
 use serde_json::{Map, Value, json};
 
 use crate::config::{InitKind, ShapeOverrides, TrainConfig};
-use crate::data::SplitMix;
+use aerie_model::rng::SplitMix;
 use crate::{Error, Result};
 
 /// The initial drafter: its checkpoint (with `embed_tokens.weight`) and what was done to get it.

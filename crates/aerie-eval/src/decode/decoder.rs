@@ -6,7 +6,8 @@
 use std::time::Instant;
 
 use aerie_model::drafter::decode::{BranchKv, DraftKv, StepOutput, row_index};
-use aerie_model::drafter::offline::{SplitMix, sample_index};
+use aerie_model::drafter::offline::sample_index;
+use aerie_model::rng::SplitMix;
 use aerie_model::drafter::tree::{TreeNode, prune, top_children};
 use aerie_model::{CaptureRequest, LogitsMode, TargetModel};
 use aerie_model::{Drafter, TargetCache};

@@ -3,7 +3,7 @@
 //! bonus token it adds. Pure functions of the rows and the sampler, so their losslessness is
 //! tested here without a model.
 
-use aerie_model::drafter::offline::SplitMix;
+use aerie_model::rng::SplitMix;
 use aerie_model::drafter::tree::TreeNode;
 
 use crate::accept::AcceptRule;

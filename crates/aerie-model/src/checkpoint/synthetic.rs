@@ -6,24 +6,8 @@ use std::path::PathBuf;
 
 use super::tensors::{Dtype, HostTensor, TensorMap};
 use super::{Dialect, DrafterCheckpoint, keys, validate};
+use crate::rng::SplitMix as Rng;
 use crate::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
-
-/// splitmix64: tiny, seedable, good enough for test weights.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 /// A scaled-down drafter shape that exercises every path a Kimi-sized one does (GQA, head_dim
 /// != H/nH, reduced vocab): H 64, 4 heads of 32 with 2 KV heads, I 96, V 512, Vd 64, aux
@@ -54,7 +38,7 @@ pub fn vocab_map(v: usize, vd: usize, seed: u64) -> (Vec<i64>, Vec<bool>) {
     let mut rng = Rng(seed);
     let mut ids: Vec<usize> = (0..v).collect();
     for i in 0..vd.min(v) {
-        let j = i + (rng.next() % (v - i) as u64) as usize;
+        let j = i + (rng.next_u64() % (v - i) as u64) as usize;
         ids.swap(i, j);
     }
     let mut chosen: Vec<usize> = ids[..vd.min(v)].to_vec();
@@ -75,7 +59,7 @@ pub fn random_drafter(cfg: &DrafterConfig, dtype: Dtype, seed: u64) -> DrafterCh
         let n: usize = e.shape.iter().product();
         let is_norm = e.shape.len() == 1;
         let values: Vec<f32> =
-            (0..n).map(|_| if is_norm { 1.0 + 0.1 * rng.unit() } else { 0.05 * rng.unit() }).collect();
+            (0..n).map(|_| if is_norm { 1.0 + 0.1 * rng.signed_unit() } else { 0.05 * rng.signed_unit() }).collect();
         tensors.insert(e.name, HostTensor::from_f32(e.shape, &values, dtype));
     }
     if cfg.draft_vocab_size < cfg.vocab_size {

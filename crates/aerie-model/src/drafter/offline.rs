@@ -27,6 +27,7 @@ use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use super::tree::{TreeNode, prune, top_children};
 use super::{Drafter, TttCache, host_f32, host_ids};
 use crate::precision::upcast;
+use crate::rng::SplitMix;
 use crate::{Error, Result};
 
 /// How chain drafts are chosen from q.
@@ -91,21 +92,6 @@ pub struct DraftTree {
     pub len: usize,
     /// Nodes of each position's tree.
     pub nodes: Vec<Vec<TreeNode>>,
-}
-
-/// splitmix64 with a uniform in [0, 1): seeded, portable, enough for drafting and verification.
-#[derive(Debug, Clone)]
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    /// The next uniform in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// Inverse-CDF sample of `probs` (sums to ~1); the last index with mass absorbs rounding.

@@ -778,38 +778,30 @@ pub fn ref_metrics(batch: &[RefTtt], n_positions: usize) -> RefMetrics {
 // Deterministic random fixtures
 // ------------------------------------------------------------------------------------------------
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, deterministic, good enough for test fixtures.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(pub u64);
+/// The fixtures' generator: aerie's own splitmix64 (Steele, Lea, Flood 2014).
+pub use aerie_model::rng::SplitMix as SplitMix64;
 
-impl SplitMix64 {
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 53 random bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
+/// The fixtures' draws on top of the generator's 64 bits.
+pub trait FixtureDraws {
     /// Uniform in [lo, hi).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.next_f64()
-    }
-
+    fn between(&mut self, lo: f64, hi: f64) -> f64;
     /// Zero-mean uniform with standard deviation `std` (half-width `std * sqrt(3)`).
-    pub fn centered(&mut self, std: f64) -> f64 {
-        let a = std * 3f64.sqrt();
-        self.uniform(-a, a)
+    fn centered(&mut self, std: f64) -> f64;
+    /// Uniform integer in [0, n), by modulo.
+    fn below_mod(&mut self, n: usize) -> usize;
+}
+
+impl FixtureDraws for SplitMix64 {
+    fn between(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.uniform()
     }
 
-    /// Uniform integer in [0, n).
-    pub fn below(&mut self, n: usize) -> usize {
+    fn centered(&mut self, std: f64) -> f64 {
+        let a = std * 3f64.sqrt();
+        self.between(-a, a)
+    }
+
+    fn below_mod(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
 }
@@ -829,7 +821,7 @@ fn rand_f32(rng: &mut SplitMix64, n: usize, std: f64) -> Vec<f32> {
 }
 
 fn rand_norm_weight(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.uniform(0.9, 1.1) as f32).collect()
+    (0..n).map(|_| rng.between(0.9, 1.1) as f32).collect()
 }
 
 /// The sorted draft vocabulary `random_tiny_checkpoint` picks for `(cfg, seed)`: Vd distinct
@@ -842,7 +834,7 @@ pub fn random_draft_vocab(cfg: &DrafterConfig, seed: u64) -> Vec<usize> {
     let mut all: Vec<usize> = (0..v).collect();
     // Partial Fisher-Yates: the first vd entries are a uniform random subset.
     for i in 0..vd {
-        let j = i + rng.below(v - i);
+        let j = i + rng.below_mod(v - i);
         all.swap(i, j);
     }
     let mut ids = all[..vd].to_vec();
@@ -953,13 +945,13 @@ pub struct RefSequence {
 pub fn random_sequence(cfg: &DrafterConfig, len: usize, seed: u64) -> RefSequence {
     let mut rng = seeded(seed, "sequence");
     let f32r = |x: f64| x as f32 as f64;
-    let ids: Vec<i64> = (0..len).map(|_| rng.below(cfg.vocab_size) as i64).collect();
+    let ids: Vec<i64> = (0..len).map(|_| rng.below_mod(cfg.vocab_size) as i64).collect();
     let prompt = len / 4;
     let loss_mask: Vec<f64> = (0..len)
         .map(|t| {
             if t < prompt {
                 0.0
-            } else if rng.next_f64() < 0.8 {
+            } else if rng.uniform() < 0.8 {
                 1.0
             } else {
                 0.0

@@ -120,25 +120,12 @@ impl RefConfig {
     }
 }
 
-/// splitmix64.
-pub struct Rng(pub u64);
+/// The fixtures' generator: aerie's own splitmix64.
+pub use aerie_model::rng::SplitMix as Rng;
 
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    /// Uniform integer below `n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
+/// Uniform integer below `n` by modulo (the fixtures' historical draw).
+pub fn below(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
 }
 
 /// Random weights under HF keys, stored as `dtype`. Linear weights ~ U(-1,1)/sqrt(in) so that
@@ -148,7 +135,7 @@ pub fn random_checkpoint(c: &RefConfig, seed: u64, dtype: Dtype) -> TensorMap {
     let mut map = TensorMap::new();
     let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
         let n: usize = shape.iter().product();
-        let vals: Vec<f32> = (0..n).map(|_| offset + scale * rng.unit()).collect();
+        let vals: Vec<f32> = (0..n).map(|_| offset + scale * rng.signed_unit()).collect();
         map.insert(name, HostTensor::from_f32(shape, &vals, dtype));
     };
     let inv = |n: usize| 1.0 / (n as f32).sqrt();

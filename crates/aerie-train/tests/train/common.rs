@@ -25,24 +25,8 @@ pub fn cpu() -> burn::backend::flex::FlexDevice {
     burn::backend::flex::FlexDevice
 }
 
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+/// The fixtures' generator: aerie's own splitmix64.
+pub use aerie_model::rng::SplitMix as Rng;
 
 /// Paths of the synthetic world.
 pub struct World {
@@ -80,13 +64,13 @@ pub fn metadata() -> ShardMetadata {
 
 /// Write `n` samples (lengths 8..=24) to `dir`, with a teacher the drafter can learn (see below).
 pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardWriterOptions) {
-    let mut rng = Rng::new(seed);
+    let mut rng = Rng(seed);
     let mut w = ShardWriter::create(dir, metadata(), opts).unwrap();
     for i in 0..n {
-        let len = 8 + (rng.next() % 17) as usize;
-        let ids: Vec<i32> = (0..len).map(|_| (rng.next() % V as u64) as i32).collect();
+        let len = 8 + (rng.next_u64() % 17) as usize;
+        let ids: Vec<i32> = (0..len).map(|_| (rng.next_u64() % V as u64) as i32).collect();
         let mask: Vec<u8> = (0..len).map(|t| u8::from(t >= 2)).collect();
-        let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.unit()).collect();
+        let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.signed_unit()).collect();
         // Row t (the distribution of token t + 1) is the target head over `6 c + 3 aux_high[t-1]`:
         // a shared direction c (a marginal every sample teaches) plus the high aux feature the
         // drafter's step 0 sees at position t - 1.
@@ -123,9 +107,9 @@ pub fn world_with(opts: ShardWriterOptions) -> World {
         "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": false
     });
     std::fs::write(target_dir.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let mut rng = Rng::new(7);
-    let embed: Vec<f32> = (0..V * H).map(|_| 0.5 * rng.unit()).collect();
-    let head: Vec<f32> = (0..V * H).map(|_| 0.5 * rng.unit()).collect();
+    let mut rng = Rng(7);
+    let embed: Vec<f32> = (0..V * H).map(|_| 0.5 * rng.signed_unit()).collect();
+    let head: Vec<f32> = (0..V * H).map(|_| 0.5 * rng.signed_unit()).collect();
     let e = HostTensor::from_f32(vec![V, H], &embed, Dtype::F32);
     let h = HostTensor::from_f32(vec![V, H], &head, Dtype::F32);
     let target_file = root.path().join("target.safetensors");

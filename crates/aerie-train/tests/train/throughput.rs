@@ -22,8 +22,8 @@ fn smollm2_shape_tokens_per_second() {
         "rope_theta": 100000.0, "max_position_embeddings": 8192
     });
     std::fs::write(p("target/config.json"), cfg.to_string()).unwrap();
-    let mut rng = Rng::new(1);
-    let e: Vec<f32> = (0..v * h).map(|_| 0.05 * rng.unit()).collect();
+    let mut rng = Rng(1);
+    let e: Vec<f32> = (0..v * h).map(|_| 0.05 * rng.signed_unit()).collect();
     let head = HostTensor::from_f32(vec![v, h], &e, Dtype::F32);
     write_safetensors(&p("target.safetensors"), [("embed_tokens.weight", &head), ("lm_head.weight", &head)]).unwrap();
     let (d2t, t2d) = synthetic::vocab_map(v, vd, 2);
@@ -37,9 +37,9 @@ fn smollm2_shape_tokens_per_second() {
     let mut w = ShardWriter::create(p("train"), meta, Default::default()).unwrap();
     let len = 256;
     for i in 0..24 {
-        let ids: Vec<i32> = (0..len).map(|_| (rng.next() % v as u64) as i32).collect();
-        let aux: Vec<f32> = (0..len * 3 * h).map(|_| rng.unit()).collect();
-        let fin: Vec<f32> = (0..len * h).map(|_| rng.unit()).collect();
+        let ids: Vec<i32> = (0..len).map(|_| (rng.next_u64() % v as u64) as i32).collect();
+        let aux: Vec<f32> = (0..len * 3 * h).map(|_| rng.signed_unit()).collect();
+        let fin: Vec<f32> = (0..len * h).map(|_| rng.signed_unit()).collect();
         w.push(SampleRef::new(&ids, &vec![1u8; len], &aux).with_final_hidden(&fin).with_sample_id(i)).unwrap();
     }
     w.finish().unwrap();
