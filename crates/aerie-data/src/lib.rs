@@ -54,6 +54,7 @@
 compile_error!("aerie-data reads shards in place and supports little-endian targets only");
 
 mod arrowutil;
+pub mod clock;
 pub mod conversation;
 mod error;
 pub mod generation;

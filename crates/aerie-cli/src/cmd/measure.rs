@@ -65,22 +65,6 @@ pub struct MeasureArgs {
     pub json: bool,
 }
 
-/// Today as YYYY-MM-DD (UTC), from the system clock.
-fn today() -> String {
-    let days =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
 
 /// Run `aerie measure`.
 pub fn run(args: MeasureArgs) -> Result<()> {
@@ -139,7 +123,7 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Res
     } else {
         args.measured_where.clone()
     };
-    let provenance = Provenance { measured_where, when: today(), by: args.by.clone(), ..Default::default() };
+    let provenance = Provenance { measured_where, when: aerie_data::clock::today(), by: args.by.clone(), ..Default::default() };
     let costs = costs_from_report(report, existing, provenance)?;
     std::fs::write(out, costs.to_toml()?).with_context(|| format!("writing {}", out.display()))?;
     Ok(())
@@ -178,7 +162,7 @@ fn print_report(r: &MeasureReport) {
 mod tests {
     #[test]
     fn today_is_a_date() {
-        let t = super::today();
+        let t = aerie_data::clock::today();
         assert_eq!(t.len(), 10);
         assert!(t.starts_with("20"));
     }

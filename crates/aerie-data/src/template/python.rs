@@ -4,10 +4,11 @@
 //! `strftime_now`.
 
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Output, State, Value};
+
+use crate::clock::{civil_from_days, days_from_civil, unix_now};
 
 /// Prefix of the message of errors raised by a template's own `raise_exception`.
 pub(crate) const RAISED: &str = "template raised: ";
@@ -20,8 +21,7 @@ pub(crate) fn raise_exception(message: String) -> Result<Value, Error> {
 /// `strftime_now(format)`: the current time formatted like Python's `strftime`. The clock is
 /// UTC (transformers uses the local time zone; build machines usually run in UTC).
 pub(crate) fn strftime_now(format: String) -> Result<Value, Error> {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    Ok(Value::from(strftime(&format, secs)))
+    Ok(Value::from(strftime(&format, unix_now())))
 }
 
 const MONTHS: [&str; 12] = [
@@ -78,29 +78,6 @@ pub(crate) fn strftime(format: &str, unix_secs: i64) -> String {
         };
     }
     out
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// A JSON value as a template value (objects keep their key order).
