@@ -122,13 +122,13 @@ pub fn train<B: AutodiffBackend>(
         };
         let seg_s = r.record_step(&report, end, t0.elapsed().as_secs_f64());
         let elapsed = r.pos.elapsed0 + seg_s;
-        if r.pos.step % cfg.log_every == 0 || r.pos.step == total {
+        if r.pos.step.is_multiple_of(cfg.log_every) || r.pos.step == total {
             r.log_window(lr, elapsed, observer)?;
         }
-        if r.do_eval && cfg.eval_every > 0 && r.pos.step % cfg.eval_every == 0 {
+        if r.do_eval && cfg.eval_every > 0 && r.pos.step.is_multiple_of(cfg.eval_every) {
             r.evaluate(observer)?;
         }
-        if cfg.save_every > 0 && r.pos.step % cfg.save_every == 0 && r.pos.step < total {
+        if cfg.save_every > 0 && r.pos.step.is_multiple_of(cfg.save_every) && r.pos.step < total {
             r.save_checkpoint(elapsed, observer)?;
             r.saved_at = Some(r.pos.step);
         }

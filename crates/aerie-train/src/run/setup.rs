@@ -114,6 +114,9 @@ pub(super) fn check_data_fits(cfg: &TrainConfig, catalog: &Catalog, st: &Start) 
     Ok(())
 }
 
+/// The target head evaluation runs with on the main device (none for a top-k teacher).
+pub(super) type EvalHead<B> = Option<TargetHead<<B as AutodiffBackend>::InnerBackend>>;
+
 /// The trainer on `devices` (main first) with the start's weights, teacher heads and, on a
 /// resume, optimizer state; plus the main device's head for evaluation.
 pub(super) fn build_trainer<B: AutodiffBackend>(
@@ -122,7 +125,7 @@ pub(super) fn build_trainer<B: AutodiffBackend>(
     catalog: &Catalog,
     devices: &[B::Device],
     main: &B::Device,
-) -> Result<(Trainer<B>, Option<TargetHead<B::InnerBackend>>)> {
+) -> Result<(Trainer<B>, EvalHead<B>)> {
     let dc = &st.checkpoint.config;
     let model = with_stable_ids(Drafter::<B>::from_tensors(dc, &st.checkpoint.tensors, main)?)?;
     let heads = teacher_head::<B>(cfg, catalog, &st.checkpoint, devices, &model)?;
