@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use aerie_data::prepare::PreparedDataset;
 use aerie_data::shard::{
-    AuxConvention as ShardConvention, FloatDtype, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions,
-    Teacher, VerifyReport, sha256_file,
+    FloatDtype, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher, VerifyReport, sha256_file,
 };
 use aerie_model::{AuxConvention, AuxLayers, CaptureRequest, LogitsMode, TargetModel};
 use burn::tensor::activation::log_softmax;
@@ -115,7 +114,7 @@ pub fn capture<B: Backend>(
         target_num_layers: n_layers,
         target_vocab_size: spec.vocab_size,
         aux_layer_ids: aux.ids.clone(),
-        aux_convention: ShardConvention::OutputOfLayer,
+        aux_convention: AuxConvention::OutputOfLayer,
         hidden_size: spec.hidden_size,
         dtype: opts.dtype,
         tokenizer_digest,

@@ -177,6 +177,10 @@ pub enum Error {
     /// Options of a data-preparation or vocabulary step that cannot work.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// Samples that do not fit the batch asked of them (another aux width, a missing teacher):
+    /// data captured for another target or layout, named precisely since it is otherwise silent.
+    #[error("{0}")]
+    Incompatible(String),
 }
 
 impl Error {

@@ -4,8 +4,9 @@
 //! stream at a few target layers (`aux_hidden`) plus a teacher (the final hidden state, or top-k
 //! log-probs); eagle3.md §2–§3 says what those are. [`shard`] defines how that is stored on disk
 //! (`aerie-shard/1`, documented in `docs/shard-format.md`) and implements a crash-safe writer and
-//! a zero-copy memory-mapped reader. The crate has no tensor backend: the trainer uploads the
-//! mapped bytes itself.
+//! a zero-copy memory-mapped reader; [`shard::batch`] pads samples into host arrays. The crate
+//! has no tensor backend: aerie-model uploads those arrays to a device. [`vocab`] owns the draft
+//! vocabulary ([`vocab::DraftVocab`]) every stage uses.
 //!
 //! ```
 //! use std::collections::BTreeMap;

@@ -1,18 +1,17 @@
 //! aerie-eval: how good is a drafter, in the numbers serving cares about.
 //!
-//! This crate holds the teacher-forced validation of eagle3.md §3 ([`loss`]): the training
-//! objective and its per-step accuracy and acceptance rate, evaluated on captured shards without
-//! updating weights. [`batch`] turns shard samples into padded [`aerie_model::TttBatch`]es and is
-//! shared with training.
+//! Acceptance on captured shards ([`verify`], [`accept`]), decoding against the native target
+//! ([`decode`]), serving-engine measurements ([`measure`], [`sglang`]), cost models and reports.
+//! The teacher-forced TTT metrics of eagle3.md §3 (`aerie eval loss`) live with the objective in
+//! [`aerie_model::ttt::eval`], shared with training's periodic evaluation; shard batches come
+//! from [`aerie_model::teacher::collate`].
 #![deny(missing_docs)]
 
 pub mod accept;
-pub mod batch;
 pub mod compare;
 pub mod cost;
 pub mod decode;
 mod error;
-pub mod loss;
 pub mod measure;
 pub mod offline;
 pub mod plot;

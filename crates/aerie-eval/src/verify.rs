@@ -21,8 +21,9 @@ use aerie_model::{Drafter, TargetHead};
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, tree_accept};
-use crate::batch::{TeacherSource, check_compatible, collate, length_sorted_batches};
 use crate::{Error, Result};
+use aerie_data::shard::batch::length_sorted_batches;
+use aerie_model::teacher::{TeacherSource, check_compatible, collate};
 
 /// A draft tree shape (SGLang `--speculative-eagle-topk` and `--speculative-num-draft-tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,13 +12,14 @@ use std::path::Path;
 use aerie_data::shard::{
     AuxConvention, FloatDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
+use aerie_data::vocab::DraftVocab;
 use aerie_eval::accept::AcceptRule;
 use aerie_eval::compare::{Candidate, write_report};
 use aerie_eval::cost::Costs;
 use aerie_eval::verify::{AcceptOptions, TreeShape, eval_accept};
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, TensorMap};
-use aerie_model::{Drafter, DrafterConfig, VocabMap};
+use aerie_model::{Drafter, DrafterConfig};
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
 
@@ -46,7 +47,7 @@ fn unit_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
 struct World {
     cfg: DrafterConfig,
     head: Vec<f32>,
-    vocab: VocabMap,
+    vocab: DraftVocab,
     base: TensorMap,
     c: usize,
 }
@@ -54,7 +55,7 @@ struct World {
 fn world() -> World {
     let cfg = tiny_config();
     let base = random_drafter(&cfg, Dtype::F32, 42).tensors;
-    let vocab = VocabMap::from_d2t(&base["d2t"].to_i64("d2t").unwrap(), cfg.vocab_size).unwrap();
+    let vocab = DraftVocab::from_d2t(&base["d2t"].to_i64("d2t").unwrap(), cfg.vocab_size).unwrap();
     let head = unit_rows(cfg.vocab_size, cfg.target_hidden_size, 7);
     let c = vocab.target_ids()[5];
     World { cfg, head, vocab, base, c }

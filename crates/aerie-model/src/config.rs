@@ -5,16 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Which numbering the aux-layer ids follow (eagle3.md §2). Mixing them up gives no error, only a
-/// low accept length, so every id list in aerie carries its convention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AuxConvention {
-    /// "Output of layer i" (SpecForge, SGLang `eagle_config`): HF `output_hidden_states[i+1]`.
-    OutputOfLayer,
-    /// "Input of layer i" (vLLM, speculators, EAGLE repo): HF `output_hidden_states[i]`.
-    InputOfLayer,
-}
+/// Which numbering the aux-layer ids follow (eagle3.md §2); the shard format's type, shared so
+/// that data and drafter speak of the same thing.
+pub use aerie_data::shard::AuxConvention;
 
 /// Target layers whose pre-norm residual stream the drafter consumes, low → high.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,18 +21,12 @@ pub struct AuxLayers {
 impl AuxLayers {
     /// Ids in the output-of-layer convention (SGLang exports).
     pub fn output_of_layer(&self) -> Vec<usize> {
-        match self.convention {
-            AuxConvention::OutputOfLayer => self.ids.clone(),
-            AuxConvention::InputOfLayer => self.ids.iter().map(|&i| i.saturating_sub(1)).collect(),
-        }
+        self.convention.output_of_layer(&self.ids)
     }
 
     /// Ids in the input-of-layer convention (speculators/vLLM exports).
     pub fn input_of_layer(&self) -> Vec<usize> {
-        match self.convention {
-            AuxConvention::OutputOfLayer => self.ids.iter().map(|&i| i + 1).collect(),
-            AuxConvention::InputOfLayer => self.ids.clone(),
-        }
+        self.convention.input_of_layer(&self.ids)
     }
 
     /// The defaults of eagle3.md §2 for a target with `num_layers` decoder layers, in the

@@ -10,6 +10,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// From the shard reader (batches are gathered from captured shards).
+    #[error(transparent)]
+    Data(#[from] aerie_data::Error),
+    /// A drafter and the data it is run on that do not belong together (another target, aux
+    /// layout or hidden size): named precisely, since it is otherwise silent.
+    #[error("{0}")]
+    Incompatible(String),
     /// Filesystem error on a named path.
     #[error("{path}: {source}")]
     Io {

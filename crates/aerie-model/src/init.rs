@@ -6,7 +6,7 @@ use crate::DrafterConfig;
 use crate::checkpoint::{Dtype, HostTensor, TensorMap};
 use crate::drafter::trainable_keys;
 use crate::rng::SplitMix;
-use crate::vocab::VocabMap;
+use aerie_data::vocab::DraftVocab;
 
 fn shape_of(config: &DrafterConfig, key: &str) -> Vec<usize> {
     let c = config;
@@ -28,7 +28,7 @@ fn shape_of(config: &DrafterConfig, key: &str) -> Vec<usize> {
 
 /// Fresh trainable weights plus the vocab map; `embed` is the target's embedding (a random
 /// N(0, 0.02) one is made when `None`, for benchmarks and tests only).
-pub fn init_tensors(config: &DrafterConfig, vocab: &VocabMap, embed: Option<HostTensor>, seed: u64) -> TensorMap {
+pub fn init_tensors(config: &DrafterConfig, vocab: &DraftVocab, embed: Option<HostTensor>, seed: u64) -> TensorMap {
     let mut rng = SplitMix(seed);
     let mut map = TensorMap::new();
     for key in trainable_keys(config) {

@@ -7,12 +7,18 @@
 //!
 //! - [`drafter`]: the drafter model, and its two drafting modes (at decode time over a KV cache,
 //!   and offline over every position of a captured sequence) with the draft tree they share.
-//! - [`ttt`]: the training-time-test objective over a batch, with [`teacher`] targets.
+//! - [`ttt`]: the training-time-test objective over a batch, with [`teacher`] targets;
+//!   [`ttt::eval`] holds the teacher-forced metrics that `aerie eval loss` and training's
+//!   periodic evaluation both report.
+//! - [`teacher`]: the teacher, and the upload of shard batches to a device with it
+//!   ([`teacher::collate`]).
 //! - [`native`]: the native target engine (Llama/Qwen2/Qwen3 with KV cache and aux outputs).
 //! - [`layers`]: the Llama building blocks both models use (linear, RMSNorm, SwiGLU MLP);
 //!   [`rope`]: rotary position embeddings; [`kernels`]: the CPU backend's fused host kernels.
-//! - [`config`], [`vocab`], [`init`] and [`checkpoint`]: drafter configuration, the draft
-//!   vocabulary map, initialisation and the checkpoint formats.
+//! - [`config`], [`init`], [`rng`] and [`checkpoint`]: drafter configuration, initialisation,
+//!   the one PRNG and the checkpoint formats.
+//!
+//! The crate sits on aerie-data (shard format, draft vocabulary, aux conventions).
 #![deny(missing_docs)]
 
 pub mod checkpoint;
@@ -28,7 +34,6 @@ pub mod rng;
 pub mod rope;
 pub mod teacher;
 pub mod ttt;
-pub mod vocab;
 
 pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
 pub use drafter::Drafter;
@@ -36,4 +41,3 @@ pub use error::{Error, Result};
 pub use native::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel, TargetOutput};
 pub use teacher::{TargetHead, TeacherTargets, VocabStats};
 pub use ttt::{TttBatch, TttMetrics, TttOptions, TttSums, ttt_forward};
-pub use vocab::VocabMap;

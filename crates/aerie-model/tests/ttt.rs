@@ -8,12 +8,11 @@
 
 mod reference;
 
+use aerie_data::vocab::DraftVocab;
 use aerie_model::checkpoint::{HostTensor, TensorMap};
 use aerie_model::teacher::targets_from_topk;
 use aerie_model::ttt::{LossPath, TttOutput, ttt_forward_with};
-use aerie_model::{
-    Drafter, DrafterConfig, RopeScaling, TargetHead, TeacherTargets, TttBatch, TttOptions, VocabMap, ttt_forward,
-};
+use aerie_model::{Drafter, DrafterConfig, RopeScaling, TargetHead, TeacherTargets, TttBatch, TttOptions, ttt_forward};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
@@ -25,8 +24,8 @@ fn flat(rows: &[Vec<f64>]) -> Vec<f64> {
     rows.iter().flatten().copied().collect()
 }
 
-fn vocab_of(cfg: &DrafterConfig, w: &TensorMap) -> VocabMap {
-    VocabMap::from_d2t(&w["d2t"].to_i64("d2t").unwrap(), cfg.vocab_size).unwrap()
+fn vocab_of(cfg: &DrafterConfig, w: &TensorMap) -> DraftVocab {
+    DraftVocab::from_d2t(&w["d2t"].to_i64("d2t").unwrap(), cfg.vocab_size).unwrap()
 }
 
 /// Pad sequences on the right into one batch; the teacher comes from the final hidden states and

@@ -23,9 +23,10 @@ pub fn epoch_seed(seed: u64, epoch: u64) -> u64 {
     SplitMix(base ^ epoch.wrapping_mul(0xD6E8_FEB8_6659_FD93)).next_u64()
 }
 
-/// One sample: which dataset, which index in it, and its length in tokens.
+/// One sample of the [`Catalog`]: which dataset, which index in it, and its length in tokens
+/// (not the shard writer's `aerie_data::shard::SampleRef`, which holds a sample's data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SampleRef {
+pub struct CatalogRef {
     /// Position of the dataset in `data.train` (or `data.eval`).
     pub dataset: usize,
     /// Sample index inside that dataset.
@@ -51,9 +52,9 @@ pub struct Catalog {
     /// `data.eval`, opened, in order.
     pub eval_sets: Vec<ShardDataset>,
     /// Samples to train on.
-    pub train: Vec<SampleRef>,
+    pub train: Vec<CatalogRef>,
     /// Samples held out of `train_sets` by `eval_fraction`.
-    pub held_out: Vec<SampleRef>,
+    pub held_out: Vec<CatalogRef>,
     /// Samples skipped for being longer than `max_length` (or shorter than 2 tokens: nothing to
     /// predict).
     pub skipped: usize,
@@ -87,7 +88,7 @@ impl Catalog {
                     skipped += 1;
                     continue;
                 }
-                let r = SampleRef { dataset: d, index, len };
+                let r = CatalogRef { dataset: d, index, len };
                 if held_out(d, index, cfg.eval_fraction) { held.push(r) } else { train.push(r) }
             }
         }
@@ -102,12 +103,12 @@ impl Catalog {
     }
 
     /// The view of a training-side sample.
-    pub fn view(&self, r: SampleRef) -> SampleView<'_> {
+    pub fn view(&self, r: CatalogRef) -> SampleView<'_> {
         self.train_sets[r.dataset].sample(r.index).expect("catalog indices come from the dataset")
     }
 
     /// `DIR#INDEX` (plus `(id N)` when the shards carry sample ids), for error messages.
-    pub fn describe(&self, r: SampleRef) -> String {
+    pub fn describe(&self, r: CatalogRef) -> String {
         let set = &self.train_sets[r.dataset];
         let id = set.sample(r.index).and_then(|s| s.sample_id());
         match id {
@@ -121,7 +122,13 @@ impl Catalog {
 pub type MicroBatch = Vec<usize>;
 
 /// The micro-batches of epoch `epoch`, in the order they are consumed.
-pub fn plan_epoch(samples: &[SampleRef], seed: u64, epoch: u64, batch_tokens: usize, window: usize) -> Vec<MicroBatch> {
+pub fn plan_epoch(
+    samples: &[CatalogRef],
+    seed: u64,
+    epoch: u64,
+    batch_tokens: usize,
+    window: usize,
+) -> Vec<MicroBatch> {
     let mut rng = SplitMix(epoch_seed(seed, epoch));
     let mut order: Vec<usize> = (0..samples.len()).collect();
     rng.shuffle(&mut order);
@@ -148,7 +155,7 @@ pub fn plan_epoch(samples: &[SampleRef], seed: u64, epoch: u64, batch_tokens: us
 }
 
 /// Padded tokens (B · Lmax) and real tokens of a micro-batch.
-pub fn batch_tokens(samples: &[SampleRef], batch: &[usize]) -> (usize, usize) {
+pub fn batch_tokens(samples: &[CatalogRef], batch: &[usize]) -> (usize, usize) {
     let max = batch.iter().map(|&i| samples[i].len).max().unwrap_or(0);
     (batch.len() * max, batch.iter().map(|&i| samples[i].len).sum())
 }
@@ -157,8 +164,8 @@ pub fn batch_tokens(samples: &[SampleRef], batch: &[usize]) -> (usize, usize) {
 mod tests {
     use super::*;
 
-    fn refs(lens: &[usize]) -> Vec<SampleRef> {
-        lens.iter().enumerate().map(|(index, &len)| SampleRef { dataset: 0, index, len }).collect()
+    fn refs(lens: &[usize]) -> Vec<CatalogRef> {
+        lens.iter().enumerate().map(|(index, &len)| CatalogRef { dataset: 0, index, len }).collect()
     }
 
     #[test]

@@ -11,15 +11,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// From the model crate (checkpoints, shapes, the TTT forward).
+    /// From the model crate (checkpoints, shapes, the TTT forward, collation: includes data
+    /// captured for another target or aux layout).
     #[error(transparent)]
     Model(#[from] aerie_model::Error),
     /// From the shard reader.
     #[error(transparent)]
     Data(#[from] aerie_data::Error),
-    /// From evaluation and collation (includes data captured for another target or aux layout).
-    #[error(transparent)]
-    Eval(#[from] aerie_eval::Error),
     /// Filesystem error on a named path.
     #[error("{}: {source}", path.display())]
     Io {

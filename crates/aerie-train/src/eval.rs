@@ -1,11 +1,10 @@
 //! Periodic evaluation on held-out data with the teacher-forced metrics of `aerie eval loss`:
-//! eval directories go through [`aerie_eval::loss::eval_loss`] itself; the `eval_fraction`
-//! split (a subset of the training shards, which `eval_loss` cannot take) is evaluated with the
-//! same pieces (`collate`, `length_sorted_batches`, `ttt_forward`, `TttSums`).
+//! eval directories go through [`aerie_model::ttt::eval::eval_loss`] itself, and the
+//! `eval_fraction` split (a subset of the training shards) through the same computation over its
+//! samples ([`samples_loss`]).
 
-use aerie_eval::batch::{TeacherSource, collate, length_sorted_batches};
-use aerie_eval::loss::{EvalLossOptions, eval_loss};
-use aerie_model::{Drafter, TargetHead, TttOptions, TttSums, ttt_forward};
+use aerie_model::ttt::eval::{EvalLossOptions, eval_loss, samples_loss};
+use aerie_model::{Drafter, TargetHead, TttOptions};
 use burn::tensor::backend::Backend;
 
 use crate::Result;
@@ -39,25 +38,9 @@ pub fn evaluate<B: Backend>(
     }
     if !catalog.held_out.is_empty() {
         let refs: Vec<_> = catalog.held_out.iter().take(max_samples.unwrap_or(usize::MAX)).copied().collect();
-        let teacher = match head {
-            Some(h) => TeacherSource::Head(h),
-            None => TeacherSource::TopK,
-        };
-        let lengths: Vec<usize> = refs.iter().map(|r| r.len).collect();
-        let device = drafter.embed_tokens.device();
-        let mut sums = TttSums::default();
-        for idx in length_sorted_batches(&lengths, batch_size) {
-            let views: Vec<_> = idx.iter().map(|&i| catalog.view(refs[i])).collect();
-            let batch = collate::<B>(&views, drafter.config(), drafter.vocab(), &teacher, &device)?;
-            sums.add(&ttt_forward(drafter, &batch, ttt)?);
-        }
-        out.push(EvalRecord {
-            kind: "eval".into(),
-            step,
-            set: HELD_OUT.into(),
-            samples: refs.len(),
-            metrics: sums.metrics(&ttt.step_weights),
-        });
+        let views: Vec<_> = refs.iter().map(|&r| catalog.view(r)).collect();
+        let metrics = samples_loss(drafter, &views, head, ttt, batch_size, &mut |_, _| {})?;
+        out.push(EvalRecord { kind: "eval".into(), step, set: HELD_OUT.into(), samples: refs.len(), metrics });
     }
     Ok(out)
 }

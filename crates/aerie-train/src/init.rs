@@ -6,13 +6,14 @@
 
 use std::path::{Path, PathBuf};
 
+use aerie_data::vocab::DraftVocab;
+use aerie_model::DrafterConfig;
 use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config, read_config};
 use aerie_model::checkpoint::io::WeightFiles;
 use aerie_model::checkpoint::{
     Dialect, DrafterCheckpoint, Dtype, HostTensor, TensorMap, load_drafter_with_notes, load_target_embedding,
     load_target_head,
 };
-use aerie_model::{DrafterConfig, VocabMap};
 use serde_json::{Map, Value, json};
 
 use crate::config::{InitKind, ShapeOverrides, TrainConfig};
@@ -34,7 +35,7 @@ fn init_err(path: &Path, message: impl Into<String>) -> Error {
 
 /// Read a draft vocab file (safetensors with `d2t`, optionally `t2d`). The target vocab size is
 /// `t2d`'s length, else `vocab_size`.
-pub fn read_vocab_file(path: &Path, vocab_size: Option<usize>) -> Result<VocabMap> {
+pub fn read_vocab_file(path: &Path, vocab_size: Option<usize>) -> Result<DraftVocab> {
     let files = WeightFiles::open_file(path);
     if !files.contains("d2t")? {
         return Err(init_err(path, "no `d2t` tensor: expected the file `aerie vocab build` writes"));
@@ -51,7 +52,7 @@ pub fn read_vocab_file(path: &Path, vocab_size: Option<usize>) -> Result<VocabMa
         (None, Some(v)) => v,
         (None, None) => return Err(init_err(path, "no `t2d`, and the target vocab size is unknown")),
     };
-    let map = VocabMap::from_d2t(&d2t, v).map_err(|m| init_err(path, format!("d2t: {m}")))?;
+    let map = DraftVocab::from_d2t(&d2t, v).map_err(|m| init_err(path, format!("d2t: {m}")))?;
     if let Some(t) = t2d {
         map.check_t2d(&t).map_err(|m| init_err(path, m))?;
     }
@@ -67,7 +68,7 @@ fn read_json(path: &Path) -> Result<Value> {
 /// wrappers), overridden by `[init.shape]`, with `target_hidden_size` = the target's hidden size,
 /// `draft_vocab_size` from the vocab and aux ids defaulting to `[1, N/2-1, N-4]`. Parsed through
 /// the drafter config reader, so RoPE keys are understood exactly as for a loaded drafter.
-pub fn fresh_config(target_config: &Path, vocab: &VocabMap, shape: &ShapeOverrides) -> Result<DrafterConfig> {
+pub fn fresh_config(target_config: &Path, vocab: &DraftVocab, shape: &ShapeOverrides) -> Result<DrafterConfig> {
     let path = if target_config.is_dir() { target_config.join("config.json") } else { target_config.to_path_buf() };
     let top = read_json(&path)?;
     let text = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
@@ -208,7 +209,7 @@ pub fn drafter_config(cfg: &TrainConfig) -> Result<DrafterConfig> {
 
 /// A fresh drafter's draft vocab and config: `init.vocab` (its target vocab size from the
 /// target's `config.json`) and [`fresh_config`] of the target config.
-fn fresh_shape(cfg: &TrainConfig) -> Result<(VocabMap, DrafterConfig)> {
+fn fresh_shape(cfg: &TrainConfig) -> Result<(DraftVocab, DrafterConfig)> {
     let vocab_path = cfg.init.vocab.as_deref().expect("validated: fresh has init.vocab");
     let target_config: PathBuf = match (&cfg.init.target_config, &cfg.target.path) {
         (Some(p), _) => p.clone(),
@@ -271,7 +272,7 @@ const TARGET_NORM_KEYS: &[&str] =
 /// then a "logit lens" of that layer, restricted to the draft vocab; every other weight keeps the
 /// reference init, and the closed branches open from the first step (their gradients are not
 /// zero). Needs H = Ht (the default shape).
-fn target_init(cfg: &TrainConfig, dc: &DrafterConfig, vocab: &VocabMap, tensors: &mut TensorMap) -> Result<String> {
+fn target_init(cfg: &TrainConfig, dc: &DrafterConfig, vocab: &DraftVocab, tensors: &mut TensorMap) -> Result<String> {
     let (h, ht, a) = (dc.hidden_size, dc.target_hidden_size, dc.num_aux());
     let src = cfg.target.head_source().ok_or_else(|| {
         Error::config(&cfg.output_dir, "`init.from_target` needs the target: set `target.path` (or `target.head`)")
@@ -339,13 +340,13 @@ fn target_init(cfg: &TrainConfig, dc: &DrafterConfig, vocab: &VocabMap, tensors:
     ))
 }
 
-fn vocab_of(ckpt: &DrafterCheckpoint) -> Result<VocabMap> {
+fn vocab_of(ckpt: &DrafterCheckpoint) -> Result<DraftVocab> {
     let c = &ckpt.config;
     match ckpt.tensors.get("d2t") {
         Some(t) => {
-            VocabMap::from_d2t(&t.to_i64("d2t")?, c.vocab_size).map_err(|m| init_err(&ckpt.dir, format!("d2t: {m}")))
+            DraftVocab::from_d2t(&t.to_i64("d2t")?, c.vocab_size).map_err(|m| init_err(&ckpt.dir, format!("d2t: {m}")))
         }
-        None => Ok(VocabMap::identity(c.vocab_size)),
+        None => Ok(DraftVocab::identity(c.vocab_size)),
     }
 }
 
@@ -389,7 +390,7 @@ fn warm_start(cfg: &TrainConfig) -> Result<Initial> {
 
 /// Switch a drafter to another vocab map: lm_head row of target id t is copied where the old
 /// map has t, N(0, 0.02) (seeded) elsewhere.
-fn remap_vocab(ckpt: &mut DrafterCheckpoint, old: &VocabMap, new: &VocabMap, seed: u64) -> Result<()> {
+fn remap_vocab(ckpt: &mut DrafterCheckpoint, old: &DraftVocab, new: &DraftVocab, seed: u64) -> Result<()> {
     let head = ckpt.tensors.get("lm_head.weight").ok_or_else(|| init_err(&ckpt.dir, "no lm_head.weight"))?;
     let h = ckpt.config.hidden_size;
     let rows = head.to_f32("lm_head.weight")?;

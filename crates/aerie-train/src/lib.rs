@@ -12,7 +12,10 @@
 //! - [`step`]: the [`Trainer`] (AdamW on float32 weights, hand-written data parallelism).
 //! - [`checkpoint`]: atomic `checkpoint-<step>/` directories loadable as drafters, plus the
 //!   training state for a bit-identical resume.
-//! - [`metrics`], [`eval`], [`schedule`], and [`run`] with the entry point [`train`].
+//! - [`eval`]: periodic evaluation through the metrics of `aerie eval loss`
+//!   ([`aerie_model::ttt::eval`]).
+//! - [`metrics`], [`schedule`], and [`run`] with the entry point [`train`], one named function
+//!   per step of a run.
 //!
 //! ```no_run
 //! use std::ops::ControlFlow;

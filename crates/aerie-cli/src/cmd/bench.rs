@@ -10,8 +10,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use aerie_data::vocab::DraftVocab;
 use aerie_model::init::init_tensors;
-use aerie_model::{Drafter, DrafterConfig, TttBatch, TttOptions, VocabMap, ttt_forward};
+use aerie_model::{Drafter, DrafterConfig, TttBatch, TttOptions, ttt_forward};
 use aerie_train::LossKind;
 use aerie_train::TrainConfig;
 use aerie_train::config::Precision;
@@ -277,7 +278,7 @@ fn bench<B: AutodiffBackend>(spec: &Spec, run: &RunArgs, device: &B::Device) -> 
     // The draft vocabulary: every (V / Vd)-th target id, enough to exercise d2t.
     let stride = config.vocab_size / config.draft_vocab_size;
     let vocab =
-        VocabMap::from_target_ids((0..config.draft_vocab_size).map(|j| j * stride).collect(), config.vocab_size)
+        DraftVocab::from_target_ids((0..config.draft_vocab_size).map(|j| j * stride).collect(), config.vocab_size)
             .map_err(anyhow::Error::msg)?;
     let tensors = init_tensors(&config, &vocab, None, 0);
     let trainable_params = tensors

@@ -35,9 +35,13 @@ pub(crate) fn check_format(format: &str, path: &Path) -> Result<()> {
     }
 }
 
-/// Which numbering `aux_layer_ids` follow (eagle3.md §2). Mixing the two gives no error anywhere,
-/// only a drafter with a low accept length, so every dataset states its convention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which numbering aux-layer ids follow (eagle3.md §2). Mixing the two gives no error anywhere,
+/// only a drafter with a low accept length, so every dataset states its convention and every id
+/// list in aerie (shard `aux_layer_ids`, a drafter's aux layers) carries one. One type for both:
+/// the shard metadata writes [`AuxConvention::as_str`], serde (drafter configs, training
+/// configs) the same kebab-case spellings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum AuxConvention {
     /// "Output of layer i" (SpecForge, SGLang `eagle_config`): HF `output_hidden_states[i+1]`.
     OutputOfLayer,
@@ -51,6 +55,22 @@ impl AuxConvention {
         match self {
             AuxConvention::OutputOfLayer => "output-of-layer",
             AuxConvention::InputOfLayer => "input-of-layer",
+        }
+    }
+
+    /// `ids` (in this convention) in the output-of-layer convention (SGLang's).
+    pub fn output_of_layer(self, ids: &[usize]) -> Vec<usize> {
+        match self {
+            AuxConvention::OutputOfLayer => ids.to_vec(),
+            AuxConvention::InputOfLayer => ids.iter().map(|&i| i.saturating_sub(1)).collect(),
+        }
+    }
+
+    /// `ids` (in this convention) in the input-of-layer convention (speculators', vLLM's).
+    pub fn input_of_layer(self, ids: &[usize]) -> Vec<usize> {
+        match self {
+            AuxConvention::OutputOfLayer => ids.iter().map(|&i| i + 1).collect(),
+            AuxConvention::InputOfLayer => ids.to_vec(),
         }
     }
 }

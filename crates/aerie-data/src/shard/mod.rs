@@ -6,8 +6,9 @@
 //! `manifest.json` listing the complete ones. Inside a shard, samples are concatenated along the
 //! token axis and delimited by `sample_offsets`. [`ShardWriter`] appends samples with crash-safe
 //! shard rotation and resume; [`ShardDataset`] memory-maps a dataset, validates it, and hands out
-//! zero-copy [`SampleView`]s.
+//! zero-copy [`SampleView`]s; [`batch`] pads them into host arrays for a trainer or evaluator.
 
+pub mod batch;
 mod checks;
 mod codec;
 mod fsutil;

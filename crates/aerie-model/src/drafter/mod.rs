@@ -23,8 +23,8 @@ use crate::checkpoint::{Dtype, HostTensor, TensorMap};
 use crate::kernels::{attention, diagonal};
 use crate::layers::{Linear, Mlp, RmsNorm};
 use crate::rope::{self, Rotary};
-use crate::vocab::VocabMap;
 use crate::{DrafterConfig, Error, Result};
+use aerie_data::vocab::DraftVocab;
 
 /// Keys and values the unrolled draft steps attend to: the step-0 pass (causal over positions)
 /// and, per later step, one "diagonal" key/value at each position (eagle3.md §3).
@@ -192,7 +192,7 @@ pub struct Drafter<B: Backend> {
     #[module(skip)]
     config: DrafterConfig,
     #[module(skip)]
-    vocab: VocabMap,
+    vocab: DraftVocab,
     #[module(skip)]
     rotary: Rotary,
 }
@@ -283,8 +283,8 @@ impl<B: Backend> Drafter<B> {
             Ok(RmsNorm::new(host_to_tensor(name, get(name)?, [n], device, dtype)?, c.rms_norm_eps))
         };
         let vocab = match tensors.get("d2t") {
-            Some(t) => VocabMap::from_d2t(&t.to_i64("d2t")?, c.vocab_size),
-            None if c.draft_vocab_size == c.vocab_size => Ok(VocabMap::identity(c.vocab_size)),
+            Some(t) => DraftVocab::from_d2t(&t.to_i64("d2t")?, c.vocab_size),
+            None if c.draft_vocab_size == c.vocab_size => Ok(DraftVocab::identity(c.vocab_size)),
             None => Err("reduced draft vocab without d2t".to_string()),
         }
         .map_err(|m| Error::Shape(format!("d2t: {m}")))?;
@@ -374,7 +374,7 @@ impl<B: Backend> Drafter<B> {
     }
 
     /// The draft ↔ target vocabulary map.
-    pub fn vocab(&self) -> &VocabMap {
+    pub fn vocab(&self) -> &DraftVocab {
         &self.vocab
     }
 

@@ -6,6 +6,9 @@
 //! Batches are right-padded; a padded batch gives each sequence exactly the sums it gets alone
 //! (causal attention never looks right, and every per-position quantity is masked). The loss is
 //! normalised by the number of real token positions (B·L when nothing is padded).
+//!
+//! [`eval`] runs the forward over captured shards without weight updates: the metrics of
+//! `aerie eval loss` and of training's periodic evaluation.
 
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData, activation::log_softmax, backend::Backend};
 use serde::Serialize;
@@ -17,6 +20,7 @@ use crate::precision::upcast;
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
 
+pub mod eval;
 mod fused;
 
 /// One padded batch for the TTT forward.

@@ -61,7 +61,7 @@ pub struct TrainConfig {
     pub init: InitConfig,
     /// The target's head (teacher) and embedding.
     #[serde(default)]
-    pub target: TargetConfig,
+    pub target: TargetSection,
     /// Optimiser and schedule.
     #[serde(default)]
     pub optim: OptimConfig,
@@ -233,10 +233,11 @@ impl ShapeOverrides {
     }
 }
 
-/// `[target]`.
+/// The `[target]` section of a training config: where the teacher's head and the drafter's
+/// embedding come from (the target's shape is `aerie_model::TargetConfig`'s business).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TargetConfig {
+pub struct TargetSection {
     /// The target model directory, or a safetensors file holding its head and embedding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
@@ -251,13 +252,13 @@ pub struct TargetConfig {
     pub head_chunk_rows: usize,
 }
 
-impl Default for TargetConfig {
+impl Default for TargetSection {
     fn default() -> Self {
         Self { path: None, head: None, embedding: None, head_chunk_rows: d_head_chunk_rows() }
     }
 }
 
-impl TargetConfig {
+impl TargetSection {
     /// The head source: `head`, else `path`.
     pub fn head_source(&self) -> Option<&Path> {
         self.head.as_deref().or(self.path.as_deref())

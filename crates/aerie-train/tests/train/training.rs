@@ -1,7 +1,7 @@
 //! A short run learns, logs, evaluates and leaves a loadable drafter.
 
-use aerie_eval::loss::{EvalLossOptions, eval_loss};
 use aerie_model::checkpoint::{load_drafter, load_target_head};
+use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
 use aerie_model::{Drafter, TargetHead};
 use burn::tensor::{Tensor, TensorData};
 

@@ -7,9 +7,9 @@ mod decode;
 use std::path::PathBuf;
 
 use aerie_data::shard::ShardDataset;
-use aerie_eval::loss::{EvalLossOptions, eval_loss};
 use aerie_eval::offline::head_tensor;
 use aerie_model::checkpoint::load_drafter;
+use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
 use aerie_model::{Drafter, TargetHead, TttOptions};
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;

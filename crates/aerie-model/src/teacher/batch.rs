@@ -1,13 +1,18 @@
-//! Collation: shard samples → one right-padded [`TttBatch`] on a device, with the teacher
-//! computed from the stored final hidden states (through the target head) or from the stored
-//! top-k log-probabilities. Also the compatibility check between a drafter and a dataset.
+//! Shard samples → one right-padded [`TttBatch`] on a device, with the teacher computed from the
+//! stored final hidden states (through the target head) or from the stored top-k
+//! log-probabilities; plus the check that a drafter fits the data. The padding and gathering is
+//! burn-free and lives with the shard format ([`aerie_data::shard::batch`]); this module uploads
+//! its arrays and builds the teacher, which needs the target head.
 
-use aerie_data::shard::{AuxConvention as ShardConvention, SampleView, ShardMetadata};
-use aerie_model::teacher::targets_from_topk;
-use aerie_model::{AuxConvention, DrafterConfig, TargetHead, TeacherTargets, TttBatch, VocabMap, VocabStats};
+use aerie_data::shard::batch::{HostBatch, TeacherRows, gather};
+use aerie_data::shard::{SampleView, ShardMetadata};
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
+use super::{TargetHead, TeacherTargets, VocabStats, targets_from_topk};
+use crate::config::{AuxConvention, DrafterConfig};
+use crate::ttt::TttBatch;
 use crate::{Error, Result};
+use aerie_data::vocab::DraftVocab;
 
 /// Where the teacher comes from.
 pub enum TeacherSource<'a, B: Backend> {
@@ -70,10 +75,7 @@ impl VocabStatsCache {
 /// was not trained for and report a meaningless number.
 pub fn check_compatible(cfg: &DrafterConfig, meta: &ShardMetadata) -> Result<()> {
     let mut problems = Vec::new();
-    let data_ids: Vec<usize> = match meta.aux_convention {
-        ShardConvention::OutputOfLayer => meta.aux_layer_ids.clone(),
-        ShardConvention::InputOfLayer => meta.aux_layer_ids.iter().map(|i| i.saturating_sub(1)).collect(),
-    };
+    let data_ids = meta.aux_output_of_layer_ids();
     let drafter_ids = cfg.aux_layers.output_of_layer();
     if data_ids != drafter_ids {
         problems.push(format!(
@@ -108,64 +110,18 @@ pub fn check_compatible(cfg: &DrafterConfig, meta: &ShardMetadata) -> Result<()>
 pub fn collate<B: Backend>(
     samples: &[SampleView<'_>],
     cfg: &DrafterConfig,
-    vocab: &VocabMap,
+    vocab: &DraftVocab,
     teacher: &TeacherSource<'_, B>,
     device: &B::Device,
 ) -> Result<TttBatch<B>> {
-    let b = samples.len();
-    let l = samples.iter().map(|s| s.len()).max().unwrap_or(0);
-    if b == 0 || l == 0 {
-        return Err(Error::Incompatible("empty batch".into()));
-    }
-    let aw = cfg.num_aux() * cfg.target_hidden_size;
+    let rows = match teacher {
+        TeacherSource::Head(_) | TeacherSource::CachedHead(..) => TeacherRows::FinalHidden,
+        TeacherSource::TopK => TeacherRows::TopK,
+    };
     let ht = cfg.target_hidden_size;
-    let mut ids = vec![0i32; b * l];
-    let mut mask = vec![0f32; b * l];
-    let mut valid = vec![0f32; b * l];
-    let mut aux = vec![0f32; b * l * aw];
-    let mut fin = match teacher {
-        TeacherSource::Head(_) | TeacherSource::CachedHead(..) => vec![0f32; b * l * ht],
-        TeacherSource::TopK => Vec::new(),
-    };
-    let k = samples[0].topk().map(|t| t.k()).unwrap_or(0);
-    let (mut topk_ids, mut topk_lp) = match teacher {
-        TeacherSource::TopK => (vec![0i32; b * l * k], vec![0f32; b * l * k]),
-        TeacherSource::Head(_) | TeacherSource::CachedHead(..) => (Vec::new(), Vec::new()),
-    };
-    for (i, s) in samples.iter().enumerate() {
-        let n = s.len();
-        let at = i * l;
-        ids[at..at + n].copy_from_slice(&s.input_ids());
-        for (dst, &m) in mask[at..at + n].iter_mut().zip(s.loss_mask()) {
-            *dst = m as f32;
-        }
-        valid[at..at + n].fill(1.0);
-        let rows = s.aux_hidden();
-        if rows.width() != aw {
-            return Err(Error::Incompatible(format!(
-                "{}: sample {} has aux width {}, the drafter expects {aw}",
-                s.shard_path().display(),
-                s.index(),
-                rows.width()
-            )));
-        }
-        rows.decode_into(&mut aux[at * aw..(at + n) * aw])?;
-        match teacher {
-            TeacherSource::Head(_) | TeacherSource::CachedHead(..) => {
-                let f = s.final_hidden().ok_or_else(|| {
-                    Error::Incompatible(format!("{}: no `final_hidden` teacher in the shard", s.shard_path().display()))
-                })?;
-                f.decode_into(&mut fin[at * ht..(at + n) * ht])?;
-            }
-            TeacherSource::TopK => {
-                let t = s.topk().ok_or_else(|| {
-                    Error::Incompatible(format!("{}: no top-k teacher in the shard", s.shard_path().display()))
-                })?;
-                topk_ids[at * k..(at + n) * k].copy_from_slice(&t.ids());
-                t.decode_logprobs_into(&mut topk_lp[at * k..(at + n) * k])?;
-            }
-        }
-    }
+    let aw = cfg.num_aux() * ht;
+    let HostBatch { batch: b, len: l, input_ids, loss_mask, valid, aux, final_hidden: fin, k, topk_ids, topk_logprobs } =
+        gather(samples, aw, ht, rows)?;
     // Padding rows of a top-k teacher: point at id 0 with log-prob 0; they are masked.
     let teacher: TeacherTargets<B> = match teacher {
         TeacherSource::Head(head) => head.targets(Tensor::from_data(TensorData::new(fin, [b, l, ht]), device)),
@@ -173,21 +129,13 @@ pub fn collate<B: Backend>(
             let stats = cache.batch(head, samples, &fin, [l, ht], device);
             head.targets_with(Tensor::from_data(TensorData::new(fin, [b, l, ht]), device), &stats)
         }
-        TeacherSource::TopK => targets_from_topk(&topk_ids, &topk_lp, k, [b, l], vocab, device),
+        TeacherSource::TopK => targets_from_topk(&topk_ids, &topk_logprobs, k, [b, l], vocab, device),
     };
     Ok(TttBatch {
-        input_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, l]), device),
-        loss_mask: Tensor::from_data(TensorData::new(mask, [b, l]), device),
+        input_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(input_ids, [b, l]), device),
+        loss_mask: Tensor::from_data(TensorData::new(loss_mask, [b, l]), device),
         valid: Tensor::from_data(TensorData::new(valid, [b, l]), device),
         aux: Tensor::from_data(TensorData::new(aux, [b, l, aw]), device),
         teacher,
     })
-}
-
-/// Sample indices grouped into batches of at most `batch_size`, sorted by length so that padding
-/// stays small; deterministic.
-pub fn length_sorted_batches(lengths: &[usize], batch_size: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lengths.len()).collect();
-    order.sort_by_key(|&i| (lengths[i], i));
-    order.chunks(batch_size.max(1)).map(|c| c.to_vec()).collect()
 }

@@ -4,12 +4,19 @@
 //!
 //! The full-vocabulary pass (log-partition and argmax over V) runs in row chunks of the head with
 //! an online log-sum-exp, so a 163840-row head never materialises `[L, V]` float32 logits.
+//!
+//! [`batch`] turns shard samples into a device batch with its teacher ([`collate`]), caching the
+//! full-vocabulary statistics per sample for training ([`VocabStatsCache`]).
 
 use burn::tensor::{Int, Tensor, TensorData, activation::softmax, backend::Backend};
 
 use crate::kernels::mm;
 use crate::precision::upcast;
-use crate::vocab::VocabMap;
+use aerie_data::vocab::DraftVocab;
+
+pub mod batch;
+
+pub use batch::{TeacherSource, VocabStatsCache, check_compatible, collate};
 
 /// Per-position teacher quantities, aligned with the captured tokens: row `t` describes the
 /// target's distribution of token `t + 1` (the TTT forward applies the one shift).
@@ -46,7 +53,7 @@ pub struct TargetHead<B: Backend> {
 impl<B: Backend> TargetHead<B> {
     /// `weight: [V, Ht]` (lm_head, or the tied embedding); `chunk_rows` bounds the `[N, chunk]`
     /// logits block of the full-vocabulary pass.
-    pub fn new(weight: Tensor<B, 2>, vocab: &VocabMap, chunk_rows: usize) -> Self {
+    pub fn new(weight: Tensor<B, 2>, vocab: &DraftVocab, chunk_rows: usize) -> Self {
         let device = weight.device();
         let ids: Vec<i64> = vocab.target_ids().iter().map(|&t| t as i64).collect();
         let n = ids.len();
@@ -171,7 +178,7 @@ pub fn targets_from_topk<B: Backend>(
     topk_logprobs: &[f32],
     k: usize,
     shape: [usize; 2],
-    vocab: &VocabMap,
+    vocab: &DraftVocab,
     device: &B::Device,
 ) -> TeacherTargets<B> {
     let [b, l] = shape;
@@ -230,7 +237,7 @@ mod tests {
         let dev = Default::default();
         let (v, ht) = (300, 24);
         let weight = Tensor::<Flex, 2>::random([v, ht], Distribution::Normal(0.0, 1.0), &dev);
-        let vocab = VocabMap::from_target_ids((0..v).step_by(3).collect(), v).unwrap();
+        let vocab = DraftVocab::from_target_ids((0..v).step_by(3).collect(), v).unwrap();
         let head = TargetHead::new(weight, &vocab, 128);
         let a = Tensor::<Flex, 2>::random([12, ht], Distribution::Normal(0.0, 3.0), &dev);
         let s = Tensor::<Flex, 2>::random([10, ht], Distribution::Normal(0.0, 3.0), &dev);

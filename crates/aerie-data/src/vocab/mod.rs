@@ -12,6 +12,9 @@
 //! [`build_vocab`] with `keep_from` reads the drafter's `d2t` instead of building one, and reports
 //! its coverage on the new data next to the coverage a rebuilt vocabulary would have. It never
 //! silently replaces it.
+//!
+//! [`DraftVocab`] itself (the invariants, `d2t`/`t2d`) is in `vocab/draft.rs`; this module
+//! counts, builds, reads and writes it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -23,6 +26,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::prepare::{PreparedDataset, TRAIN};
 use crate::{Error, Result};
+
+mod draft;
+
+pub use draft::DraftVocab;
 
 /// The `format` metadata of a vocabulary file.
 pub const VOCAB_FORMAT: &str = "aerie-vocab/1";
@@ -66,115 +73,7 @@ impl TokenCounts {
     }
 }
 
-/// A draft vocabulary: the sorted target ids the drafter predicts, over a target vocabulary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DraftVocab {
-    target_ids: Vec<u32>,
-    vocab_size: usize,
-}
-
 impl DraftVocab {
-    /// From target ids, which must be strictly ascending and below `vocab_size`.
-    pub fn from_target_ids(target_ids: Vec<u32>, vocab_size: usize) -> std::result::Result<Self, String> {
-        if target_ids.is_empty() {
-            return Err("the draft vocabulary is empty".into());
-        }
-        if let Some(w) = target_ids.windows(2).position(|w| w[0] >= w[1]) {
-            return Err(format!(
-                "target ids are not strictly ascending at draft id {}: {} then {}",
-                w + 1,
-                target_ids[w],
-                target_ids[w + 1]
-            ));
-        }
-        let last = *target_ids.last().expect("non-empty");
-        if last as usize >= vocab_size {
-            return Err(format!("target id {last} is outside the target vocabulary of {vocab_size}"));
-        }
-        Ok(Self { target_ids, vocab_size })
-    }
-
-    /// From `d2t` offsets (`target = i + d2t[i]`).
-    pub fn from_d2t(d2t: &[i64], vocab_size: usize) -> std::result::Result<Self, String> {
-        let ids = d2t
-            .iter()
-            .enumerate()
-            .map(|(i, &off)| {
-                let t = i as i64 + off;
-                u32::try_from(t).map_err(|_| format!("draft id {i}: target id {t} is out of range"))
-            })
-            .collect::<std::result::Result<Vec<u32>, String>>()?;
-        Self::from_target_ids(ids, vocab_size)
-    }
-
-    /// The `n` most frequent ids of `counts` (ties: lower id first), padded with the lowest
-    /// unused ids when fewer than `n` occur, sorted ascending.
-    pub fn build(counts: &TokenCounts, n: usize) -> std::result::Result<Self, String> {
-        let v = counts.counts.len();
-        if n == 0 || n > v {
-            return Err(format!("draft vocab size {n} must be in 1..={v} (the target vocabulary)"));
-        }
-        let mut seen: Vec<u32> = (0..v as u32).filter(|&i| counts.counts[i as usize] > 0).collect();
-        seen.sort_by(|&a, &b| counts.counts[b as usize].cmp(&counts.counts[a as usize]).then(a.cmp(&b)));
-        seen.truncate(n);
-        let mut chosen = vec![false; v];
-        for &id in &seen {
-            chosen[id as usize] = true;
-        }
-        let mut pad = 0u32;
-        while seen.len() < n {
-            if !chosen[pad as usize] {
-                chosen[pad as usize] = true;
-                seen.push(pad);
-            }
-            pad += 1;
-        }
-        seen.sort_unstable();
-        Self::from_target_ids(seen, v)
-    }
-
-    /// Vd.
-    pub fn draft_vocab_size(&self) -> usize {
-        self.target_ids.len()
-    }
-
-    /// V.
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    /// Target id of each draft id, ascending.
-    pub fn target_ids(&self) -> &[u32] {
-        &self.target_ids
-    }
-
-    /// `d2t[i] = target_ids[i] - i`.
-    pub fn d2t(&self) -> Vec<i64> {
-        self.target_ids.iter().enumerate().map(|(i, &t)| i64::from(t) - i as i64).collect()
-    }
-
-    /// `t2d[t]`: whether target id `t` is in the draft vocabulary.
-    pub fn t2d(&self) -> Vec<bool> {
-        let mut t2d = vec![false; self.vocab_size];
-        for &t in &self.target_ids {
-            t2d[t as usize] = true;
-        }
-        t2d
-    }
-
-    /// Share of the masked tokens of `counts` whose id is in the vocabulary (0 when none).
-    pub fn coverage(&self, counts: &TokenCounts) -> f64 {
-        if counts.masked_tokens == 0 {
-            return 0.0;
-        }
-        self.covered(counts) as f64 / counts.masked_tokens as f64
-    }
-
-    /// Masked tokens of `counts` whose id is in the vocabulary.
-    pub fn covered(&self, counts: &TokenCounts) -> u64 {
-        self.target_ids.iter().map(|&t| counts.counts.get(t as usize).copied().unwrap_or(0)).sum()
-    }
-
     /// Write `d2t` (`I64 [Vd]`) and `t2d` (`BOOL [V]`) to a safetensors file, atomically, with
     /// `metadata` plus `format`, `draft_vocab_size` and `vocab_size`.
     pub fn write(&self, path: &Path, metadata: &HashMap<String, String>) -> Result<()> {
@@ -182,12 +81,12 @@ impl DraftVocab {
         let t2d: Vec<u8> = self.t2d().iter().map(|&b| u8::from(b)).collect();
         let tensors = vec![
             ("d2t", tensor_view(path, Dtype::I64, self.draft_vocab_size(), &d2t)?),
-            ("t2d", tensor_view(path, Dtype::BOOL, self.vocab_size, &t2d)?),
+            ("t2d", tensor_view(path, Dtype::BOOL, self.vocab_size(), &t2d)?),
         ];
         let mut meta = metadata.clone();
         meta.insert("format".into(), VOCAB_FORMAT.into());
         meta.insert("draft_vocab_size".into(), self.draft_vocab_size().to_string());
-        meta.insert("vocab_size".into(), self.vocab_size.to_string());
+        meta.insert("vocab_size".into(), self.vocab_size().to_string());
         let bytes = safetensors::serialize(tensors, Some(meta)).map_err(|e| verr(path, e.to_string()))?;
         crate::prepare::write_atomic(path, &bytes)
     }
@@ -233,8 +132,8 @@ impl DraftVocab {
             if dtype != "BOOL" && dtype != "U8" {
                 return Err(verr(&file_path, format!("`t2d` is {dtype}, expected BOOL")));
             }
-            let set: Vec<u32> = bytes.iter().enumerate().filter(|(_, b)| **b != 0).map(|(i, _)| i as u32).collect();
-            if set != vocab.target_ids {
+            let set: Vec<usize> = bytes.iter().enumerate().filter(|(_, b)| **b != 0).map(|(i, _)| i).collect();
+            if set != vocab.target_ids() {
                 return Err(verr(
                     &file_path,
                     format!(
@@ -454,7 +353,7 @@ pub fn build_vocab(
         }
     };
     let covered = vocab.covered(&counts);
-    let padded_ids = vocab.target_ids().iter().filter(|&&t| counts.counts[t as usize] == 0).count();
+    let padded_ids = vocab.target_ids().iter().filter(|&&t| counts.counts[t] == 0).count();
     let report = VocabReport {
         format: VOCAB_FORMAT.into(),
         prepared: prepared.to_owned(),
