@@ -1,6 +1,7 @@
 //! One capture run: target forward per sample, aux features and teacher into shards, then a
 //! verification pass over everything written.
 
+use aerie_model::precision::host_f32;
 use std::path::Path;
 use std::time::Instant;
 
@@ -59,10 +60,6 @@ pub struct CaptureReport {
     pub verify: VerifyReport,
     /// Bytes per stored token (all tensors, from the manifest and file sizes).
     pub bytes_per_token: f64,
-}
-
-fn to_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.cast(DType::F32).into_data().into_vec::<f32>().expect("f32 data")
 }
 
 /// Capture `split` of `data` through `target` into `out` (created, or resumed when it holds a
@@ -146,14 +143,14 @@ pub fn capture<B: Backend>(
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.clone(), [1, len]), &device);
         let mut cache = target.new_cache();
         let out = target.forward(input, &mut cache, &request)?;
-        let aux_rows = to_f32(out.aux_concat().expect("aux layers requested"));
-        let final_rows = opts.teacher.has_final_hidden().then(|| to_f32(out.final_hidden.clone()));
+        let aux_rows = host_f32(out.aux_concat().expect("aux layers requested"));
+        let final_rows = opts.teacher.has_final_hidden().then(|| host_f32(out.final_hidden.clone()));
         let topk = match (opts.teacher.topk(), out.logits) {
             (Some(k), Some(logits)) => {
                 let logprobs = log_softmax(logits.cast(DType::F32), 2);
                 let (values, indices) = logprobs.topk_with_indices(k, 2);
                 let ids: Vec<i32> = indices.into_data().convert::<i32>().into_vec::<i32>().expect("i32 top-k ids");
-                Some((ids, to_f32(values)))
+                Some((ids, host_f32(values)))
             }
             _ => None,
         };

@@ -29,7 +29,7 @@ pub mod init;
 pub mod kernels;
 pub mod layers;
 pub mod native;
-mod precision;
+pub mod precision;
 pub mod rng;
 pub mod rope;
 pub mod teacher;

@@ -12,16 +12,13 @@
 //! The normalisers need pm_k = m · in_draft shifted as the forward shifts it; [`Normalisers`]
 //! computes them on the host from a collated batch before any forward runs.
 
+use aerie_model::precision::host_f32;
 use aerie_model::TttBatch;
 use aerie_model::ttt::TttOutput;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::LossKind;
-
-fn host<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Vec<f32> {
-    t.clone().cast(burn::tensor::DType::F32).into_data().into_vec::<f32>().expect("f32 tensor data")
-}
 
 /// The masks of one collated micro-batch that the objectives need, on the host.
 #[derive(Debug, Clone)]
@@ -38,9 +35,9 @@ impl BatchMasks {
     /// Read the masks of `batch` (mirrors the one shift of `ttt_forward`).
     pub fn of<B: Backend>(batch: &TttBatch<B>) -> Self {
         let [b, l] = batch.input_ids.dims();
-        let mask = host(&batch.loss_mask);
-        let valid = host(&batch.valid);
-        let in_draft = host(&batch.teacher.in_draft);
+        let mask = host_f32(batch.loss_mask.clone());
+        let valid = host_f32(batch.valid.clone());
+        let in_draft = host_f32(batch.teacher.in_draft.clone());
         let mut pm = vec![0f32; b * l];
         for r in 0..b {
             for t in 0..l.saturating_sub(1) {

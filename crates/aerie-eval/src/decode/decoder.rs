@@ -15,6 +15,7 @@ use burn::tensor::{Bool, Int, Tensor, TensorData, backend::Backend};
 
 use super::verdict::{argmax, probs_at, sample_weights};
 use super::{DecodeOptions, DecodeTimings, DraftShape, Verdict, verify_draft};
+use aerie_model::precision::host_f32;
 use crate::accept::AcceptRule;
 use crate::{Error, Result};
 
@@ -58,10 +59,6 @@ pub struct SpecDecoder<'a, B: Backend> {
 struct Draft {
     nodes: Vec<TreeNode>,
     q: Vec<Vec<(u32, f32)>>,
-}
-
-fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().iter::<f32>().collect()
 }
 
 impl<'a, B: Backend> SpecDecoder<'a, B> {

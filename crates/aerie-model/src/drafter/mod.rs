@@ -242,11 +242,6 @@ fn host_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<u32> {
     t.into_data().iter::<i64>().map(|i| i as u32).collect()
 }
 
-/// f32 tensor values on the host.
-fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().iter::<f32>().collect()
-}
-
 fn tensor_to_host<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: Dtype) -> HostTensor {
     let shape = t.dims().to_vec();
     let values: Vec<f32> = t.cast(DType::F32).into_data().into_vec().expect("f32 tensor data");

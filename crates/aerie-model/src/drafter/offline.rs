@@ -25,8 +25,8 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
 use super::tree::{TreeNode, prune, top_children};
-use super::{Drafter, TttCache, host_f32, host_ids};
-use crate::precision::upcast;
+use super::{Drafter, TttCache, host_ids};
+use crate::precision::{host_f32, upcast};
 use crate::rng::SplitMix;
 use crate::{Error, Result};
 

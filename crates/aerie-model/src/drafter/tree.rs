@@ -7,7 +7,8 @@
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Tensor, backend::Backend};
 
-use super::{host_f32, host_ids};
+use super::host_ids;
+use crate::precision::host_f32;
 
 /// One drafted tree node.
 #[derive(Debug, Clone, Copy, PartialEq)]

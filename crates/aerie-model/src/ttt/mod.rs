@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::drafter::{Drafter, TttCache};
 use crate::kernels::host::HostFloat;
 use crate::layers::Linear;
-use crate::precision::upcast;
+use crate::precision::{host_f32, upcast};
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
 
@@ -177,9 +177,6 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
     ttt_forward_with(drafter, batch, opts, LossPath::Auto)
 }
 
-fn host_f32<B: Backend>(t: &Tensor<B, 2>) -> Vec<f32> {
-    t.clone().detach().into_data().convert::<f32>().into_vec::<f32>().expect("f32 data")
-}
 
 /// [`ttt_forward`] with an explicit [`LossPath`] (both give the same values and gradients up to
 /// float rounding; tests compare them).
@@ -272,7 +269,7 @@ impl<B: Backend> Scorer<B> {
             };
         }
         let shape = batch.input_ids.dims();
-        let (m, pm) = (host_f32(m), host_f32(pm));
+        let (m, pm) = (host_f32(m.clone()), host_f32(pm.clone()));
         match dtype {
             DType::F64 => Scorer::Host64(HostScorer {
                 teacher: fused::HostTeacher::new(&batch.teacher.p, &batch.teacher.pf),
