@@ -55,6 +55,7 @@
 compile_error!("aerie-data reads shards in place and supports little-endian targets only");
 
 mod arrowutil;
+pub mod atomic;
 pub mod clock;
 pub mod conversation;
 mod error;
@@ -68,4 +69,3 @@ pub mod tokenizer;
 pub mod vocab;
 
 pub use error::{Error, MetadataError, Result};
-pub use shard::write_bytes_atomic;

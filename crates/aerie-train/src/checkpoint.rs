@@ -21,6 +21,8 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::step::{OptimRecord, Trainer};
+use aerie_data::atomic::sync_dir;
+
 use crate::{Error, Result};
 
 /// `format` of `state.json`.
@@ -120,10 +122,6 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
     f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| Error::io(path, e))
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io(dir, e))
 }
 
 /// Write `RUN/checkpoint-<state.step>/` atomically; returns its path.

@@ -17,8 +17,8 @@ use aerie_model::checkpoint::{
 use serde_json::{Map, Value, json};
 
 use crate::config::{InitKind, ShapeOverrides, TrainConfig};
-use aerie_model::rng::SplitMix;
 use crate::{Error, Result};
+use aerie_model::rng::SplitMix;
 
 /// The initial drafter: its checkpoint (with `embed_tokens.weight`) and what was done to get it.
 #[derive(Debug, Clone)]

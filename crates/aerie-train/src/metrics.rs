@@ -192,9 +192,7 @@ impl MetricsLog {
                 body.push('\n');
             }
             // Atomically: a kill here must not lose the lines that stay.
-            let tmp = run.join(".metrics.jsonl.tmp");
-            std::fs::write(&tmp, body).map_err(|e| Error::io(&tmp, e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            aerie_data::atomic::write_bytes(&path, body.as_bytes())?;
         }
         let file =
             std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
@@ -212,9 +210,7 @@ impl MetricsLog {
 /// Write `RUN/summary.json` (atomically: a temporary file renamed into place).
 pub fn write_summary(run: &Path, summary: &Summary) -> Result<()> {
     let path = run.join("summary.json");
-    let tmp = run.join(".summary.json.tmp");
     let mut text = serde_json::to_string_pretty(summary).expect("summary serialises");
     text.push('\n');
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+    Ok(aerie_data::atomic::write_bytes(&path, text.as_bytes())?)
 }

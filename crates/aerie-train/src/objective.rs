@@ -12,8 +12,8 @@
 //! The normalisers need pm_k = m · in_draft shifted as the forward shifts it; [`Normalisers`]
 //! computes them on the host from a collated batch before any forward runs.
 
-use aerie_model::precision::host_f32;
 use aerie_model::TttBatch;
+use aerie_model::precision::host_f32;
 use aerie_model::ttt::TttOutput;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};

@@ -204,7 +204,7 @@ impl PartialOutput {
                 if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
                 }
-                aerie_data::shard::write_bytes_atomic(
+                aerie_data::atomic::write_bytes(
                     &meta_file,
                     serde_json::to_string_pretty(meta).expect("JSON").as_bytes(),
                 )?;
@@ -248,7 +248,7 @@ impl ClosedOutput {
 
     /// Write the report beside `out`, then rename `OUT.partial` to `out`.
     pub(super) fn publish(self, out: &Path, report: &RegenerateReport) -> Result<()> {
-        aerie_data::shard::write_bytes_atomic(
+        aerie_data::atomic::write_bytes(
             &report_path(out),
             serde_json::to_string_pretty(report).expect("JSON").as_bytes(),
         )?;

@@ -65,7 +65,6 @@ pub struct MeasureArgs {
     pub json: bool,
 }
 
-
 /// Run `aerie measure`.
 pub fn run(args: MeasureArgs) -> Result<()> {
     let mut prompts = load_prompts(&args.prompts)?;
@@ -123,7 +122,8 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Res
     } else {
         args.measured_where.clone()
     };
-    let provenance = Provenance { measured_where, when: aerie_data::clock::today(), by: args.by.clone(), ..Default::default() };
+    let provenance =
+        Provenance { measured_where, when: aerie_data::clock::today(), by: args.by.clone(), ..Default::default() };
     let costs = costs_from_report(report, existing, provenance)?;
     std::fs::write(out, costs.to_toml()?).with_context(|| format!("writing {}", out.display()))?;
     Ok(())

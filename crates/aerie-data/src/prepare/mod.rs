@@ -36,7 +36,6 @@ use crate::tokenizer::TokenizerFiles;
 use crate::{Error, Result};
 
 pub use dataset::{PreparedDataset, PreparedSample, PreparedSamples};
-pub(crate) use writer::write_bytes_atomic as write_atomic;
 pub use writer::{columns, schema};
 
 /// The `format` of `report.json`.
@@ -358,7 +357,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
         length_histogram,
     };
     let json = serde_json::to_vec_pretty(&report).map_err(|e| Error::InvalidOption(e.to_string()))?;
-    writer::write_bytes_atomic(&opts.out.join(REPORT_FILE), &json)?;
+    crate::atomic::write_bytes(&opts.out.join(REPORT_FILE), &json)?;
     Ok(report)
 }
 

@@ -15,6 +15,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use super::SplitStats;
+use crate::atomic::{sync_dir, tmp_path};
 use crate::paths::parent_dir;
 use crate::{Error, Result};
 
@@ -47,33 +48,6 @@ pub fn schema() -> SchemaRef {
 
 fn perr(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Parquet { path: path.to_owned(), message: e.to_string() }
-}
-
-/// Fsync the directory so a rename in it survives a crash (no-op off Unix).
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    #[cfg(unix)]
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
-    let _ = dir;
-    Ok(())
-}
-
-/// Write `bytes` to `path` atomically (temp file, fsync, rename, fsync of the directory).
-pub(crate) fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = tmp_path(path);
-    let result = std::fs::write(&tmp, bytes)
-        .and_then(|()| File::open(&tmp)?.sync_all())
-        .map_err(|e| Error::io(&tmp, e))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)))
-        .and_then(|()| sync_dir(parent_dir(path)));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-pub(crate) fn tmp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".tmp-{name}"))
 }
 
 /// Writes one split.

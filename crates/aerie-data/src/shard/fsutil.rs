@@ -4,18 +4,16 @@
 //! manifest, whatever moment a capture process dies at.
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub(crate) use crate::atomic::{TMP_PREFIX, sync_dir, write_bytes as write_bytes_atomic, write_file as write_atomic};
 use crate::{Error, Result};
 
 /// Name of the manifest inside a dataset directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
-
-/// Temp files start with this; they are never part of a dataset and resume deletes them.
-pub(crate) const TMP_PREFIX: &str = ".tmp-";
 
 /// The lock file a writer holds. It stays behind (empty) after the writer ends: deleting it
 /// would let two writers lock different inodes of the same name.
@@ -42,43 +40,6 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
         && !name.contains(['/', '\\'])
         && !name.starts_with(TMP_PREFIX)
         && name != MANIFEST_FILE
-}
-
-/// Write `path` atomically with the bytes `fill` produces: a temp file beside it, fsynced, then
-/// renamed over `path`, then the directory fsynced so the rename itself survives a crash.
-pub(crate) fn write_atomic(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!("{TMP_PREFIX}{name}"));
-    let result = fill(&tmp).and_then(|()| {
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        sync_dir(dir)
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Write `bytes` to `path` atomically (temp file beside it, fsync, rename, directory fsync):
-/// readers see the old file or the whole new one, never a torn write.
-pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic(path, |tmp| {
-        let mut f = File::create(tmp).map_err(|e| Error::io(tmp, e))?;
-        f.write_all(bytes).map_err(|e| Error::io(tmp, e))
-    })
-}
-
-/// Persist directory entries (renames, removals). A no-op where directories cannot be opened.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
-    }
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
 }
 
 /// sha256 of a file as lowercase hex: shard checksums in the manifest, and the

@@ -21,7 +21,7 @@ mod verify;
 mod view;
 mod writer;
 
-pub use fsutil::{MANIFEST_FILE, sha256_file, shard_file_name, write_bytes_atomic};
+pub use fsutil::{MANIFEST_FILE, sha256_file, shard_file_name};
 pub use input::{HiddenInput, SampleRef, TopKRef};
 pub use manifest::{Manifest, ShardEntry};
 pub use metadata::{AuxConvention, FORMAT, FORMAT_MAJOR, FloatDtype, ShardMetadata, Teacher, format_is_supported};

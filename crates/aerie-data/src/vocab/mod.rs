@@ -88,7 +88,7 @@ impl DraftVocab {
         meta.insert("draft_vocab_size".into(), self.draft_vocab_size().to_string());
         meta.insert("vocab_size".into(), self.vocab_size().to_string());
         let bytes = safetensors::serialize(tensors, Some(meta)).map_err(|e| verr(path, e.to_string()))?;
-        crate::prepare::write_atomic(path, &bytes)
+        crate::atomic::write_bytes(path, &bytes)
     }
 
     /// Read the `d2t` of a safetensors file (a vocabulary file, or a drafter's
@@ -384,6 +384,6 @@ pub fn build_vocab(
     }
     vocab.write(out, &meta)?;
     let json = serde_json::to_vec_pretty(&report).map_err(|e| Error::InvalidOption(e.to_string()))?;
-    crate::prepare::write_atomic(&out.with_extension("json"), &json)?;
+    crate::atomic::write_bytes(&out.with_extension("json"), &json)?;
     Ok(report)
 }

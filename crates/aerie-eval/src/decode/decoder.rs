@@ -7,17 +7,17 @@ use std::time::Instant;
 
 use aerie_model::drafter::decode::{BranchKv, DraftKv, StepOutput, row_index};
 use aerie_model::drafter::offline::sample_index;
-use aerie_model::rng::SplitMix;
 use aerie_model::drafter::tree::{TreeNode, prune, top_children};
+use aerie_model::rng::SplitMix;
 use aerie_model::{CaptureRequest, LogitsMode, TargetModel};
 use aerie_model::{Drafter, TargetCache};
 use burn::tensor::{Bool, Int, Tensor, TensorData, backend::Backend};
 
 use super::verdict::{argmax, probs_at, sample_weights};
 use super::{DecodeOptions, DecodeTimings, DraftShape, Verdict, verify_draft};
-use aerie_model::precision::host_f32;
 use crate::accept::AcceptRule;
 use crate::{Error, Result};
+use aerie_model::precision::host_f32;
 
 /// One answer decoded speculatively.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -3,8 +3,8 @@
 //! bonus token it adds. Pure functions of the rows and the sampler, so their losslessness is
 //! tested here without a model.
 
-use aerie_model::rng::SplitMix;
 use aerie_model::drafter::tree::TreeNode;
+use aerie_model::rng::SplitMix;
 
 use crate::accept::AcceptRule;
 

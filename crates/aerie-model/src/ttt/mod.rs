@@ -177,7 +177,6 @@ pub fn ttt_forward<B: Backend>(drafter: &Drafter<B>, batch: &TttBatch<B>, opts: 
     ttt_forward_with(drafter, batch, opts, LossPath::Auto)
 }
 
-
 /// [`ttt_forward`] with an explicit [`LossPath`] (both give the same values and gradients up to
 /// float rounding; tests compare them).
 pub fn ttt_forward_with<B: Backend>(

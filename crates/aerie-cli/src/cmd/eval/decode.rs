@@ -105,7 +105,7 @@ fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
 
     let json = serde_json::to_string(&report)?;
     if let Some(out) = &args.out {
-        aerie_data::write_bytes_atomic(out, format!("{json}\n").as_bytes())?;
+        aerie_data::atomic::write_bytes(out, format!("{json}\n").as_bytes())?;
     }
     if let Some(path) = &args.costs_out {
         let Some(costs) = measured_costs(&timings, &args.target, &args.device.to_string(), &opts.shape, &today())
@@ -114,7 +114,7 @@ fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
         };
         let header =
             format!("# Measured by `aerie eval decode` on {} prompts of {}.\n", prompts.len(), args.prompts.display());
-        aerie_data::write_bytes_atomic(path, format!("{header}{}", costs.to_toml()?).as_bytes())?;
+        aerie_data::atomic::write_bytes(path, format!("{header}{}", costs.to_toml()?).as_bytes())?;
     }
     if args.json {
         println!("{json}");
