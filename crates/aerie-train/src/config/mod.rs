@@ -9,6 +9,7 @@
 //! Unknown keys are errors that name the nearest valid key ([`keys`]); `--set key=value`
 //! overrides go through the same table. [`fingerprint`] hashes the keys that change a run's
 //! result, so a resume with a different config is refused with the differing keys listed.
+//! [`model_paths`] names the keys that hold model paths, for callers that resolve hub ids.
 //!
 //! Relative paths are resolved against the working directory, like every other aerie path.
 
