@@ -60,6 +60,7 @@ pub mod clock;
 pub mod conversation;
 mod error;
 pub mod generation;
+pub mod hf_config;
 mod paths;
 pub mod prepare;
 pub mod readers;

@@ -87,12 +87,8 @@ impl TokenizerFiles {
             }
             None => Map::new(),
         };
-        let model_vocab_size = read_json(&dir.join("config.json"))?.and_then(|c| {
-            c.get("vocab_size")
-                .or_else(|| c.get("text_config").and_then(|t| t.get("vocab_size")))
-                .and_then(Json::as_u64)
-                .map(|v| v as usize)
-        });
+        let model_vocab_size = read_json(&dir.join("config.json"))?
+            .and_then(|c| crate::hf_config::text_key(&c, "vocab_size").and_then(Json::as_u64).map(|v| v as usize));
         Ok(Self { dir, tokenizer, config, digest, tokenizer_vocab_size, model_vocab_size })
     }
 

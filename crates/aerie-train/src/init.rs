@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use aerie_data::hf_config::{config_json_path, text_model};
 use aerie_data::vocab::DraftVocab;
 use aerie_model::DrafterConfig;
 use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config, read_config};
@@ -69,9 +70,9 @@ fn read_json(path: &Path) -> Result<Value> {
 /// `draft_vocab_size` from the vocab and aux ids defaulting to `[1, N/2-1, N-4]`. Parsed through
 /// the drafter config reader, so RoPE keys are understood exactly as for a loaded drafter.
 pub fn fresh_config(target_config: &Path, vocab: &DraftVocab, shape: &ShapeOverrides) -> Result<DrafterConfig> {
-    let path = if target_config.is_dir() { target_config.join("config.json") } else { target_config.to_path_buf() };
+    let path = config_json_path(target_config);
     let top = read_json(&path)?;
-    let text = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
+    let text = text_model(&top);
     let mut m = Map::new();
     for key in [
         "hidden_size",
@@ -201,7 +202,7 @@ pub fn drafter_config(cfg: &TrainConfig) -> Result<DrafterConfig> {
         InitKind::Fresh => Ok(fresh_shape(cfg)?.1),
         InitKind::WarmStart => {
             let dir = cfg.init.drafter.as_deref().expect("validated: warm_start has init.drafter");
-            let path = if dir.is_dir() { dir.join("config.json") } else { dir.to_path_buf() };
+            let path = config_json_path(dir);
             Ok(read_config(&path, None)?.resolved(&path)?)
         }
     }
@@ -217,10 +218,8 @@ fn fresh_shape(cfg: &TrainConfig) -> Result<(DraftVocab, DrafterConfig)> {
         (None, None) => unreachable!("validated: fresh has a target config"),
     };
     let t2d_hint = {
-        let p = if target_config.is_dir() { target_config.join("config.json") } else { target_config.clone() };
-        let top = read_json(&p)?;
-        let text = top.get("text_config").filter(|v| v.is_object()).unwrap_or(&top);
-        text.get("vocab_size").and_then(Value::as_u64).map(|v| v as usize)
+        let top = read_json(&config_json_path(&target_config))?;
+        text_model(&top).get("vocab_size").and_then(Value::as_u64).map(|v| v as usize)
     };
     let vocab = read_vocab_file(vocab_path, t2d_hint)?;
     let dc = fresh_config(&target_config, &vocab, &cfg.init.shape)?;

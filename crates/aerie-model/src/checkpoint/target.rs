@@ -6,7 +6,7 @@
 //! Kimi-K2.5 keep the text model under `language_model.` and its config under `text_config`),
 //! or a plain safetensors file holding just the tensor.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -33,10 +33,7 @@ pub struct TargetInfo {
     pub architectures: Vec<String>,
 }
 
-/// `dir/config.json`, or `path` itself when it is a file.
-fn config_path(path: &Path) -> PathBuf {
-    if path.is_dir() { path.join("config.json") } else { path.to_path_buf() }
-}
+use aerie_data::hf_config::{config_json_path as config_path, text_key};
 
 /// Read a target's `config.json` (give the model directory or the file).
 pub fn read_target_info(path: &Path) -> Result<TargetInfo> {
@@ -47,8 +44,7 @@ pub fn read_target_info(path: &Path) -> Result<TargetInfo> {
     if !top.is_object() {
         return Err(Error::Config { path: cfg, message: "not a JSON object".into() });
     }
-    let text_cfg = top.get("text_config").filter(|v| v.is_object());
-    let get = |key: &str| text_cfg.and_then(|t| t.get(key)).or_else(|| top.get(key));
+    let get = |key: &str| text_key(&top, key);
     let num = |key: &str| get(key).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
     Ok(TargetInfo {
         num_hidden_layers: num("num_hidden_layers"),

@@ -6,7 +6,7 @@
 //! `rope_theta`/`rope_scaling` keys (with `rope_type` or the older `type` key), exactly as the
 //! drafter config reader does (eagle3.md §1).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -183,7 +183,7 @@ impl TargetConfig {
     /// Read `dir/config.json` (or `path` itself when it is a file). A multimodal wrapper's
     /// `text_config` is NOT unwrapped: aerie's native target covers plain causal LMs.
     pub fn read(path: &Path) -> Result<Self> {
-        let file: PathBuf = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
+        let file = aerie_data::hf_config::config_json_path(path);
         let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
         Self::from_json_str(&text, &file)
     }
