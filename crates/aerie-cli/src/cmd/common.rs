@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use aerie_data::conversation::SameRolePolicy;
 use aerie_eval::accept::AcceptRule;
+use aerie_eval::decode::DraftShape;
 use aerie_eval::verify::{AcceptOptions, TreeShape};
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
@@ -42,6 +43,42 @@ impl SameRole {
     }
 }
 
+/// The draft layout flags of `eval accept`, `eval decode` and `compare`, with SGLang's names in
+/// the help, so one chain or tree is described the same way everywhere.
+#[derive(Args, Debug, Clone)]
+pub struct DraftShapeArgs {
+    /// Draft steps K (chain length, or tree depth).
+    #[arg(long = "k", default_value_t = 3)]
+    pub k: usize,
+    /// Children per node of a draft tree (SGLang --speculative-eagle-topk); > 1 drafts a tree.
+    #[arg(long, default_value_t = 1)]
+    pub topk: usize,
+    /// Tokens verified per pass of a tree, root included (SGLang --speculative-num-draft-tokens).
+    #[arg(long)]
+    pub tree_tokens: Option<usize>,
+}
+
+impl DraftShapeArgs {
+    /// The layout as decoding takes it.
+    pub fn shape(&self) -> Result<DraftShape> {
+        Ok(match (self.topk, self.tree_tokens) {
+            (1, None) => DraftShape::Chain { k: self.k },
+            (topk, Some(tokens)) => DraftShape::Tree { depth: self.k, topk, tokens },
+            (topk, None) => {
+                bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
+            }
+        })
+    }
+
+    /// The tree of offline acceptance; `None` for a chain.
+    pub fn tree(&self) -> Result<Option<TreeShape>> {
+        Ok(match self.shape()? {
+            DraftShape::Chain { .. } => None,
+            DraftShape::Tree { topk, tokens, .. } => Some(TreeShape { topk, verify_tokens: tokens }),
+        })
+    }
+}
+
 /// Flags shared by `eval accept` and `compare`.
 #[derive(Debug, Args)]
 pub struct AcceptCommon {
@@ -57,15 +94,9 @@ pub struct AcceptCommon {
     /// --target-head when that is a directory. A directory, file or hub id.
     #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: Option<PathBuf>,
-    /// Draft steps K (chain length, or tree depth).
-    #[arg(long = "k", default_value_t = 3)]
-    pub k: usize,
-    /// Children per node of a draft tree (SGLang --speculative-eagle-topk); > 1 drafts a tree.
-    #[arg(long, default_value_t = 1)]
-    pub topk: usize,
-    /// Tokens verified per pass of a tree, root included (SGLang --speculative-num-draft-tokens).
-    #[arg(long)]
-    pub tree_tokens: Option<usize>,
+    /// Draft layout.
+    #[command(flatten)]
+    pub draft: DraftShapeArgs,
     /// Draft temperature; 0 drafts the argmax (as SGLang's EAGLE worker does).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
@@ -92,16 +123,9 @@ pub struct AcceptCommon {
 impl AcceptCommon {
     /// The library options these flags describe.
     pub fn options(&self) -> Result<AcceptOptions> {
-        let tree = match (self.topk, self.tree_tokens) {
-            (1, None) => None,
-            (topk, Some(n)) => Some(TreeShape { topk, verify_tokens: n }),
-            (topk, None) => {
-                bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
-            }
-        };
         let opts = AcceptOptions {
-            steps: self.k,
-            tree,
+            steps: self.draft.k,
+            tree: self.draft.tree()?,
             temperature: self.temperature,
             seed: self.seed,
             rule: self.rule,

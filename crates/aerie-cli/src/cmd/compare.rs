@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use aerie_eval::compare::{Candidate, rows, write_report};
 use aerie_eval::cost::Costs;
-use aerie_eval::decode::{DecodeOptions, DecodeSession, DraftShape, measured_costs};
+use aerie_eval::decode::{DecodeOptions, DecodeSession, measured_costs};
 use aerie_eval::offline::ShardEval;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
@@ -98,11 +98,7 @@ fn compare_decoding<B: Backend>(
 ) -> Result<()> {
     let c = &args.common;
     let target = c.target.as_deref().expect("clap requires --target with --prompts");
-    let shape = match (c.topk, c.tree_tokens) {
-        (1, None) => DraftShape::Chain { k: c.k },
-        (topk, Some(tokens)) => DraftShape::Tree { depth: c.k, topk, tokens },
-        (topk, None) => bail!("--topk {topk} drafts a tree: give --tree-tokens N"),
-    };
+    let shape = c.draft.shape()?;
     let opts = DecodeOptions {
         shape,
         temperature: c.temperature,

@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 
 use aerie_eval::accept::AcceptRule;
-use aerie_eval::decode::{DecodeOptions, DecodeReport, DecodeSession, DraftShape, measured_costs};
+use aerie_eval::decode::{DecodeOptions, DecodeReport, DecodeSession, measured_costs};
 use anyhow::{Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use crate::cmd::common::today;
+use crate::cmd::common::{DraftShapeArgs, today};
 use crate::device::{DeviceArg, with_backend};
 use crate::progress;
 
@@ -25,15 +25,9 @@ pub struct DecodeArgs {
     /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`.
     #[arg(long)]
     pub prompts: PathBuf,
-    /// Draft steps K (chain length, or tree depth).
-    #[arg(long = "k", default_value_t = 3)]
-    pub k: usize,
-    /// Children per node of a draft tree (SGLang --speculative-eagle-topk); > 1 drafts a tree.
-    #[arg(long, default_value_t = 1)]
-    pub topk: usize,
-    /// Tokens verified per pass of a tree, root included (SGLang --speculative-num-draft-tokens).
-    #[arg(long)]
-    pub tree_tokens: Option<usize>,
+    /// Draft layout.
+    #[command(flatten)]
+    pub draft: DraftShapeArgs,
     /// Sampling temperature; 0 decodes greedily.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
@@ -69,13 +63,7 @@ pub struct DecodeArgs {
 
 impl DecodeArgs {
     fn options(&self) -> Result<DecodeOptions> {
-        let shape = match (self.topk, self.tree_tokens) {
-            (1, None) => DraftShape::Chain { k: self.k },
-            (topk, Some(tokens)) => DraftShape::Tree { depth: self.k, topk, tokens },
-            (topk, None) => {
-                bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
-            }
-        };
+        let shape = self.draft.shape()?;
         let rule = self.rule.unwrap_or(if self.temperature == 0.0 { AcceptRule::Greedy } else { AcceptRule::Onehot });
         Ok(DecodeOptions {
             shape,
