@@ -43,6 +43,24 @@ impl SameRole {
     }
 }
 
+/// How an evaluation walks captured shards (`eval loss`, `eval accept`, `compare`): batch size,
+/// sample limit, the head's chunking and the device.
+#[derive(Args, Debug, Clone)]
+pub struct ShardPassArgs {
+    /// Samples per forward.
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+    /// Evaluate only the first N samples.
+    #[arg(long)]
+    pub max_samples: Option<usize>,
+    /// Rows of the target head per chunk of the full-vocabulary pass.
+    #[arg(long, default_value_t = 8192)]
+    pub head_chunk_rows: usize,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+}
+
 /// The draft layout flags of `eval accept`, `eval decode` and `compare`, with SGLang's names in
 /// the help, so one chain or tree is described the same way everywhere.
 #[derive(Args, Debug, Clone)]
@@ -106,18 +124,9 @@ pub struct AcceptCommon {
     /// Verify rule: greedy (draft == target argmax), sampling (Σ min(p, q)), onehot (p(draft)).
     #[arg(long, default_value = "greedy")]
     pub rule: AcceptRule,
-    /// Samples per forward.
-    #[arg(long, default_value_t = 4)]
-    pub batch_size: usize,
-    /// Evaluate only the first N samples.
-    #[arg(long)]
-    pub max_samples: Option<usize>,
-    /// Rows of the target head per chunk of the full-vocabulary pass.
-    #[arg(long, default_value_t = 8192)]
-    pub head_chunk_rows: usize,
-    /// `cpu` or `cuda:N`.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceArg,
+    /// How the shards are walked.
+    #[command(flatten)]
+    pub pass: ShardPassArgs,
 }
 
 impl AcceptCommon {
@@ -129,9 +138,9 @@ impl AcceptCommon {
             temperature: self.temperature,
             seed: self.seed,
             rule: self.rule,
-            batch_size: self.batch_size,
-            max_samples: self.max_samples,
-            head_chunk_rows: self.head_chunk_rows,
+            batch_size: self.pass.batch_size,
+            max_samples: self.pass.max_samples,
+            head_chunk_rows: self.pass.head_chunk_rows,
         };
         opts.validate()?;
         Ok(opts)

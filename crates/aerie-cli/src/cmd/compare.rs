@@ -59,7 +59,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
     }
     args.common.options()?;
     let costs = args.costs.as_deref().map(Costs::load).transpose().context("reading the costs file")?;
-    with_backend!(args.common.device, |B, dev| compare::<B>(&args, costs.as_ref(), &dev))
+    with_backend!(args.common.pass.device, |B, dev| compare::<B>(&args, costs.as_ref(), &dev))
 }
 
 /// One bar across all candidates: n × `per` units, the current candidate in its prefix.
@@ -107,7 +107,7 @@ fn compare_decoding<B: Backend>(
         seed: c.seed,
     };
     opts.validate(usize::MAX)?;
-    let session = DecodeSession::<B>::load(target, prompts, c.max_samples, &args.template, device)?;
+    let session = DecodeSession::<B>::load(target, prompts, c.pass.max_samples, &args.template, device)?;
     let n = args.drafters.len();
     let pb = candidates_bar(n, 2 * session.answers() * args.max_new_tokens, "tokens (max)");
     let mut cands = Vec::with_capacity(n);
@@ -124,7 +124,7 @@ fn compare_decoding<B: Backend>(
                 return Err(e.into());
             }
         };
-        let measured = measured_costs(&timings, target, &c.device.to_string(), &shape, &today());
+        let measured = measured_costs(&timings, target, &c.pass.device.to_string(), &shape, &today());
         let own = costs.cloned().or(measured);
         if report_costs.is_none() {
             report_costs.clone_from(&own);
@@ -147,7 +147,7 @@ fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::De
     let opts = c.options()?;
     let target = c.target_for_embedding();
     let n = args.drafters.len();
-    let per = shards.samples(c.max_samples);
+    let per = shards.samples(c.pass.max_samples);
     let pb = candidates_bar(n, per, "samples");
     let mut cands = Vec::with_capacity(n);
     for (i, dir) in args.drafters.iter().enumerate() {

@@ -29,13 +29,13 @@ pub struct AcceptArgs {
 /// Run `aerie eval accept`.
 pub fn run(args: AcceptArgs) -> Result<()> {
     args.common.options()?;
-    with_backend!(args.common.device, |B, dev| accept::<B>(&args, &dev))
+    with_backend!(args.common.pass.device, |B, dev| accept::<B>(&args, &dev))
 }
 
 fn accept<B: Backend>(args: &AcceptArgs, device: &B::Device) -> Result<()> {
     let c = &args.common;
     let shards = ShardEval::<B>::open(c.data_dir()?, c.target_head.as_deref(), device)?;
-    let pb = progress::bar(shards.samples(c.max_samples) as u64, "eval accept", "samples");
+    let pb = progress::bar(shards.samples(c.pass.max_samples) as u64, "eval accept", "samples");
     let report = shards.accept(
         &args.drafter,
         c.target_for_embedding().as_deref(),

@@ -15,7 +15,8 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
 
-use crate::device::{DeviceArg, with_backend};
+use crate::cmd::common::ShardPassArgs;
+use crate::device::with_backend;
 use crate::progress;
 
 /// `aerie eval ...`
@@ -55,18 +56,9 @@ pub struct LossArgs {
     /// Per-step loss decay (weights decay^k).
     #[arg(long, default_value_t = 0.8)]
     pub step_decay: f64,
-    /// Samples per forward.
-    #[arg(long, default_value_t = 4)]
-    pub batch_size: usize,
-    /// Evaluate only the first N samples.
-    #[arg(long)]
-    pub max_samples: Option<usize>,
-    /// Rows of the target head per chunk of the full-vocabulary pass.
-    #[arg(long, default_value_t = 8192)]
-    pub head_chunk_rows: usize,
-    /// `cpu` or `cuda:N`.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceArg,
+    /// How the shards are walked.
+    #[command(flatten)]
+    pub pass: ShardPassArgs,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -75,7 +67,7 @@ pub struct LossArgs {
 /// Run `aerie eval`.
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
-        EvalCommand::Loss(args) => with_backend!(args.device, |B, dev| loss::<B>(&args, &dev)),
+        EvalCommand::Loss(args) => with_backend!(args.pass.device, |B, dev| loss::<B>(&args, &dev)),
         EvalCommand::Accept(args) => accept::run(args),
         EvalCommand::Decode(args) => decode::run(args),
     }
@@ -90,7 +82,7 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     let data = ShardDataset::open(&args.data)?;
     let head = match (&args.target_head, data.metadata().teacher.has_final_hidden()) {
         (Some(path), true) => {
-            Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.head_chunk_rows))
+            Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.pass.head_chunk_rows))
         }
         (None, true) if data.metadata().teacher.topk().is_none() => bail!(
             "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
@@ -100,10 +92,10 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     };
     let opts = EvalLossOptions {
         ttt: TttOptions::geometric(args.ttt_length, args.step_decay),
-        batch_size: args.batch_size,
-        max_samples: args.max_samples,
+        batch_size: args.pass.batch_size,
+        max_samples: args.pass.max_samples,
     };
-    let total = args.max_samples.map_or(data.len(), |m| m.min(data.len()));
+    let total = args.pass.max_samples.map_or(data.len(), |m| m.min(data.len()));
     let pb = progress::bar(total as u64, "eval loss", "samples");
     let metrics = eval_loss(&drafter, &data, head.as_ref(), &opts, &mut |done, _| pb.set_position(done as u64))?;
     pb.finish_and_clear();
