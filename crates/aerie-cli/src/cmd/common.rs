@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use aerie_data::conversation::SameRolePolicy;
+use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
+use aerie_data::readers::{InputFormat, ReadOptions};
 use aerie_eval::accept::AcceptRule;
 use aerie_eval::decode::DraftShape;
 use aerie_eval::verify::{AcceptOptions, TreeShape};
@@ -40,6 +41,33 @@ impl SameRole {
             SameRole::Merge => SameRolePolicy::Merge,
             SameRole::Cut => SameRolePolicy::Cut,
         }
+    }
+}
+
+/// How chat data is read (`data prepare`, `regenerate`): the input layout, strictness and the
+/// same-role policy, so both commands read a file the same way.
+#[derive(Args, Debug, Clone)]
+pub struct ChatInputArgs {
+    /// Input layout: auto, json, jsonl, parquet.
+    #[arg(long, default_value = "auto")]
+    pub format: String,
+    /// Fail on a malformed record or a truncated file instead of skipping with a warning.
+    #[arg(long)]
+    pub strict: bool,
+    /// What to do with consecutive same-role turns.
+    #[arg(long, value_enum, default_value = "merge")]
+    pub same_role: SameRole,
+}
+
+impl ChatInputArgs {
+    /// The reader's options.
+    pub fn read_options(&self) -> Result<ReadOptions> {
+        Ok(ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict })
+    }
+
+    /// The normaliser's options.
+    pub fn normalize_options(&self) -> NormalizeOptions {
+        NormalizeOptions { same_role: self.same_role.policy(), ..NormalizeOptions::default() }
     }
 }
 

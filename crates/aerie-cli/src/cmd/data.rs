@@ -3,15 +3,14 @@
 
 use std::path::PathBuf;
 
-use aerie_data::conversation::NormalizeOptions;
 use aerie_data::prepare::{PrepareOptions, PrepareProgress, PrepareReport, prepare};
-use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
+use aerie_data::readers::ProgressUnit;
 use aerie_data::template::{EncodeOptions, TemplateChoice};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cmd::common::SameRole;
+use crate::cmd::common::ChatInputArgs;
 
 /// `aerie data ...`
 #[derive(Debug, Subcommand)]
@@ -46,15 +45,9 @@ pub struct PrepareArgs {
     /// Held-out split by source-id hash, e.g. `eval=0.02`.
     #[arg(long)]
     pub split: Option<String>,
-    /// Input layout: auto, json, jsonl, parquet.
-    #[arg(long, default_value = "auto")]
-    pub format: String,
-    /// Fail on a malformed record or a truncated file instead of skipping with a warning.
-    #[arg(long)]
-    pub strict: bool,
-    /// What to do with consecutive same-role turns.
-    #[arg(long, value_enum, default_value = "merge")]
-    pub same_role: SameRole,
+    /// How chat records are read.
+    #[command(flatten)]
+    pub input: ChatInputArgs,
     /// System prompt to add to conversations that have none.
     #[arg(long)]
     pub system_prompt: Option<String>,
@@ -91,8 +84,8 @@ impl PrepareArgs {
     fn to_options(&self) -> Result<PrepareOptions> {
         let mut opts = PrepareOptions::new(&self.data, &self.tokenizer, &self.out);
         opts.template = self.template.parse::<TemplateChoice>()?;
-        opts.read = ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict };
-        opts.normalize = NormalizeOptions { same_role: self.same_role.policy(), ..NormalizeOptions::default() };
+        opts.read = self.input.read_options()?;
+        opts.normalize = self.input.normalize_options();
         opts.encode = EncodeOptions {
             max_length: (self.max_length > 0).then_some(self.max_length),
             system_prompt: self.system_prompt.clone(),

@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use aerie_capture::regenerate::report_path;
 use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate};
-use aerie_data::conversation::NormalizeOptions;
-use aerie_data::readers::{InputFormat, ProgressUnit, ReadOptions};
+use aerie_data::readers::ProgressUnit;
 use aerie_data::template::TemplateChoice;
 use aerie_model::TargetModel;
 use anyhow::{Context, Result};
@@ -15,7 +14,7 @@ use burn::tensor::backend::Backend;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cmd::common::SameRole;
+use crate::cmd::common::ChatInputArgs;
 use crate::device::{DeviceArg, with_backend};
 
 /// Arguments of `aerie regenerate`.
@@ -56,15 +55,9 @@ pub struct RegenerateArgs {
     /// Stop once the output holds this many records.
     #[arg(long)]
     pub max_samples: Option<u64>,
-    /// Input layout: auto, json, jsonl, parquet.
-    #[arg(long, default_value = "auto")]
-    pub format: String,
-    /// Fail on a malformed record or a truncated file instead of skipping with a warning.
-    #[arg(long)]
-    pub strict: bool,
-    /// What to do with consecutive same-role turns.
-    #[arg(long, value_enum, default_value = "merge")]
-    pub same_role: SameRole,
+    /// How chat records are read.
+    #[command(flatten)]
+    pub input: ChatInputArgs,
     /// Replace a finished --out, and start over when OUT.partial was made with other options.
     #[arg(long)]
     pub overwrite: bool,
@@ -81,8 +74,8 @@ impl RegenerateArgs {
         let mut o = RegenerateOptions::new(&self.data, &self.out);
         o.tokenizer = self.tokenizer.clone();
         o.target_name = self.target.display().to_string();
-        o.read = ReadOptions { format: self.format.parse::<InputFormat>()?, strict: self.strict };
-        o.normalize = NormalizeOptions { same_role: self.same_role.policy(), ..NormalizeOptions::default() };
+        o.read = self.input.read_options()?;
+        o.normalize = self.input.normalize_options();
         o.template = self.template.parse::<TemplateChoice>()?;
         o.temperature = self.temperature;
         o.top_p = self.top_p;
