@@ -4,7 +4,7 @@
 //! ([`decode`]), serving-engine measurements ([`measure`], [`sglang`]), cost models and reports.
 //! The teacher-forced TTT metrics of eagle3.md §3 (`aerie eval loss`) live with the objective in
 //! [`aerie_model::ttt::eval`], shared with training's periodic evaluation; shard batches come
-//! from [`aerie_model::teacher::collate`].
+//! from [`aerie_model::ttt::batch::collate`].
 #![deny(missing_docs)]
 
 pub mod accept;

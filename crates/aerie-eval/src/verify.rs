@@ -23,7 +23,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, tree_accept};
 use crate::{Error, Result};
 use aerie_data::shard::batch::length_sorted_batches;
-use aerie_model::teacher::{TeacherSource, check_compatible, collate};
+use aerie_model::ttt::batch::{TeacherSource, check_compatible, collate};
 
 /// A draft tree shape (SGLang `--speculative-eagle-topk` and `--speculative-num-draft-tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

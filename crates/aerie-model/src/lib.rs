@@ -8,10 +8,11 @@
 //! - [`drafter`]: the drafter model, and its two drafting modes (at decode time over a KV cache,
 //!   and offline over every position of a captured sequence) with the draft tree they share.
 //! - [`ttt`]: the training-time-test objective over a batch, with [`teacher`] targets;
-//!   [`ttt::eval`] holds the teacher-forced metrics that `aerie eval loss` and training's
-//!   periodic evaluation both report.
-//! - [`teacher`]: the teacher, and the upload of shard batches to a device with it
-//!   ([`teacher::collate`]).
+//!   [`ttt::batch`] uploads shard batches to a device with their teacher, and [`ttt::eval`]
+//!   holds the teacher-forced metrics that `aerie eval loss` and training's periodic evaluation
+//!   both report.
+//! - [`teacher`]: the teacher's distribution over the draft vocabulary, from the target head or
+//!   stored top-k, and the per-sequence full-vocabulary statistics.
 //! - [`native`]: the native target engine (Llama/Qwen2/Qwen3 with KV cache and aux outputs).
 //! - [`layers`]: the Llama building blocks both models use (linear, RMSNorm, SwiGLU MLP);
 //!   [`rope`]: rotary position embeddings; [`kernels`]: the CPU backend's fused host kernels.

@@ -10,7 +10,7 @@
 //! same device (`--devices cpu,cpu`) run one after the other on the shared model.
 
 use aerie_data::shard::SampleView;
-use aerie_model::teacher::{TeacherSource, VocabStatsCache, collate};
+use aerie_model::ttt::batch::{TeacherSource, VocabStatsCache, collate};
 use aerie_model::{Drafter, TargetHead, TeacherTargets, TttBatch, TttOptions, TttSums, ttt_forward};
 use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;

@@ -1,6 +1,6 @@
 //! Host-side batching of shard samples: right-padding, loss and valid masks, and the aux and
 //! teacher rows gathered from [`SampleView`]s into flat arrays. Burn-free on purpose: the
-//! drafter crate uploads a [`HostBatch`] to its device (`aerie_model::teacher::collate`), and
+//! drafter crate uploads a [`HostBatch`] to its device (`aerie_model::ttt::batch::collate`), and
 //! everything that decides what a batch holds stays next to the format it reads.
 
 use super::{SampleView, ShardMetadata};

@@ -14,10 +14,6 @@ use crate::kernels::mm;
 use crate::precision::upcast;
 use aerie_data::vocab::DraftVocab;
 
-pub mod batch;
-
-pub use batch::{TeacherSource, VocabStatsCache, check_compatible, collate};
-
 /// Per-position teacher quantities, aligned with the captured tokens: row `t` describes the
 /// target's distribution of token `t + 1` (the TTT forward applies the one shift).
 #[derive(Debug, Clone)]

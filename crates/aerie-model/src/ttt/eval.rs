@@ -8,10 +8,11 @@ use aerie_data::shard::batch::length_sorted_batches;
 use aerie_data::shard::{SampleView, ShardDataset};
 use burn::tensor::backend::Backend;
 
+use super::batch::{TeacherSource, check_compatible, collate};
 use super::{TttMetrics, TttOptions, TttSums, ttt_forward};
 use crate::Result;
 use crate::drafter::Drafter;
-use crate::teacher::{TargetHead, TeacherSource, check_compatible, collate};
+use crate::teacher::TargetHead;
 
 /// What to evaluate and how.
 #[derive(Debug, Clone)]

@@ -20,6 +20,7 @@ use crate::precision::{host_f32, upcast};
 use crate::teacher::TeacherTargets;
 use crate::{Error, Result};
 
+pub mod batch;
 pub mod eval;
 mod fused;
 

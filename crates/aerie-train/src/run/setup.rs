@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use aerie_model::checkpoint::{DrafterCheckpoint, load_drafter};
-use aerie_model::teacher::check_compatible;
+use aerie_model::ttt::batch::check_compatible;
 use aerie_model::{Drafter, TargetHead};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};

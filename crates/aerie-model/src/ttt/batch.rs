@@ -8,9 +8,9 @@ use aerie_data::shard::batch::{HostBatch, TeacherRows, gather};
 use aerie_data::shard::{SampleView, ShardMetadata};
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use super::{TargetHead, TeacherTargets, VocabStats, targets_from_topk};
+use super::TttBatch;
 use crate::config::{AuxConvention, DrafterConfig};
-use crate::ttt::TttBatch;
+use crate::teacher::{TargetHead, TeacherTargets, VocabStats, targets_from_topk};
 use crate::{Error, Result};
 use aerie_data::vocab::DraftVocab;
 
