@@ -15,7 +15,7 @@ use crate::{Error, Result};
 
 /// The target head `[V, Ht]` at `path` (a safetensors file with `lm_head.weight`, or the target
 /// directory) as a tensor: the teacher of shards that carry final hidden states.
-pub fn head_tensor<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor<B, 2>> {
+fn head_tensor<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor<B, 2>> {
     let head = load_target_head(path)?;
     let [v, h] = match head.shape[..] {
         [v, h] => [v, h],

@@ -2,29 +2,16 @@
 //! depends only on (seed, record position, turn), so a resumed run draws exactly what an
 //! uninterrupted one draws.
 
-/// splitmix64: the sampling stream of one (seed, record, turn).
-pub(super) struct Rng(u64);
+use aerie_model::rng::SplitMix;
+
+/// The sampling stream of one (seed, record, turn): aerie's splitmix64, seeded from the three.
+pub(super) struct Rng(SplitMix);
 
 impl Rng {
     pub(super) fn for_turn(seed: u64, source_index: u64, turn: u64) -> Self {
-        let mut r = Rng(seed);
-        let a = r.next_u64() ^ source_index.wrapping_mul(0xD1B5_4A32_D192_ED03);
-        let mut r = Rng(a);
-        let b = r.next_u64() ^ turn.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7);
-        Rng(b)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1), 53 bits.
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        let a = SplitMix(seed).next_u64() ^ source_index.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        let b = SplitMix(a).next_u64() ^ turn.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7);
+        Rng(SplitMix(b))
     }
 }
 
@@ -50,7 +37,7 @@ pub(super) fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut Rng
         cand.truncate(keep.max(1));
     }
     let total: f64 = cand.iter().map(|c| c.0).sum();
-    let u = rng.unit() * total;
+    let u = rng.0.uniform() * total;
     let mut cum = 0.0;
     for &(w, id) in &cand {
         cum += w;

@@ -6,12 +6,11 @@ mod decode;
 
 use std::path::PathBuf;
 
-use aerie_data::shard::ShardDataset;
-use aerie_eval::offline::head_tensor;
+use aerie_eval::offline::ShardEval;
 use aerie_model::checkpoint::load_drafter;
 use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
 use aerie_model::{Drafter, TargetHead, TttOptions};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
 
@@ -79,25 +78,16 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
         .with_context(|| format!("loading drafter {}", args.drafter.display()))?;
     let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
         .with_context(|| format!("building drafter {}", args.drafter.display()))?;
-    let data = ShardDataset::open(&args.data)?;
-    let head = match (&args.target_head, data.metadata().teacher.has_final_hidden()) {
-        (Some(path), true) => {
-            Some(TargetHead::new(head_tensor::<B>(path, device)?, drafter.vocab(), args.pass.head_chunk_rows))
-        }
-        (None, true) if data.metadata().teacher.topk().is_none() => bail!(
-            "{}: the shards carry final hidden states only; pass --target-head (lm_head safetensors or target directory)",
-            args.data.display()
-        ),
-        _ => None,
-    };
+    let shards = ShardEval::<B>::open(&args.data, args.target_head.as_deref(), device)?;
+    let head = shards.head.clone().map(|h| TargetHead::new(h, drafter.vocab(), args.pass.head_chunk_rows));
     let opts = EvalLossOptions {
         ttt: TttOptions::geometric(args.ttt_length, args.step_decay),
         batch_size: args.pass.batch_size,
         max_samples: args.pass.max_samples,
     };
-    let total = args.pass.max_samples.map_or(data.len(), |m| m.min(data.len()));
+    let total = shards.samples(args.pass.max_samples);
     let pb = progress::bar(total as u64, "eval loss", "samples");
-    let metrics = eval_loss(&drafter, &data, head.as_ref(), &opts, &mut |done, _| pb.set_position(done as u64))?;
+    let metrics = eval_loss(&drafter, &shards.data, head.as_ref(), &opts, &mut |done, _| pb.set_position(done as u64))?;
     pb.finish_and_clear();
     if args.json {
         let mut v = serde_json::to_value(&metrics)?;
