@@ -1,5 +1,5 @@
-//! What several subcommands share on the command line: flag groups (`eval accept` and `compare`),
-//! `--set KEY=VALUE` and `--same-role` parsing, and the date stamped on measured costs files.
+//! What several subcommands share on the command line: flag groups (draft layout, shard walk,
+//! chat input, `eval accept` and `compare`), and `--set KEY=VALUE` and `--same-role` parsing.
 
 use std::path::{Path, PathBuf};
 
@@ -187,6 +187,3 @@ impl AcceptCommon {
         self.target.clone().or_else(|| self.target_head.clone().filter(|p| p.is_dir()))
     }
 }
-
-/// Today's UTC date (YYYY-MM-DD) from the system clock, for provenance.
-pub use aerie_data::clock::today;

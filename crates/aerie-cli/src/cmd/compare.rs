@@ -12,7 +12,9 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use crate::cmd::common::{AcceptCommon, today};
+use aerie_data::clock::today;
+
+use crate::cmd::common::AcceptCommon;
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.

@@ -9,7 +9,9 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use crate::cmd::common::{DraftShapeArgs, today};
+use aerie_data::clock::today;
+
+use crate::cmd::common::DraftShapeArgs;
 use crate::device::{DeviceArg, with_backend};
 use crate::progress;
 
