@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use aerie_data::prepare::PreparedDataset;
 use aerie_data::shard::{
-    FloatDtype, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher, VerifyReport, sha256_file,
+    HiddenDtype, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher, VerifyReport, sha256_file,
 };
 use aerie_model::{AuxConvention, AuxLayers, CaptureRequest, LogitsMode, TargetModel};
 use burn::tensor::activation::log_softmax;
@@ -22,8 +22,8 @@ pub struct CaptureOptions {
     pub target_name: String,
     /// Aux layers in the output-of-layer convention; `None` = EAGLE-3's default `[1, N/2-1, N-4]`.
     pub aux_layers: Option<Vec<usize>>,
-    /// Storage type of the hidden states.
-    pub dtype: FloatDtype,
+    /// Storage of the hidden states (a plain float or a compact encoding).
+    pub dtype: HiddenDtype,
     /// Teacher to store.
     pub teacher: Teacher,
     /// Tokens per shard.

@@ -38,6 +38,9 @@ enum Command {
     Capture(cmd::capture::CaptureArgs),
     /// Replace every assistant turn of chat data by the target's own answer (self-distillation).
     Regenerate(cmd::regenerate::RegenerateArgs),
+    /// Re-encode (fp8-e4m3, int4, bf16, ...) or verify capture shards.
+    #[command(subcommand)]
+    Shards(cmd::shards::ShardsCommand),
     /// Train a drafter from a TOML config (fresh or warm start; resumable, data parallel).
     Train(cmd::train::TrainArgs),
     /// Evaluate a drafter.
@@ -72,6 +75,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Export(a) => cmd::export::run(a).map(|()| 0),
         Command::Capture(a) => cmd::capture::run(a).map(|()| 0),
         Command::Regenerate(a) => cmd::regenerate::run(a).map(|()| 0),
+        Command::Shards(c) => cmd::shards::run(c).map(|()| 0),
         Command::Train(a) => cmd::train::run(a).map(|()| 0),
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
         Command::Project(a) => cmd::project::run(a).map(|()| 0),

@@ -37,10 +37,11 @@ fn assert_same_dataset(a: &Path, b: &Path) {
         assert_eq!(x.input_ids(), y.input_ids(), "sample {i}: input ids");
         assert_eq!(x.loss_mask(), y.loss_mask(), "sample {i}: loss mask");
         assert_eq!(x.aux_hidden().as_bytes(), y.aux_hidden().as_bytes(), "sample {i}: aux_hidden bytes");
+        assert_eq!(x.aux_hidden().scales_bytes(), y.aux_hidden().scales_bytes(), "sample {i}: aux_hidden scales");
         assert_eq!(
-            x.final_hidden().map(|h| h.as_bytes().to_vec()),
-            y.final_hidden().map(|h| h.as_bytes().to_vec()),
-            "sample {i}: final_hidden bytes"
+            x.final_hidden().map(|h| [h.as_bytes(), h.scales_bytes()].concat()),
+            y.final_hidden().map(|h| [h.as_bytes(), h.scales_bytes()].concat()),
+            "sample {i}: final_hidden bytes and scales"
         );
     }
     b.verify().unwrap();
@@ -48,6 +49,16 @@ fn assert_same_dataset(a: &Path, b: &Path) {
 
 #[test]
 fn capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
+    killed_and_resumed("f32");
+}
+
+/// The same for a compact encoding (format 2: codes plus a scale per token and layer).
+#[test]
+fn fp8_capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
+    killed_and_resumed("fp8-e4m3");
+}
+
+fn killed_and_resumed(dtype: &str) {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("target");
     fixture::write_target(&target, 128, 4, 21);
@@ -66,7 +77,7 @@ fn capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
             "--aux-layers",
             "0,1,2",
             "--dtype",
-            "f32",
+            dtype,
             "--shard-tokens",
             "1500",
             "--json",

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aerie_data::shard::{
-    AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+    AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
@@ -42,7 +42,7 @@ fn fixture() -> Fixture {
         aux_layer_ids: vec![1, 4, 6],
         aux_convention: AuxConvention::OutputOfLayer,
         hidden_size: ht,
-        dtype: FloatDtype::F32,
+        dtype: HiddenDtype::F32,
         tokenizer_digest: "0".repeat(64),
         chat_template: "none".into(),
         teacher: Teacher::FinalHidden,

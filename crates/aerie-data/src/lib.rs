@@ -11,7 +11,7 @@
 //! ```
 //! use std::collections::BTreeMap;
 //! use aerie_data::shard::{
-//!     AuxConvention, FloatDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter,
+//!     AuxConvention, HiddenDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter,
 //!     ShardWriterOptions, Teacher,
 //! };
 //!
@@ -25,7 +25,7 @@
 //!     aux_layer_ids: vec![1, 3, 4],
 //!     aux_convention: AuxConvention::OutputOfLayer,
 //!     hidden_size: 2,
-//!     dtype: FloatDtype::BF16,
+//!     dtype: HiddenDtype::BF16,
 //!     tokenizer_digest: "0".repeat(64),
 //!     chat_template: "none".into(),
 //!     teacher: Teacher::FinalHidden,

@@ -23,7 +23,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, tree_accept};
 use crate::{Error, Result};
 use aerie_data::shard::batch::length_sorted_batches;
-use aerie_model::ttt::batch::{TeacherSource, check_compatible, collate};
+use aerie_model::ttt::batch::{TeacherSource, check_compatible, collate_finite};
 
 /// A draft tree shape (SGLang `--speculative-eagle-topk` and `--speculative-num-draft-tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,7 +206,7 @@ pub fn eval_accept<B: Backend>(
     let mut done = 0;
     for idx in length_sorted_batches(&lengths, opts.batch_size) {
         let chunk: Vec<_> = idx.iter().map(|&i| samples[i]).collect();
-        let batch = collate::<B>(&chunk, cfg, drafter.vocab(), &teacher, &device)?;
+        let batch = collate_finite::<B>(&chunk, cfg, drafter.vocab(), &teacher, &device)?;
         let [b, l] = batch.input_ids.dims();
         let argmax = teacher_argmax(&chunk, l, head, opts.head_chunk_rows, &device)?;
         let ids: Vec<Vec<i32>> = chunk.iter().map(|s| s.input_ids().to_vec()).collect();

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use aerie_data::shard::{
-    AuxConvention, FloatDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+    AuxConvention, HiddenDtype, SampleRef, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
 use aerie_data::vocab::DraftVocab;
 use aerie_eval::accept::AcceptRule;
@@ -107,7 +107,7 @@ impl World {
             aux_layer_ids: vec![1, 4, 6],
             aux_convention: AuxConvention::OutputOfLayer,
             hidden_size: ht,
-            dtype: FloatDtype::F32,
+            dtype: HiddenDtype::F32,
             tokenizer_digest: "0".repeat(64),
             chat_template: "none".into(),
             teacher: Teacher::FinalHidden,
@@ -280,4 +280,36 @@ fn compare_writes_every_file() {
             std::fs::copy(out.join(f), keep.join(f)).unwrap();
         }
     }
+}
+
+/// A NaN in a shard's `aux_hidden` fails every evaluation over it (accept, loss) with an error
+/// naming the shard and the sample, where `eval loss` used to print `"loss": null` and exit 0.
+#[test]
+fn a_nan_in_the_shards_fails_evaluations_naming_shard_and_sample() {
+    let w = world();
+    let dir = tempfile::tempdir().unwrap();
+    drop(w.capture(dir.path(), &[sample(w.c as i32, 12), sample(w.c as i32, 9)]));
+    // Poison value [4, 2] of the second sample (tokens 12..21 of the shard) in place.
+    let shard = dir.path().join("shard-00000.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let start = header["aux_hidden"]["data_offsets"][0].as_u64().unwrap() as usize;
+    let width = 3 * w.cfg.target_hidden_size;
+    let at = 8 + n + start + 4 * ((12 + 4) * width + 2);
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&shard, bytes).unwrap();
+
+    let data = ShardDataset::open(dir.path()).unwrap();
+    let drafter = w.drafter(&w.perfect());
+    let head = w.head_tensor();
+    let needle = "shard-00000.safetensors: sample 1: aux_hidden[4, 2] = NaN is not finite";
+    let e = eval_accept(&drafter, &data, Some(&head), &greedy(3), &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains(needle), "{e}");
+    let target_head = aerie_model::teacher::TargetHead::new(head, drafter.vocab(), 64);
+    let opts = aerie_model::ttt::eval::EvalLossOptions::default();
+    let e = aerie_model::ttt::eval::eval_loss(&drafter, &data, Some(&target_head), &opts, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(needle), "{e}");
 }

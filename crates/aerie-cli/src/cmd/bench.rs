@@ -1,3 +1,6 @@
+//! `aerie bench shards`: read and decode rate of a shard dataset against the disk (see
+//! `aerie_data::shard::bench`).
+//!
 //! `aerie bench ttt` / `aerie bench train`: forward(+backward) throughput and peak memory of the
 //! TTT objective for a drafter shape (a named one, or the one a training config describes), with
 //! the analytic FLOP count to say how far from the machine's peak it runs.
@@ -38,6 +41,53 @@ pub enum BenchCommand {
     /// config (reads only the config and the `config.json`/vocab files it names, no weights or
     /// shards).
     Train(TrainBenchArgs),
+    /// Read and decode rate of a shard dataset (the fused batch decode of training and
+    /// evaluation) against the disk's sequential read of the same files.
+    Shards(ShardsBenchArgs),
+}
+
+/// Arguments of `aerie bench shards`.
+#[derive(Debug, Args)]
+pub struct ShardsBenchArgs {
+    /// Shard directory (`aerie capture --out`, `aerie shards convert --out`).
+    pub dir: PathBuf,
+    /// Tokens per gathered batch.
+    #[arg(long, default_value_t = 16_384)]
+    pub batch_tokens: usize,
+    /// Drop the page cache before each pass (needs root), so that both passes read the disk.
+    #[arg(long)]
+    pub drop_caches: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn bench_shards(a: &ShardsBenchArgs) -> Result<()> {
+    use aerie_data::shard::bench::{BenchOptions, bench_shards};
+    let opts = BenchOptions { batch_tokens: a.batch_tokens, drop_caches: a.drop_caches };
+    let r = bench_shards(&a.dir, &opts)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "{} ({} {}, {} shards, {} tokens, {:.0} B/token, {} cache, {} threads)\n  read:   {:.3} GB/s, {:.0} tokens/s\n  decode: {:.3} GB/s of file, {:.0} tokens/s ({:.2} GB/s of f32 batches), {:.2}× the read rate",
+            a.dir.display(),
+            r.dtype,
+            r.teacher,
+            r.shards,
+            r.tokens,
+            r.bytes_per_token,
+            if r.cold_cache { "cold" } else { "warm (pass 2 reads pages pass 1 cached)" },
+            r.threads,
+            r.read_gb_per_second,
+            r.read_tokens_per_second,
+            r.decode_gb_per_second,
+            r.decode_tokens_per_second,
+            r.decoded_gb_per_second,
+            r.decode_over_read,
+        );
+    }
+    Ok(())
 }
 
 /// Named drafter shapes.
@@ -173,6 +223,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             (spec, a.run)
         }
         BenchCommand::Train(a) => (train_spec(&a)?, a.run),
+        BenchCommand::Shards(a) => return bench_shards(&a),
     };
     let report = match (run.device, run.backend) {
         (DeviceArg::Cpu, CpuBackend::Flex) => bench::<Autodiff<burn::backend::Flex>>(&spec, &run, &Default::default())?,

@@ -17,5 +17,6 @@ pub mod measure;
 pub mod project;
 pub mod quickstart;
 pub mod regenerate;
+pub mod shards;
 pub mod train;
 pub mod vocab;

@@ -3,7 +3,9 @@
 //! drafter crate uploads a [`HostBatch`] to its device (`aerie_model::ttt::batch::collate`), and
 //! everything that decides what a batch holds stays next to the format it reads.
 
-use super::{SampleView, ShardMetadata};
+use rayon::prelude::*;
+
+use super::{HiddenRows, SampleView, ShardMetadata, names};
 use crate::{Error, Result};
 
 /// Which teacher rows to gather.
@@ -38,11 +40,128 @@ pub struct HostBatch {
     pub topk_ids: Vec<i32>,
     /// Top-k log-probabilities `[B, L, K]`; padding rows hold 0 (empty unless [`TeacherRows::TopK`]).
     pub topk_logprobs: Vec<f32>,
+    /// The first value of the batch (in sample order) that is NaN or infinite (`-inf` top-k
+    /// log-probs excepted: K beyond the support), found while decoding. Training lets such a
+    /// value reach the loss, where the step stops naming its samples; evaluations refuse the
+    /// batch with [`HostBatch::ensure_finite`] (a NaN loss would print as `null`).
+    pub non_finite: Option<NonFinite>,
+}
+
+/// Where a batch holds a value that is not finite.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NonFinite {
+    /// The sample's position in the batch.
+    pub sample: usize,
+    /// The tensor it was decoded from.
+    pub tensor: &'static str,
+    /// Token (row) inside the sample.
+    pub row: usize,
+    /// Column inside the row.
+    pub col: usize,
+    /// The value.
+    pub value: f32,
+}
+
+impl HostBatch {
+    /// Refuse a batch that holds a NaN or an infinity, naming the shard, the sample and the
+    /// position: what every evaluation does before it computes a number.
+    pub fn ensure_finite(&self, samples: &[SampleView<'_>]) -> Result<()> {
+        match &self.non_finite {
+            None => Ok(()),
+            Some(nf) => Err(Error::Incompatible(format!(
+                "{}: {}[{}, {}] = {} is not finite; `aerie shards verify DIR` lists the first such value of a dataset",
+                describe(&samples[nf.sample]),
+                nf.tensor,
+                nf.row,
+                nf.col,
+                nf.value
+            ))),
+        }
+    }
+}
+
+/// `…/shard-00003.safetensors: sample 812 (id 4471)`, for error messages.
+pub fn describe(s: &SampleView<'_>) -> String {
+    let id = s.sample_id().map_or_else(String::new, |id| format!(" (id {id})"));
+    format!("{}: sample {}{id}", s.shard_path().display(), s.index())
+}
+
+/// Output values one decode task writes: large enough that a task amortises its scheduling,
+/// small enough that a batch of a few long samples still spreads over every core.
+const TASK_VALUES: usize = 1 << 16;
+
+/// One decode task: rows `row0..` of sample `sample`, into `out`.
+struct Task<'o> {
+    sample: usize,
+    row0: usize,
+    out: &'o mut [f32],
+}
+
+/// Cut each sample's region of a `[B, L, width]` buffer into tasks of whole rows.
+fn tasks<'o>(buf: &'o mut [f32], samples: &[SampleView<'_>], l: usize, width: usize) -> Vec<Task<'o>> {
+    let rows_per_task = (TASK_VALUES / width.max(1)).max(1);
+    let mut out = Vec::new();
+    for (i, (region, s)) in buf.chunks_mut(l * width).zip(samples).enumerate() {
+        for (c, chunk) in region[..s.len() * width].chunks_mut(rows_per_task * width).enumerate() {
+            out.push(Task { sample: i, row0: c * rows_per_task, out: chunk });
+        }
+    }
+    out
+}
+
+/// Decode hidden rows of every sample into `buf` in parallel, straight from the mapped shards
+/// (no staging copy), checking each task's scales and, on the freshly written (cache-hot)
+/// values, finiteness. A bad scale is an error (a damaged file); a non-finite value is
+/// returned, the first in sample order.
+fn decode_hidden_rows<'a>(
+    buf: &mut [f32],
+    samples: &[SampleView<'a>],
+    l: usize,
+    width: usize,
+    tensor: &'static str,
+    scales_tensor: &'static str,
+    rows_of: &(dyn Fn(&SampleView<'a>) -> Result<HiddenRows<'a>> + Sync),
+) -> Result<Option<NonFinite>> {
+    let mut work = tasks(buf, samples, l, width);
+    let results: Vec<Result<Option<NonFinite>>> = work
+        .par_iter_mut()
+        .map(|task| {
+            let s = &samples[task.sample];
+            let n = task.out.len() / width;
+            let rows = rows_of(s)?.slice_rows(task.row0..task.row0 + n).expect("rows inside the sample");
+            if let Some((row, g, v)) = rows.bad_scale() {
+                return Err(Error::Incompatible(format!(
+                    "{}: {scales_tensor}[{}, {g}] = {v} is not a positive finite scale (a damaged shard)",
+                    describe(s),
+                    task.row0 + row
+                )));
+            }
+            rows.decode_into(task.out)?;
+            Ok(task.out.iter().position(|v| !v.is_finite()).map(|i| NonFinite {
+                sample: task.sample,
+                tensor,
+                row: task.row0 + i / width,
+                col: i % width,
+                value: task.out[i],
+            }))
+        })
+        .collect();
+    let mut first = None;
+    for r in results {
+        if let Some(nf) = r? {
+            first.get_or_insert(nf);
+        }
+    }
+    Ok(first)
 }
 
 /// Pad `samples` on the right into one host batch. `aux_width` is the drafter's A·Ht and
 /// `hidden_size` its Ht; a sample of another aux width, or without the asked-for teacher, is
 /// refused (the drafter would run on features it was not trained for).
+///
+/// Hidden states are decoded from their storage encoding (bf16, fp8-e4m3, int4, ...) directly
+/// into the batch, on rayon's pool (`RAYON_NUM_THREADS`), so a compact dataset costs its decode
+/// once, here, and never a second pass; `aerie bench shards` measures this against the disk.
 pub fn gather(
     samples: &[SampleView<'_>],
     aux_width: usize,
@@ -69,6 +188,7 @@ pub fn gather(
         TeacherRows::TopK => (vec![0i32; b * l * k], vec![0f32; b * l * k]),
         TeacherRows::FinalHidden => (Vec::new(), Vec::new()),
     };
+    let mut non_finite: Option<NonFinite> = None;
     for (i, s) in samples.iter().enumerate() {
         let n = s.len();
         let at = i * l;
@@ -86,23 +206,44 @@ pub fn gather(
                 rows.width()
             )));
         }
-        rows.decode_into(&mut aux[at * aw..(at + n) * aw])?;
         match teacher {
             TeacherRows::FinalHidden => {
-                let f = s.final_hidden().ok_or_else(|| {
-                    Error::Incompatible(format!("{}: no `final_hidden` teacher in the shard", s.shard_path().display()))
-                })?;
-                f.decode_into(&mut fin[at * ht..(at + n) * ht])?;
+                if s.final_hidden().is_none() {
+                    return Err(Error::Incompatible(format!(
+                        "{}: no `final_hidden` teacher in the shard",
+                        s.shard_path().display()
+                    )));
+                }
             }
             TeacherRows::TopK => {
                 let t = s.topk().ok_or_else(|| {
                     Error::Incompatible(format!("{}: no top-k teacher in the shard", s.shard_path().display()))
                 })?;
                 topk_ids[at * k..(at + n) * k].copy_from_slice(&t.ids());
-                t.decode_logprobs_into(&mut topk_lp[at * k..(at + n) * k])?;
+                let lp = &mut topk_lp[at * k..(at + n) * k];
+                t.decode_logprobs_into(lp)?;
+                if non_finite.is_none()
+                    && let Some(j) = lp.iter().position(|v| v.is_nan() || *v == f32::INFINITY)
+                {
+                    let (row, col, value) = (j / k, j % k, lp[j]);
+                    non_finite = Some(NonFinite { sample: i, tensor: names::TOPK_LOGPROBS, row, col, value });
+                }
             }
         }
     }
+    let aux_nf = decode_hidden_rows(&mut aux, samples, l, aw, names::AUX_HIDDEN, names::AUX_HIDDEN_SCALES, &|s| {
+        Ok(s.aux_hidden())
+    })?;
+    let fin_nf = match teacher {
+        TeacherRows::FinalHidden => {
+            decode_hidden_rows(&mut fin, samples, l, ht, names::FINAL_HIDDEN, names::FINAL_HIDDEN_SCALES, &|s| {
+                s.final_hidden().ok_or_else(|| Error::Incompatible("no final_hidden".into()))
+            })?
+        }
+        TeacherRows::TopK => None,
+    };
+    // The first in sample order, whichever tensor.
+    let non_finite = [aux_nf, fin_nf, non_finite].into_iter().flatten().min_by_key(|nf| nf.sample);
     Ok(HostBatch {
         batch: b,
         len: l,
@@ -114,6 +255,7 @@ pub fn gather(
         k,
         topk_ids,
         topk_logprobs: topk_lp,
+        non_finite,
     })
 }
 

@@ -8,8 +8,34 @@ use std::borrow::Cow;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use super::encoding::{self, HiddenDtype};
 use super::input::HiddenInput;
 use super::metadata::FloatDtype;
+
+/// Append hidden rows in any encoding: codes to `codes`, and for the scaled encodings one scale
+/// per `group` values to `scales`. On a value that is not finite returns its index (the caller
+/// truncates both buffers).
+pub(crate) fn encode_hidden(
+    input: HiddenInput<'_>,
+    dtype: HiddenDtype,
+    group: usize,
+    codes: &mut Vec<u8>,
+    scales: &mut Vec<f32>,
+) -> Result<(), usize> {
+    match dtype.float() {
+        Some(float) => encode_floats(input, float, codes),
+        None => encoding::encode_scaled(input, dtype, group, codes, scales),
+    }
+}
+
+/// Decode hidden rows in any encoding into `out` (`out.len()` values); `scales` are the raw
+/// little-endian f32 scale bytes of the same rows (empty for the plain floats).
+pub(crate) fn decode_hidden(codes: &[u8], scales: &[u8], dtype: HiddenDtype, group: usize, out: &mut [f32]) {
+    match dtype.float() {
+        Some(float) => decode_floats(codes, float, out),
+        None => encoding::decode_scaled(codes, &f32s(scales), dtype, group, out),
+    }
+}
 
 /// Append `input` to `out` as `dtype`. On a value that is not finite after conversion (a NaN
 /// from the engine, or an overflow of the f16 range) returns its index; `out` may then hold a

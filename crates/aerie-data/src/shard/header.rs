@@ -11,6 +11,7 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 
 use super::codec;
+use super::encoding::HiddenDtype;
 use super::manifest::ShardEntry;
 use super::metadata::{self, FloatDtype, ShardMetadata};
 use super::names;
@@ -26,7 +27,11 @@ pub(crate) struct Shard {
     pub(crate) input_ids: Range<usize>,
     pub(crate) loss_mask: Range<usize>,
     pub(crate) aux_hidden: Range<usize>,
+    /// `aux_hidden_scales`, for a scaled encoding; an empty range otherwise.
+    pub(crate) aux_scales: Range<usize>,
     pub(crate) final_hidden: Option<Range<usize>>,
+    /// `final_hidden_scales`, for a scaled encoding with a final-hidden teacher; else empty.
+    pub(crate) final_scales: Range<usize>,
     /// (`teacher_topk_ids`, `teacher_topk_logprobs`).
     pub(crate) topk: Option<(Range<usize>, Range<usize>)>,
     pub(crate) logprobs_dtype: Option<FloatDtype>,
@@ -156,16 +161,25 @@ pub(crate) fn open_shard(path: &Path, entry: &ShardEntry, metadata: &ShardMetada
     let loss_mask = header.require(names::LOSS_MASK, &[Dtype::U8])?;
     header.check_rows(names::LOSS_MASK, &loss_mask, t, None)?;
 
-    let hidden = [metadata.dtype.to_safetensors()];
+    let dtype = metadata.dtype;
+    let hidden = [dtype.to_safetensors()];
     let aux = header.require(names::AUX_HIDDEN, &hidden)?;
-    let aux_why = format!("{} layers × hidden_size {}", metadata.aux_layer_ids.len(), metadata.hidden_size);
-    header.check_rows(names::AUX_HIDDEN, &aux, t, Some((metadata.aux_width(), &aux_why)))?;
+    let packed = if dtype == HiddenDtype::Int4 { ", two int4 values per byte" } else { "" };
+    let aux_why = format!("{} layers × hidden_size {}{packed}", metadata.aux_layer_ids.len(), metadata.hidden_size);
+    header.check_rows(names::AUX_HIDDEN, &aux, t, Some((dtype.stored_width(metadata.aux_width()), &aux_why)))?;
+    let aux_scales = scales(&header, names::AUX_HIDDEN_SCALES, metadata, metadata.aux_width(), t, true)?;
 
     let teacher = metadata.teacher.to_string();
     let undeclared = |name: &str| Error::tensor(path, name, format!("present but the metadata teacher is `{teacher}`"));
     let final_hidden = match (header.get(names::FINAL_HIDDEN, &hidden)?, metadata.teacher.has_final_hidden()) {
         (Some(found), true) => {
-            header.check_rows(names::FINAL_HIDDEN, &found, t, Some((metadata.hidden_size, "hidden_size")))?;
+            let why = format!("hidden_size{packed}");
+            header.check_rows(
+                names::FINAL_HIDDEN,
+                &found,
+                t,
+                Some((dtype.stored_width(metadata.hidden_size), &why)),
+            )?;
             Some(found.range)
         }
         (None, true) => {
@@ -178,6 +192,8 @@ pub(crate) fn open_shard(path: &Path, entry: &ShardEntry, metadata: &ShardMetada
         (Some(_), false) => return Err(undeclared(names::FINAL_HIDDEN)),
         (None, false) => None,
     };
+    let has_final = final_hidden.is_some();
+    let final_scales = scales(&header, names::FINAL_HIDDEN_SCALES, metadata, metadata.hidden_size, t, has_final)?;
 
     let ids = header.get(names::TOPK_IDS, &[Dtype::I32])?;
     let logprobs = header.get(names::TOPK_LOGPROBS, &[Dtype::F16, Dtype::F32])?;
@@ -228,11 +244,46 @@ pub(crate) fn open_shard(path: &Path, entry: &ShardEntry, metadata: &ShardMetada
         input_ids: input_ids.range,
         loss_mask: loss_mask.range,
         aux_hidden: aux.range,
+        aux_scales,
         final_hidden,
+        final_scales,
         topk,
         logprobs_dtype,
         mmap,
     })
+}
+
+/// The scales tensor `name` of rows `width` wide: F32 [T, width / group] when the encoding is
+/// scaled and its data tensor is `expected` present, absent otherwise. Only its shape is
+/// checked here; the values (positive and finite) are checked by `verify` and by every decode.
+fn scales(
+    header: &Header<'_>,
+    name: &str,
+    metadata: &ShardMetadata,
+    width: usize,
+    t: usize,
+    expected: bool,
+) -> Result<Range<usize>> {
+    let dtype = metadata.dtype;
+    let found = header.get(name, &[Dtype::F32])?;
+    match (found, dtype.group(metadata.hidden_size), expected) {
+        (Some(found), Some(group), true) => {
+            let why = if dtype == HiddenDtype::Fp8E4m3 {
+                "one scale per token and captured layer".to_string()
+            } else {
+                format!("one scale per {group} values")
+            };
+            header.check_rows(name, &found, t, Some((width / group, &why)))?;
+            Ok(found.range)
+        }
+        (None, Some(_), true) => {
+            Err(Error::tensor(header.path, name, format!("missing, but dtype `{dtype}` stores its values scaled")))
+        }
+        (Some(_), _, _) => {
+            Err(Error::tensor(header.path, name, format!("present, but dtype `{dtype}` has no scales for it")))
+        }
+        (None, _, _) => Ok(0..0),
+    }
 }
 
 /// The shard's `__metadata__` must exist, be of a readable format, and agree with the dataset's.

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::{self, MANIFEST_FILE};
-use super::metadata::{self, FORMAT, ShardMetadata};
+use super::metadata::{self, ShardMetadata};
 use crate::{Error, Result};
 
 /// One complete shard.
@@ -31,7 +31,7 @@ pub struct ShardEntry {
 /// The contents of `manifest.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// `aerie-shard/1`.
+    /// `aerie-shard/1`, or `aerie-shard/2` for a scaled encoding.
     pub format: String,
     /// Complete shards, in sample order.
     pub shards: Vec<ShardEntry>,
@@ -46,7 +46,13 @@ pub struct Manifest {
 impl Manifest {
     /// An empty manifest for a new dataset.
     pub fn new(metadata: &ShardMetadata) -> Self {
-        Self { format: FORMAT.into(), shards: Vec::new(), samples: 0, tokens: 0, metadata: metadata.to_map() }
+        Self {
+            format: metadata.dtype.format().into(),
+            shards: Vec::new(),
+            samples: 0,
+            tokens: 0,
+            metadata: metadata.to_map(),
+        }
     }
 
     /// Masked tokens over all shards.
@@ -82,6 +88,17 @@ impl Manifest {
         }
         let metadata = ShardMetadata::from_map(&manifest.metadata)
             .map_err(|source| Error::Metadata { path: path.clone(), source })?;
+        if metadata.dtype.is_scaled() && metadata::format_major(&manifest.format) == Some(1) {
+            return Err(Error::manifest(
+                &path,
+                format!(
+                    "`format` is {} but the dtype `{}` needs {}",
+                    manifest.format,
+                    metadata.dtype,
+                    metadata.dtype.format()
+                ),
+            ));
+        }
         manifest.check(&path)?;
         Ok((manifest, metadata))
     }

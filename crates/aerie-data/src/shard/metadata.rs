@@ -8,30 +8,47 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+pub use super::encoding::HiddenDtype;
+use super::encoding::INT4_GROUP;
 use crate::{Error, MetadataError, Result};
 
-/// The format string written by this crate. Readers accept any `aerie-shard/1[.minor]`.
+/// The format string of datasets stored in a plain float (`bf16`, `f16`, `f32`): readable by
+/// every aerie-shard reader, so writers keep using it for those.
 pub const FORMAT: &str = "aerie-shard/1";
 
-/// The major format version this crate reads; a different major is refused.
-pub const FORMAT_MAJOR: u32 = 1;
+/// The format string of datasets stored in a scaled encoding (`fp8-e4m3`, `int4`). A
+/// format-1 reader must refuse them: read as plain tensors, their codes without the scales are
+/// wrong values, not an error.
+pub const FORMAT_V2: &str = "aerie-shard/2";
+
+/// The newest major format version this crate reads. It reads every major from 1 up to this one
+/// and refuses the others.
+pub const FORMAT_MAJOR: u32 = 2;
+
+/// What [`format_is_supported`] accepts, for error messages.
+pub(crate) const FORMATS_READ: &str = "aerie-shard/1 or aerie-shard/2";
 
 const FORMAT_PREFIX: &str = "aerie-shard/";
 
-/// Whether `format` is readable by this build (`aerie-shard/1`, `aerie-shard/1.3`, ...).
+/// Whether `format` is readable by this build (`aerie-shard/1`, `aerie-shard/1.3`,
+/// `aerie-shard/2`, ...).
 pub fn format_is_supported(format: &str) -> bool {
-    let Some(version) = format.strip_prefix(FORMAT_PREFIX) else {
-        return false;
-    };
+    format_major(format).is_some_and(|major| (1..=FORMAT_MAJOR).contains(&major))
+}
+
+/// The major version of an `aerie-shard/<major>[.<minor>]` string.
+pub(crate) fn format_major(format: &str) -> Option<u32> {
+    let version = format.strip_prefix(FORMAT_PREFIX)?;
     let major = version.split_once('.').map_or(version, |(major, _)| major);
-    major.parse::<u32>() == Ok(FORMAT_MAJOR)
+    // Canonical decimals only, as everywhere in the metadata.
+    major.parse::<u32>().ok().filter(|m| m.to_string() == major)
 }
 
 pub(crate) fn check_format(format: &str, path: &Path) -> Result<()> {
     if format_is_supported(format) {
         Ok(())
     } else {
-        Err(Error::UnsupportedFormat { path: path.into(), found: format.into(), expected: FORMAT })
+        Err(Error::UnsupportedFormat { path: path.into(), found: format.into(), expected: FORMATS_READ })
     }
 }
 
@@ -116,14 +133,6 @@ impl FloatDtype {
         match self {
             FloatDtype::F32 => 4,
             FloatDtype::F16 | FloatDtype::BF16 => 2,
-        }
-    }
-
-    pub(crate) fn to_safetensors(self) -> safetensors::Dtype {
-        match self {
-            FloatDtype::F32 => safetensors::Dtype::F32,
-            FloatDtype::F16 => safetensors::Dtype::F16,
-            FloatDtype::BF16 => safetensors::Dtype::BF16,
         }
     }
 
@@ -242,8 +251,9 @@ pub struct ShardMetadata {
     pub aux_convention: AuxConvention,
     /// The target hidden size (Ht).
     pub hidden_size: usize,
-    /// Storage type of `aux_hidden` and `final_hidden`.
-    pub dtype: FloatDtype,
+    /// Storage of `aux_hidden` and `final_hidden`: a plain float, or a scaled encoding that
+    /// makes the dataset format 2.
+    pub dtype: HiddenDtype,
     /// sha256 (lowercase hex) of the target's `tokenizer.json`: token ids mean nothing without it.
     pub tokenizer_digest: String,
     /// Name or digest of the chat template applied before tokenising (`none` for raw text).
@@ -281,10 +291,10 @@ impl ShardMetadata {
     /// Bytes one token occupies in a shard, to size `shard_tokens` against memory: the writer
     /// holds a whole shard in memory before writing it.
     pub fn bytes_per_token(&self) -> usize {
-        let hidden = self.dtype.size();
-        let mut n = 4 + 1 + self.aux_width() * hidden;
+        let ht = self.hidden_size;
+        let mut n = 4 + 1 + self.dtype.row_bytes_with_scales(self.aux_width(), ht);
         if self.teacher.has_final_hidden() {
-            n += self.hidden_size * hidden;
+            n += self.dtype.row_bytes_with_scales(ht, ht);
         }
         if let Some(k) = self.teacher.topk() {
             n += k * (4 + 4);
@@ -326,6 +336,15 @@ impl ShardMetadata {
         if self.hidden_size == 0 {
             return Err(err("hidden_size", "must be positive"));
         }
+        if self.dtype == HiddenDtype::Int4 && !self.hidden_size.is_multiple_of(INT4_GROUP) {
+            return Err(err(
+                "dtype",
+                format!(
+                    "int4 stores a scale per {INT4_GROUP} values of a layer, so hidden_size must be a multiple of {INT4_GROUP} (it is {})",
+                    self.hidden_size
+                ),
+            ));
+        }
         // Row sizes in bytes must be computable (8 = the widest element) without overflow.
         if self.aux_layer_ids.len().checked_mul(self.hidden_size).and_then(|w| w.checked_mul(8)).is_none() {
             return Err(err("hidden_size", "is too large"));
@@ -354,7 +373,7 @@ impl ShardMetadata {
         let mut map = self.extra.clone();
         let ids = serde_json::to_string(&self.aux_layer_ids).unwrap_or_default();
         let entries = [
-            ("format", FORMAT.to_string()),
+            ("format", self.dtype.format().to_string()),
             ("target", self.target.clone()),
             ("target_num_layers", self.target_num_layers.to_string()),
             ("target_vocab_size", self.target_vocab_size.to_string()),
@@ -383,7 +402,7 @@ impl ShardMetadata {
         };
         let format = get("format")?;
         if !format_is_supported(format) {
-            return Err(MetadataError::new("format", format!("`{format}` is not {FORMAT}")));
+            return Err(MetadataError::new("format", format!("`{format}` is not {FORMATS_READ}")));
         }
         let ids = get("aux_layer_ids")?;
         let aux_layer_ids = serde_json::from_str::<Vec<usize>>(ids)
@@ -407,6 +426,13 @@ impl ShardMetadata {
                 .collect(),
         };
         metadata.validate()?;
+        // A scaled encoding declared under format 1 would be misread by every format-1 reader.
+        if metadata.dtype.is_scaled() && format_major(format) == Some(1) {
+            return Err(MetadataError::new(
+                "format",
+                format!("`{format}` cannot hold dtype `{}`: scaled encodings need {FORMAT_V2}", metadata.dtype),
+            ));
+        }
         Ok(metadata)
     }
 
@@ -450,7 +476,7 @@ pub(crate) mod tests {
             aux_layer_ids: vec![1, 15, 28],
             aux_convention: AuxConvention::OutputOfLayer,
             hidden_size: 4096,
-            dtype: FloatDtype::BF16,
+            dtype: HiddenDtype::BF16,
             tokenizer_digest: "ab".repeat(32),
             chat_template: "llama3".into(),
             teacher: Teacher::Both { k: 20 },
@@ -484,9 +510,30 @@ pub(crate) mod tests {
     fn formats() {
         assert!(format_is_supported("aerie-shard/1"));
         assert!(format_is_supported("aerie-shard/1.2"));
-        assert!(!format_is_supported("aerie-shard/2"));
+        assert!(format_is_supported("aerie-shard/2"));
+        assert!(!format_is_supported("aerie-shard/3"));
+        assert!(!format_is_supported("aerie-shard/02"));
         assert!(!format_is_supported("aerie-shard/10"));
         assert!(!format_is_supported("other/1"));
+    }
+
+    #[test]
+    fn scaled_encodings_declare_format_2() {
+        let mut m = sample_metadata();
+        m.dtype = HiddenDtype::Fp8E4m3;
+        let mut map = m.to_map();
+        assert_eq!(map["format"], FORMAT_V2);
+        assert_eq!(map["dtype"], "fp8-e4m3");
+        assert_eq!(ShardMetadata::from_map(&map).unwrap(), m);
+        map.insert("format".into(), FORMAT.into());
+        let e = ShardMetadata::from_map(&map).unwrap_err();
+        assert_eq!(e.key, "format");
+        assert!(e.message.contains("need aerie-shard/2"), "{e}");
+        // 3 × 4096 fp8 values + 3 scales; final hidden 4096 + 1 scale; top-20.
+        assert_eq!(m.bytes_per_token(), 5 + 3 * 4096 + 12 + 4096 + 4 + 160);
+        m.dtype = HiddenDtype::Int4;
+        m.hidden_size = 4100;
+        assert_eq!(m.validate().unwrap_err().key, "dtype");
     }
 
     #[test]

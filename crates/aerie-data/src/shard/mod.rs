@@ -1,4 +1,4 @@
-//! The capture shard format `aerie-shard/1`: the contract between capture engines (this
+//! The capture shard format `aerie-shard/1` and `/2` (compact encodings): the contract between capture engines (this
 //! workspace's, or a Python SGLang worker) and the trainer. See `docs/shard-format.md` for the
 //! normative description; this module is its reference implementation.
 //!
@@ -9,8 +9,11 @@
 //! zero-copy [`SampleView`]s; [`batch`] pads them into host arrays for a trainer or evaluator.
 
 pub mod batch;
+pub mod bench;
 mod checks;
 mod codec;
+mod convert;
+mod encoding;
 mod fsutil;
 mod header;
 mod input;
@@ -21,10 +24,14 @@ mod verify;
 mod view;
 mod writer;
 
+pub use convert::{ConvertOptions, ConvertReport, convert};
+pub use encoding::{FP8_E4M3_MAX, HiddenDtype, INT4_GROUP};
 pub use fsutil::{MANIFEST_FILE, sha256_file, shard_file_name};
 pub use input::{HiddenInput, SampleRef, TopKRef};
 pub use manifest::{Manifest, ShardEntry};
-pub use metadata::{AuxConvention, FORMAT, FORMAT_MAJOR, FloatDtype, ShardMetadata, Teacher, format_is_supported};
+pub use metadata::{
+    AuxConvention, FORMAT, FORMAT_MAJOR, FORMAT_V2, FloatDtype, ShardMetadata, Teacher, format_is_supported,
+};
 pub use reader::{Samples, ShardDataset};
 pub use verify::VerifyReport;
 pub use view::{HiddenRows, SampleView, TopKView};
@@ -40,8 +47,12 @@ pub mod names {
     pub const SAMPLE_OFFSETS: &str = "sample_offsets";
     /// float `[T, A*Ht]`: captured residual streams, low → high.
     pub const AUX_HIDDEN: &str = "aux_hidden";
+    /// f32 `[T, groups]`: the scales of a scaled `aux_hidden` (format 2).
+    pub const AUX_HIDDEN_SCALES: &str = "aux_hidden_scales";
     /// float `[T, Ht]`: the target's post-final-norm state.
     pub const FINAL_HIDDEN: &str = "final_hidden";
+    /// f32 `[T, groups]`: the scales of a scaled `final_hidden` (format 2).
+    pub const FINAL_HIDDEN_SCALES: &str = "final_hidden_scales";
     /// int32 `[T, K]`: top-k target token ids.
     pub const TOPK_IDS: &str = "teacher_topk_ids";
     /// f16/f32 `[T, K]`: their log-probs over the full target vocabulary, descending.

@@ -2,8 +2,11 @@
 //! [`ShardDataset::open`] skips because they read the whole dataset. The content rules are the
 //! writer's own (see `checks`), so anything this crate wrote passes.
 
+use std::path::Path;
+
 use super::checks;
 use super::codec;
+use super::encoding::{self, HiddenDtype};
 use super::reader::ShardDataset;
 use super::{fsutil, names};
 use crate::{Error, Result};
@@ -62,11 +65,20 @@ impl ShardDataset {
                 checks::topk(&ids, &values, self.layout.k, vocab)
                     .map_err(|(tensor, m)| Error::tensor(path, tensor, m))?;
             }
-            let aux = &map[shard.aux_hidden.clone()];
-            finite(path, names::AUX_HIDDEN, aux, self.layout.aux_width, self.layout.dtype)?;
+            let hidden = |name, scales_name, codes: &std::ops::Range<usize>, scales: &std::ops::Range<usize>, width| {
+                let rows = Stored { codes: &map[codes.clone()], scales: &map[scales.clone()], width };
+                finite(path, name, scales_name, rows, self.layout.dtype, self.layout.hidden_size)
+            };
+            hidden(
+                names::AUX_HIDDEN,
+                names::AUX_HIDDEN_SCALES,
+                &shard.aux_hidden,
+                &shard.aux_scales,
+                self.layout.aux_width,
+            )?;
             if let Some(range) = &shard.final_hidden {
-                let bytes = &map[range.clone()];
-                finite(path, names::FINAL_HIDDEN, bytes, self.layout.hidden_size, self.layout.dtype)?;
+                let ht = self.layout.hidden_size;
+                hidden(names::FINAL_HIDDEN, names::FINAL_HIDDEN_SCALES, range, &shard.final_scales, ht)?;
             }
             report.shards += 1;
             report.samples += entry.samples;
@@ -77,16 +89,51 @@ impl ShardDataset {
     }
 }
 
-/// Every value of a [T, width] float tensor is finite.
-fn finite(path: &std::path::Path, tensor: &str, bytes: &[u8], width: usize, dtype: super::FloatDtype) -> Result<()> {
-    let chunk_bytes = ROWS_PER_CHUNK * width * dtype.size();
+/// One stored [T, width] hidden tensor and its scales (empty unless scaled).
+struct Stored<'a> {
+    codes: &'a [u8],
+    scales: &'a [u8],
+    width: usize,
+}
+
+/// Every scale of a [T, width] hidden tensor is positive and finite, and every decoded value
+/// is finite.
+fn finite(
+    path: &Path,
+    tensor: &str,
+    scales_tensor: &str,
+    rows: Stored<'_>,
+    dtype: HiddenDtype,
+    ht: usize,
+) -> Result<()> {
+    let group = dtype.group(ht).unwrap_or(rows.width);
+    let per_row = dtype.scales_per_row(rows.width, ht);
+    if dtype.is_scaled() {
+        let scales = codec::f32s(rows.scales);
+        if let Some((i, v)) = encoding::bad_scale(&scales) {
+            let (row, g) = (i / per_row, i % per_row);
+            return Err(Error::tensor(
+                path,
+                scales_tensor,
+                format!("[{row}, {g}] = {v} is not a positive finite scale"),
+            ));
+        }
+    }
+    let (row_bytes, scale_bytes) = (dtype.row_bytes(rows.width), 4 * per_row);
     let mut buf = Vec::new();
-    for (c, chunk) in bytes.chunks(chunk_bytes).enumerate() {
-        buf.resize(chunk.len() / dtype.size(), 0f32);
-        codec::decode_floats(chunk, dtype, &mut buf);
+    for (c, chunk) in rows.codes.chunks(ROWS_PER_CHUNK * row_bytes).enumerate() {
+        let n = chunk.len() / row_bytes;
+        let scales = if dtype.is_scaled() {
+            &rows.scales[c * ROWS_PER_CHUNK * scale_bytes..(c * ROWS_PER_CHUNK + n) * scale_bytes]
+        } else {
+            &[]
+        };
+        buf.resize(n * rows.width, 0f32);
+        codec::decode_hidden(chunk, scales, dtype, group, &mut buf);
         if let Some(i) = buf.iter().position(|v| !v.is_finite()) {
-            let row = c * ROWS_PER_CHUNK + i / width;
-            return Err(Error::tensor(path, tensor, format!("[{row}, {}] = {} is not finite", i % width, buf[i])));
+            let row = c * ROWS_PER_CHUNK + i / rows.width;
+            let w = rows.width;
+            return Err(Error::tensor(path, tensor, format!("[{row}, {}] = {} is not finite", i % w, buf[i])));
         }
     }
     Ok(())

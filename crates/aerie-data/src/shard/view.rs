@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::codec;
+use super::encoding::{self, HiddenDtype};
 use super::header::Shard;
 use super::metadata::FloatDtype;
 use crate::{Error, Result};
@@ -19,7 +20,7 @@ use crate::{Error, Result};
 pub(crate) struct Layout {
     pub(crate) aux_width: usize,
     pub(crate) hidden_size: usize,
-    pub(crate) dtype: FloatDtype,
+    pub(crate) dtype: HiddenDtype,
     /// K, or 0 without a top-k teacher.
     pub(crate) k: usize,
     /// Storage of `teacher_topk_logprobs`: the same in every shard.
@@ -70,10 +71,21 @@ impl<'a> SampleView<'a> {
 
     /// Rows `tokens()` of a [T, width] tensor stored at `range` with `elem`-byte elements.
     fn rows(&self, range: &Range<usize>, width: usize, elem: usize) -> &'a [u8] {
+        self.row_bytes(range, width * elem)
+    }
+
+    /// Rows `tokens()` of a [T, ·] tensor stored at `range` with `row`-byte rows.
+    fn row_bytes(&self, range: &Range<usize>, row: usize) -> &'a [u8] {
         let t = self.tokens();
-        let row = width * elem;
         let base = range.start;
         &self.shard.mmap[base + t.start * row..base + t.end * row]
+    }
+
+    fn hidden(&self, codes: &Range<usize>, scales: &Range<usize>, width: usize) -> HiddenRows<'a> {
+        let dtype = self.layout.dtype;
+        let group = dtype.group(self.layout.hidden_size).unwrap_or(width);
+        let scales = if dtype.is_scaled() { self.row_bytes(scales, 4 * (width / group)) } else { &[] };
+        HiddenRows { bytes: self.row_bytes(codes, dtype.row_bytes(width)), scales, dtype, width, group }
     }
 
     /// Token ids, borrowed from the map when aligned (always, for files written by this crate
@@ -89,15 +101,13 @@ impl<'a> SampleView<'a> {
 
     /// The captured residual streams, [len, A*Ht], layers concatenated low → high.
     pub fn aux_hidden(&self) -> HiddenRows<'a> {
-        let (width, dtype) = (self.layout.aux_width, self.layout.dtype);
-        HiddenRows { bytes: self.rows(&self.shard.aux_hidden, width, dtype.size()), dtype, width }
+        self.hidden(&self.shard.aux_hidden, &self.shard.aux_scales, self.layout.aux_width)
     }
 
     /// The target's post-final-norm state, [len, Ht], when the teacher includes it.
     pub fn final_hidden(&self) -> Option<HiddenRows<'a>> {
         let range = self.shard.final_hidden.as_ref()?;
-        let (width, dtype) = (self.layout.hidden_size, self.layout.dtype);
-        Some(HiddenRows { bytes: self.rows(range, width, dtype.size()), dtype, width })
+        Some(self.hidden(range, &self.shard.final_scales, self.layout.hidden_size))
     }
 
     /// The target's top-k next-token log-probs, [len, K], when the teacher includes them.
@@ -108,18 +118,40 @@ impl<'a> SampleView<'a> {
     }
 }
 
-/// Row-major float rows in their storage dtype.
+/// Row-major hidden-state rows in their storage encoding (with their scales, when scaled).
 #[derive(Clone, Copy)]
 pub struct HiddenRows<'a> {
     bytes: &'a [u8],
-    dtype: FloatDtype,
+    /// Raw little-endian f32 scales of these rows, `width / group` per row (empty unless scaled).
+    scales: &'a [u8],
+    dtype: HiddenDtype,
     width: usize,
+    /// Values per scale.
+    group: usize,
 }
 
 impl<'a> HiddenRows<'a> {
-    /// Storage dtype of [`HiddenRows::as_bytes`].
-    pub fn dtype(&self) -> FloatDtype {
+    /// Storage encoding of [`HiddenRows::as_bytes`].
+    pub fn dtype(&self) -> HiddenDtype {
         self.dtype
+    }
+
+    /// The scales of a scaled encoding, `[rows, width / group]` row-major (borrowed when
+    /// aligned); `None` for the plain floats.
+    pub fn scales(&self) -> Option<Cow<'a, [f32]>> {
+        self.dtype.is_scaled().then(|| codec::f32s(self.scales))
+    }
+
+    /// Raw little-endian bytes of [`HiddenRows::scales`] (empty for the plain floats), for
+    /// byte-level comparisons.
+    pub fn scales_bytes(&self) -> &'a [u8] {
+        self.scales
+    }
+
+    /// The first scale that is not positive and finite, as (row, group, value): a damaged file.
+    pub fn bad_scale(&self) -> Option<(usize, usize, f32)> {
+        let per_row = self.width / self.group;
+        encoding::bad_scale(&self.scales()?).map(|(i, v)| (i / per_row, i % per_row, v))
     }
 
     /// Values per row.
@@ -129,10 +161,11 @@ impl<'a> HiddenRows<'a> {
 
     /// Number of rows (tokens).
     pub fn rows(&self) -> usize {
-        self.bytes.len() / (self.width * self.dtype.size())
+        self.bytes.len() / self.dtype.row_bytes(self.width)
     }
 
-    /// The raw little-endian bytes, for uploading to a device as-is (bf16 stays bf16).
+    /// The raw little-endian bytes, for uploading to a device as-is (bf16 stays bf16). For a
+    /// scaled encoding these are the codes only; see [`HiddenRows::scales`].
     pub fn as_bytes(&self) -> &'a [u8] {
         self.bytes
     }
@@ -140,8 +173,8 @@ impl<'a> HiddenRows<'a> {
     /// The values without a copy, when stored as aligned f32.
     pub fn as_f32(&self) -> Option<&'a [f32]> {
         match self.dtype {
-            FloatDtype::F32 => bytemuck::try_cast_slice(self.bytes).ok(),
-            FloatDtype::F16 | FloatDtype::BF16 => None,
+            HiddenDtype::F32 => bytemuck::try_cast_slice(self.bytes).ok(),
+            _ => None,
         }
     }
 
@@ -151,18 +184,19 @@ impl<'a> HiddenRows<'a> {
             return Cow::Borrowed(values);
         }
         let mut out = vec![0f32; self.rows() * self.width];
-        codec::decode_floats(self.bytes, self.dtype, &mut out);
+        codec::decode_hidden(self.bytes, self.scales, self.dtype, self.group, &mut out);
         Cow::Owned(out)
     }
 
     /// Decode into a caller buffer of exactly `rows() * width()` values, so a loader can reuse
-    /// one staging buffer for every batch.
+    /// one staging buffer for every batch (and write straight into a batch). Scales are not
+    /// checked here; see [`HiddenRows::bad_scale`].
     pub fn decode_into(&self, out: &mut [f32]) -> Result<()> {
         let expected = self.rows() * self.width;
         if out.len() != expected {
             return Err(Error::BufferLength { what: "hidden rows", expected, found: out.len() });
         }
-        codec::decode_floats(self.bytes, self.dtype, out);
+        codec::decode_hidden(self.bytes, self.scales, self.dtype, self.group, out);
         Ok(())
     }
 
@@ -171,8 +205,13 @@ impl<'a> HiddenRows<'a> {
         if range.start > range.end || range.end > self.rows() {
             return None;
         }
-        let row = self.width * self.dtype.size();
-        Some(HiddenRows { bytes: &self.bytes[range.start * row..range.end * row], ..*self })
+        let row = self.dtype.row_bytes(self.width);
+        let srow = self.scales.len() / self.rows().max(1);
+        Some(HiddenRows {
+            bytes: &self.bytes[range.start * row..range.end * row],
+            scales: &self.scales[range.start * srow..range.end * srow],
+            ..*self
+        })
     }
 }
 

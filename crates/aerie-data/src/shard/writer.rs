@@ -68,7 +68,9 @@ struct Pending {
     loss_mask: Vec<u8>,
     offsets: Vec<i64>,
     aux_hidden: Vec<u8>,
+    aux_scales: Vec<f32>,
     final_hidden: Vec<u8>,
+    final_scales: Vec<f32>,
     topk_ids: Vec<u8>,
     topk_logprobs: Vec<u8>,
     sample_ids: Vec<i64>,
@@ -82,7 +84,9 @@ impl Pending {
             loss_mask: Vec::new(),
             offsets: vec![0],
             aux_hidden: Vec::new(),
+            aux_scales: Vec::new(),
             final_hidden: Vec::new(),
+            final_scales: Vec::new(),
             topk_ids: Vec::new(),
             topk_logprobs: Vec::new(),
             sample_ids: Vec::new(),
@@ -332,21 +336,25 @@ impl ShardWriter {
     /// Append a checked sample; on a non-finite value, roll the buffers back.
     fn append(&mut self, s: &SampleRef<'_>, masked: u64) -> std::result::Result<(), String> {
         let dtype = self.metadata.dtype;
+        let ht = self.metadata.hidden_size;
+        let group = dtype.group(ht).unwrap_or(ht);
         let p = &mut self.pending;
-        let marks = (p.aux_hidden.len(), p.final_hidden.len());
+        let marks = (p.aux_hidden.len(), p.aux_scales.len(), p.final_hidden.len(), p.final_scales.len());
         let not_finite = |name: &str, i: usize, width: usize| {
             format!("{name}[{}, {}] is not finite as {dtype}", i / width, i % width)
         };
         let aux_width = self.metadata.aux_width();
-        let mut result = codec::encode_floats(s.aux_hidden, dtype, &mut p.aux_hidden)
+        let mut result = codec::encode_hidden(s.aux_hidden, dtype, group, &mut p.aux_hidden, &mut p.aux_scales)
             .map_err(|i| not_finite(names::AUX_HIDDEN, i, aux_width));
         if let (Ok(()), Some(rows)) = (&result, s.final_hidden) {
-            result = codec::encode_floats(rows, dtype, &mut p.final_hidden)
-                .map_err(|i| not_finite(names::FINAL_HIDDEN, i, self.metadata.hidden_size));
+            result = codec::encode_hidden(rows, dtype, group, &mut p.final_hidden, &mut p.final_scales)
+                .map_err(|i| not_finite(names::FINAL_HIDDEN, i, ht));
         }
         if result.is_err() {
             p.aux_hidden.truncate(marks.0);
-            p.final_hidden.truncate(marks.1);
+            p.aux_scales.truncate(marks.1);
+            p.final_hidden.truncate(marks.2);
+            p.final_scales.truncate(marks.3);
             return result;
         }
         p.input_ids.extend_from_slice(codec::i32_bytes(s.input_ids));
@@ -381,11 +389,24 @@ impl ShardWriter {
             (names::INPUT_IDS, Raw::new(Dtype::I32, vec![t], &p.input_ids)),
             (names::LOSS_MASK, Raw::new(Dtype::U8, vec![t], &p.loss_mask)),
             (names::SAMPLE_OFFSETS, Raw::new(Dtype::I64, vec![n + 1], bytemuck::cast_slice(&p.offsets))),
-            (names::AUX_HIDDEN, Raw::new(m.dtype.to_safetensors(), vec![t, m.aux_width()], &p.aux_hidden)),
+            (
+                names::AUX_HIDDEN,
+                Raw::new(m.dtype.to_safetensors(), vec![t, m.dtype.stored_width(m.aux_width())], &p.aux_hidden),
+            ),
         ];
+        let per_row = |scales: &[f32]| scales.len() / t;
+        if m.dtype.is_scaled() {
+            let raw = Raw::new(Dtype::F32, vec![t, per_row(&p.aux_scales)], bytemuck::cast_slice(&p.aux_scales));
+            tensors.push((names::AUX_HIDDEN_SCALES, raw));
+        }
         if m.teacher.has_final_hidden() {
-            let raw = Raw::new(m.dtype.to_safetensors(), vec![t, m.hidden_size], &p.final_hidden);
+            let raw = Raw::new(m.dtype.to_safetensors(), vec![t, m.dtype.stored_width(m.hidden_size)], &p.final_hidden);
             tensors.push((names::FINAL_HIDDEN, raw));
+            if m.dtype.is_scaled() {
+                let raw =
+                    Raw::new(Dtype::F32, vec![t, per_row(&p.final_scales)], bytemuck::cast_slice(&p.final_scales));
+                tensors.push((names::FINAL_HIDDEN_SCALES, raw));
+            }
         }
         if let Some(k) = m.teacher.topk() {
             tensors.push((names::TOPK_IDS, Raw::new(Dtype::I32, vec![t, k], &p.topk_ids)));

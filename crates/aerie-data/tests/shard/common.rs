@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use aerie_data::shard::{
-    AuxConvention, FloatDtype, Manifest, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+    AuxConvention, HiddenDtype, Manifest, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
 use safetensors::{Dtype, View};
 
@@ -44,7 +44,7 @@ pub const LAYERS: usize = 3;
 pub const HIDDEN: usize = 4;
 pub const VOCAB: usize = 1000;
 
-pub fn metadata(dtype: FloatDtype, teacher: Teacher) -> ShardMetadata {
+pub fn metadata(dtype: HiddenDtype, teacher: Teacher) -> ShardMetadata {
     ShardMetadata {
         target: "tiny/target".into(),
         target_num_layers: 8,
@@ -126,11 +126,12 @@ pub fn write(dir: &Path, meta: ShardMetadata, samples: &[Sample], shard_tokens: 
 }
 
 /// What `x` becomes after storage as `dtype`.
-pub fn quantize(x: f32, dtype: FloatDtype) -> f32 {
+pub fn quantize(x: f32, dtype: HiddenDtype) -> f32 {
     match dtype {
-        FloatDtype::F32 => x,
-        FloatDtype::F16 => half::f16::from_f32(x).to_f32(),
-        FloatDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+        HiddenDtype::F32 => x,
+        HiddenDtype::F16 => half::f16::from_f32(x).to_f32(),
+        HiddenDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+        scaled => panic!("{scaled} depends on the group's scale; see encodings.rs"),
     }
 }
 

@@ -3,13 +3,13 @@
 
 use super::common::*;
 use aerie_data::Error;
-use aerie_data::shard::{FloatDtype, ShardDataset, ShardWriter, Teacher};
+use aerie_data::shard::{HiddenDtype, ShardDataset, ShardWriter, Teacher};
 
 const TEACHER: Teacher = Teacher::Both { k: 2 };
 
 /// Push `all` until the writer has closed two shards and holds a partial third, then "crash".
 fn interrupted_capture(dir: &std::path::Path, all: &[Sample]) -> u64 {
-    let mut writer = ShardWriter::create(dir, metadata(FloatDtype::BF16, TEACHER), options(10)).unwrap();
+    let mut writer = ShardWriter::create(dir, metadata(HiddenDtype::BF16, TEACHER), options(10)).unwrap();
     for s in all {
         writer.push(s.as_ref()).unwrap();
         if writer.manifest().shards.len() == 2 && writer.pending_tokens() > 0 {
@@ -76,7 +76,7 @@ fn resume_after_a_crash_ignores_leftovers_and_completes() {
 fn a_crash_before_the_first_shard_resumes_empty() {
     let dir = TempDir::new("resume-empty");
     let all = samples(0, &[3, 3], TEACHER);
-    let mut writer = ShardWriter::create(dir.path(), metadata(FloatDtype::F32, TEACHER), options(100)).unwrap();
+    let mut writer = ShardWriter::create(dir.path(), metadata(HiddenDtype::F32, TEACHER), options(100)).unwrap();
     writer.push(all[0].as_ref()).unwrap();
     drop(writer);
     let (mut writer, info) = ShardWriter::resume(dir.path(), options(100)).unwrap();
@@ -92,7 +92,7 @@ fn a_crash_before_the_first_shard_resumes_empty() {
 fn resumed_writers_refuse_repeated_ids_and_mixed_id_use() {
     let dir = TempDir::new("resume-ids");
     let all = samples(0, &[3, 3], TEACHER);
-    write(dir.path(), metadata(FloatDtype::F32, TEACHER), &all[..1], 100);
+    write(dir.path(), metadata(HiddenDtype::F32, TEACHER), &all[..1], 100);
     let (mut writer, _) = ShardWriter::resume(dir.path(), options(100)).unwrap();
     let err = writer.push(all[0].as_ref()).unwrap_err();
     assert!(matches!(&err, Error::Sample { index: 1, sample_id: Some(0), .. }), "{err}");
@@ -108,7 +108,7 @@ fn resumed_writers_refuse_repeated_ids_and_mixed_id_use() {
 #[test]
 fn open_or_create_checks_metadata_but_not_created_by() {
     let dir = TempDir::new("open-or-create");
-    let meta = metadata(FloatDtype::BF16, TEACHER);
+    let meta = metadata(HiddenDtype::BF16, TEACHER);
     let all = samples(0, &[3, 4, 5], TEACHER);
     let (mut writer, info) = ShardWriter::open_or_create(dir.path(), meta.clone(), options(4)).unwrap();
     assert!(info.is_none());
@@ -137,7 +137,7 @@ fn open_or_create_checks_metadata_but_not_created_by() {
 #[test]
 fn one_writer_per_directory() {
     let dir = TempDir::new("lock");
-    let meta = metadata(FloatDtype::BF16, TEACHER);
+    let meta = metadata(HiddenDtype::BF16, TEACHER);
     let writer = ShardWriter::create(dir.path(), meta.clone(), options(4)).unwrap();
     let err = ShardWriter::resume(dir.path(), options(4)).unwrap_err();
     assert!(matches!(err, Error::Locked { .. }), "{err}");

@@ -5,9 +5,9 @@ use std::borrow::Cow;
 
 use super::common::*;
 use aerie_data::Error;
-use aerie_data::shard::{FloatDtype, ShardDataset, Teacher, names};
+use aerie_data::shard::{HiddenDtype, ShardDataset, Teacher, names};
 
-fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: FloatDtype) {
+fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: HiddenDtype) {
     assert_eq!(&*view.input_ids(), &s.input_ids[..]);
     assert_eq!(view.loss_mask(), &s.loss_mask[..]);
     assert_eq!(view.sample_id(), s.sample_id);
@@ -32,7 +32,7 @@ fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: Flo
         Some(topk) => {
             assert_eq!(topk.rows(), view.len());
             assert_eq!(&*topk.ids(), &s.topk_ids[..]);
-            assert_eq!(topk.logprobs_dtype(), FloatDtype::F32);
+            assert_eq!(topk.logprobs_dtype(), aerie_data::shard::FloatDtype::F32);
             assert_eq!(&*topk.logprobs(), &s.topk_logprobs[..]);
         }
         None => assert!(s.topk_ids.is_empty()),
@@ -42,7 +42,7 @@ fn check_sample(view: &aerie_data::shard::SampleView<'_>, s: &Sample, dtype: Flo
 #[test]
 fn round_trip_every_dtype_and_teacher() {
     let teachers = [Teacher::FinalHidden, Teacher::TopK { k: 3 }, Teacher::Both { k: 5 }];
-    for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
+    for dtype in [HiddenDtype::F32, HiddenDtype::F16, HiddenDtype::BF16] {
         for teacher in teachers {
             let dir = TempDir::new("roundtrip");
             let written = samples(100, &[5, 1, 17, 8, 3, 30], teacher);
@@ -72,7 +72,7 @@ fn round_trip_every_dtype_and_teacher() {
 #[test]
 fn native_half_inputs_are_stored_bit_for_bit() {
     let dir = TempDir::new("native");
-    let meta = metadata(FloatDtype::BF16, Teacher::FinalHidden);
+    let meta = metadata(HiddenDtype::BF16, Teacher::FinalHidden);
     let s = Sample::new(1, 4, Teacher::FinalHidden);
     let aux: Vec<half::bf16> = s.aux.iter().map(|&x| half::bf16::from_f32(x)).collect();
     let last: Vec<half::f16> = s.final_hidden.as_ref().unwrap().iter().map(|&x| half::f16::from_f32(x)).collect();
@@ -94,7 +94,7 @@ fn f32_reads_borrow_the_mapped_pages() {
     let dir = TempDir::new("zerocopy");
     let teacher = Teacher::Both { k: 2 };
     let written = samples(0, &[3, 9], teacher);
-    write(dir.path(), metadata(FloatDtype::F32, teacher), &written, 100);
+    write(dir.path(), metadata(HiddenDtype::F32, teacher), &written, 100);
     let dataset = ShardDataset::open(dir.path()).unwrap();
     let view = dataset.sample(1).unwrap();
     let aux = view.aux_hidden();
@@ -118,7 +118,7 @@ fn shards_rotate_at_shard_tokens() {
     let dir = TempDir::new("rotate");
     let teacher = Teacher::FinalHidden;
     let written = samples(0, &[4, 4, 4, 12, 3, 10, 2], teacher);
-    let manifest = write(dir.path(), metadata(FloatDtype::F16, teacher), &written, 10);
+    let manifest = write(dir.path(), metadata(HiddenDtype::F16, teacher), &written, 10);
     let tokens: Vec<u64> = manifest.shards.iter().map(|s| s.tokens).collect();
     // 4+4 | 4 (12 would not fit) | 12 alone (longer than a shard) | 3 | 10 (full) | 2 (finish).
     assert_eq!(tokens, [8, 4, 12, 3, 10, 2]);
@@ -128,7 +128,7 @@ fn shards_rotate_at_shard_tokens() {
     let dataset = ShardDataset::open(dir.path()).unwrap();
     assert_eq!(dataset.num_shards(), 6);
     for (view, s) in dataset.iter().rev().zip(written.iter().rev()) {
-        check_sample(&view, s, FloatDtype::F16);
+        check_sample(&view, s, HiddenDtype::F16);
     }
     assert_eq!((&dataset).into_iter().len(), 7);
     assert_eq!(dataset.sample(3).unwrap().shard_path().file_name().unwrap(), "shard-00002.safetensors");
@@ -139,7 +139,7 @@ fn an_empty_dataset_opens() {
     let dir = TempDir::new("empty");
     let writer = aerie_data::shard::ShardWriter::create(
         dir.path(),
-        metadata(FloatDtype::BF16, Teacher::FinalHidden),
+        metadata(HiddenDtype::BF16, Teacher::FinalHidden),
         options(10),
     )
     .unwrap();
@@ -156,7 +156,7 @@ fn an_empty_dataset_opens() {
 fn shards_are_standard_safetensors() {
     let dir = TempDir::new("standard");
     let teacher = Teacher::Both { k: 3 };
-    write(dir.path(), metadata(FloatDtype::BF16, teacher), &samples(7, &[5, 6], teacher), 100);
+    write(dir.path(), metadata(HiddenDtype::BF16, teacher), &samples(7, &[5, 6], teacher), 100);
     let bytes = std::fs::read(dir.join("shard-00000.safetensors")).unwrap();
 
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;

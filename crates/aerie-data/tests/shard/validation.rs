@@ -3,7 +3,7 @@
 
 use super::common::*;
 use aerie_data::Error;
-use aerie_data::shard::{FloatDtype, SampleRef, ShardDataset, ShardWriter, Teacher, names};
+use aerie_data::shard::{HiddenDtype, SampleRef, ShardDataset, ShardWriter, Teacher, names};
 use safetensors::Dtype;
 use serde_json::json;
 
@@ -14,7 +14,7 @@ type ShardEdit = fn(&mut Tensors, &mut Meta);
 /// A valid two-shard dataset (samples of 3, 4 | 5 tokens).
 fn dataset() -> TempDir {
     let dir = TempDir::new("validation");
-    write(dir.path(), metadata(FloatDtype::BF16, TEACHER), &samples(0, &[3, 4, 5], TEACHER), 8);
+    write(dir.path(), metadata(HiddenDtype::BF16, TEACHER), &samples(0, &[3, 4, 5], TEACHER), 8);
     dir
 }
 
@@ -123,7 +123,7 @@ fn structural_problems_in_shards() {
 #[test]
 fn empty_and_decreasing_samples() {
     let dir = TempDir::new("offsets");
-    write(dir.path(), metadata(FloatDtype::F32, TEACHER), &samples(0, &[2, 3, 4], TEACHER), 100);
+    write(dir.path(), metadata(HiddenDtype::F32, TEACHER), &samples(0, &[2, 3, 4], TEACHER), 100);
     let path = dir.join("shard-00000.safetensors");
     rewrite_shard(&path, |t, _| t.get_mut(names::SAMPLE_OFFSETS).unwrap().data = i64_bytes(&[0, 5, 5, 9]));
     expect_tensor_error(&dir, names::SAMPLE_OFFSETS, "sample 1 is empty (offsets 5 then 5)");
@@ -135,7 +135,7 @@ fn empty_and_decreasing_samples() {
 fn teacher_tensors_must_match_the_declared_teacher() {
     let dir = TempDir::new("teacher");
     let teacher = Teacher::TopK { k: 2 };
-    write(dir.path(), metadata(FloatDtype::F16, teacher), &samples(0, &[3], teacher), 100);
+    write(dir.path(), metadata(HiddenDtype::F16, teacher), &samples(0, &[3], teacher), 100);
     let path = dir.join("shard-00000.safetensors");
     rewrite_shard(&path, |t, _| {
         let fh = Owned { dtype: Dtype::F16, shape: vec![3, HIDDEN], data: vec![0; 3 * HIDDEN * 2] };
@@ -164,10 +164,10 @@ fn metadata_problems_in_shards() {
     // Another major format.
     let dir = dataset();
     rewrite_shard(&shard1(&dir), |_, m| {
-        m.insert("format".into(), "aerie-shard/2".into());
+        m.insert("format".into(), "aerie-shard/3".into());
     });
     let err = ShardDataset::open(dir.path()).unwrap_err();
-    assert!(matches!(&err, Error::UnsupportedFormat { found, .. } if found == "aerie-shard/2"), "{err}");
+    assert!(matches!(&err, Error::UnsupportedFormat { found, .. } if found == "aerie-shard/3"), "{err}");
 
     // No metadata at all, or a malformed key.
     let dir = dataset();
@@ -186,8 +186,8 @@ fn metadata_problems_in_shards() {
 fn manifest_problems() {
     type ManifestEdit = fn(&mut serde_json::Value);
     let cases: &[(&str, ManifestEdit)] = &[
-        ("unsupported format `aerie-shard/2`", |m| m["format"] = json!("aerie-shard/2")),
-        ("unsupported format `aerie-shard/2`", |m| m["metadata"]["format"] = json!("aerie-shard/2")),
+        ("unsupported format `aerie-shard/3`", |m| m["format"] = json!("aerie-shard/3")),
+        ("unsupported format `aerie-shard/3`", |m| m["metadata"]["format"] = json!("aerie-shard/3")),
         ("shards add up to 3 / 12", |m| m["samples"] = json!(4)),
         ("is not a plain file name", |m| m["shards"][0]["file"] = json!("../shard-00000.safetensors")),
         ("is listed twice", |m| m["shards"][1]["file"] = json!("shard-00000.safetensors")),
@@ -284,7 +284,7 @@ fn verify_reads_every_value() {
 #[test]
 fn bad_samples_are_refused_whole() {
     let dir = TempDir::new("push");
-    let mut writer = ShardWriter::create(dir.path(), metadata(FloatDtype::F16, TEACHER), options(100)).unwrap();
+    let mut writer = ShardWriter::create(dir.path(), metadata(HiddenDtype::F16, TEACHER), options(100)).unwrap();
     let good = Sample::new(1, 3, TEACHER);
     let mut nan_aux = good.clone();
     nan_aux.aux[13] = f32::NAN;
@@ -332,7 +332,7 @@ fn bad_samples_are_refused_whole() {
     // A teacher the metadata does not declare.
     let dir = TempDir::new("push-teacher");
     let mut writer =
-        ShardWriter::create(dir.path(), metadata(FloatDtype::F16, Teacher::FinalHidden), options(100)).unwrap();
+        ShardWriter::create(dir.path(), metadata(HiddenDtype::F16, Teacher::FinalHidden), options(100)).unwrap();
     let err = writer.push(good.as_ref()).unwrap_err();
     assert!(err.to_string().contains("top-k teacher given but the teacher is `final-hidden`"), "{err}");
 }
@@ -340,14 +340,14 @@ fn bad_samples_are_refused_whole() {
 #[test]
 fn bad_writer_setup() {
     let dir = TempDir::new("setup");
-    let err = ShardWriter::create(dir.path(), metadata(FloatDtype::F16, TEACHER), options(0)).unwrap_err();
+    let err = ShardWriter::create(dir.path(), metadata(HiddenDtype::F16, TEACHER), options(0)).unwrap_err();
     assert!(matches!(err, Error::Options(_)), "{err}");
-    let mut meta = metadata(FloatDtype::F16, TEACHER);
+    let mut meta = metadata(HiddenDtype::F16, TEACHER);
     meta.tokenizer_digest = "not a digest".into();
     let err = ShardWriter::create(dir.path(), meta, options(10)).unwrap_err();
     assert!(matches!(&err, Error::Metadata { source, .. } if source.key == "tokenizer_digest"), "{err}");
     // A directory holding stray shard files is not a fresh dataset.
     std::fs::write(dir.join("shard-00000.safetensors"), b"").unwrap();
-    let err = ShardWriter::create(dir.path(), metadata(FloatDtype::F16, TEACHER), options(10)).unwrap_err();
+    let err = ShardWriter::create(dir.path(), metadata(HiddenDtype::F16, TEACHER), options(10)).unwrap_err();
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
 }

@@ -106,7 +106,8 @@ pub fn check_compatible(cfg: &DrafterConfig, meta: &ShardMetadata) -> Result<()>
     }
 }
 
-/// Pad `samples` on the right into one batch on `device`.
+/// Pad `samples` on the right into one batch on `device`. A NaN or infinity in the data is
+/// passed on: training lets it reach the loss, where the step stops naming its samples.
 pub fn collate<B: Backend>(
     samples: &[SampleView<'_>],
     cfg: &DrafterConfig,
@@ -114,14 +115,52 @@ pub fn collate<B: Backend>(
     teacher: &TeacherSource<'_, B>,
     device: &B::Device,
 ) -> Result<TttBatch<B>> {
+    collate_with(samples, cfg, vocab, teacher, device, false)
+}
+
+/// [`collate`] for evaluations: a NaN or infinity in the samples' features or teacher is an
+/// error naming the shard, the sample and the position, not a `null` metric.
+pub fn collate_finite<B: Backend>(
+    samples: &[SampleView<'_>],
+    cfg: &DrafterConfig,
+    vocab: &DraftVocab,
+    teacher: &TeacherSource<'_, B>,
+    device: &B::Device,
+) -> Result<TttBatch<B>> {
+    collate_with(samples, cfg, vocab, teacher, device, true)
+}
+
+fn collate_with<B: Backend>(
+    samples: &[SampleView<'_>],
+    cfg: &DrafterConfig,
+    vocab: &DraftVocab,
+    teacher: &TeacherSource<'_, B>,
+    device: &B::Device,
+    finite: bool,
+) -> Result<TttBatch<B>> {
     let rows = match teacher {
         TeacherSource::Head(_) | TeacherSource::CachedHead(..) => TeacherRows::FinalHidden,
         TeacherSource::TopK => TeacherRows::TopK,
     };
     let ht = cfg.target_hidden_size;
     let aw = cfg.num_aux() * ht;
-    let HostBatch { batch: b, len: l, input_ids, loss_mask, valid, aux, final_hidden: fin, k, topk_ids, topk_logprobs } =
-        gather(samples, aw, ht, rows)?;
+    let host = gather(samples, aw, ht, rows)?;
+    if finite {
+        host.ensure_finite(samples)?;
+    }
+    let HostBatch {
+        batch: b,
+        len: l,
+        input_ids,
+        loss_mask,
+        valid,
+        aux,
+        final_hidden: fin,
+        k,
+        topk_ids,
+        topk_logprobs,
+        ..
+    } = host;
     // Padding rows of a top-k teacher: point at id 0 with log-prob 0; they are masked.
     let teacher: TeacherTargets<B> = match teacher {
         TeacherSource::Head(head) => head.targets(Tensor::from_data(TensorData::new(fin, [b, l, ht]), device)),

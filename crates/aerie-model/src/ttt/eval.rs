@@ -8,7 +8,7 @@ use aerie_data::shard::batch::length_sorted_batches;
 use aerie_data::shard::{SampleView, ShardDataset};
 use burn::tensor::backend::Backend;
 
-use super::batch::{TeacherSource, check_compatible, collate};
+use super::batch::{TeacherSource, check_compatible, collate_finite};
 use super::{TttMetrics, TttOptions, TttSums, ttt_forward};
 use crate::Result;
 use crate::drafter::Drafter;
@@ -72,7 +72,7 @@ pub fn samples_loss<B: Backend>(
     let mut done = 0;
     for idx in length_sorted_batches(&lengths, batch_size) {
         let chunk: Vec<_> = idx.iter().map(|&i| samples[i]).collect();
-        let batch = collate::<B>(&chunk, cfg, drafter.vocab(), &teacher, &device)?;
+        let batch = collate_finite::<B>(&chunk, cfg, drafter.vocab(), &teacher, &device)?;
         sums.add(&ttt_forward(drafter, &batch, ttt)?);
         done += chunk.len();
         progress(done, n);

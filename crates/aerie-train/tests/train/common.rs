@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use aerie_data::shard::{
-    AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+    AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::{Dtype, HostTensor, synthetic};
@@ -53,7 +53,7 @@ pub fn metadata() -> ShardMetadata {
         aux_layer_ids: AUX.to_vec(),
         aux_convention: AuxConvention::OutputOfLayer,
         hidden_size: H,
-        dtype: FloatDtype::F32,
+        dtype: HiddenDtype::F32,
         tokenizer_digest: "0".repeat(64),
         chat_template: "none".into(),
         teacher: Teacher::FinalHidden,
