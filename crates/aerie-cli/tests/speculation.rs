@@ -149,3 +149,74 @@ fn bad_invocations_fail_clearly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refused") || err.contains("connection failed"), "{err}");
 }
+
+/// `shards convert` to each compact encoding, `shards verify`, `bench shards`, and `eval loss` /
+/// `eval accept` on the result, whose τ stays near the f32 data's; then a NaN in the shards makes
+/// both evaluations fail naming the shard and the sample (it used to print `"loss": null`).
+#[test]
+fn compact_shards_convert_verify_bench_and_evaluate_and_nan_fails_evaluations() {
+    let f = fixture();
+    let tau = |data: &Path| {
+        let args = ["eval", "accept", "--drafter", p(&f.drafter), "--data", p(data), "--target-head", p(&f.head)];
+        let rep: serde_json::Value =
+            serde_json::from_str(&ok(aerie(&[&args[..], &["--k", "2", "--json"]].concat()))).unwrap();
+        rep["tau"].as_f64().unwrap()
+    };
+    let reference = tau(&f.data);
+    for dtype in ["fp8-e4m3", "int4", "bf16"] {
+        let out = f.root.join(format!("data-{dtype}"));
+        let rep: serde_json::Value = serde_json::from_str(&ok(aerie(&[
+            "shards",
+            "convert",
+            p(&f.data),
+            "--dtype",
+            dtype,
+            "--out",
+            p(&out),
+            "--json",
+        ])))
+        .unwrap();
+        assert_eq!((rep["converted_samples"].as_u64(), rep["tokens"].as_u64()), (Some(2), Some(21)), "{rep}");
+        assert!(rep["dst_bytes_per_token"].as_f64() < rep["src_bytes_per_token"].as_f64(), "{rep}");
+        let v: serde_json::Value = serde_json::from_str(&ok(aerie(&["shards", "verify", p(&out), "--json"]))).unwrap();
+        assert_eq!((v["dtype"].as_str(), v["samples"].as_u64()), (Some(dtype), Some(2)));
+        let b: serde_json::Value = serde_json::from_str(&ok(aerie(&["bench", "shards", p(&out), "--json"]))).unwrap();
+        assert_eq!((b["dtype"].as_str(), b["tokens"].as_u64()), (Some(dtype), Some(21)));
+        assert!(b["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{b}");
+        // Random drafter, 2 samples: τ may move by a draft or two, no more.
+        let t = tau(&out);
+        assert!((t - reference).abs() < 0.5, "{dtype}: τ {t} vs f32 {reference}");
+        let loss = ok(aerie(&[
+            "eval",
+            "loss",
+            "--drafter",
+            p(&f.drafter),
+            "--data",
+            p(&out),
+            "--target-head",
+            p(&f.head),
+            "--json",
+        ]));
+        assert!(!loss.contains("null"), "{loss}");
+    }
+
+    // Value [3, 5] of sample 1 (tokens 10..21 of the one shard) becomes NaN.
+    let shard = f.data.join("shard-00000.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let start = header["aux_hidden"]["data_offsets"][0].as_u64().unwrap() as usize;
+    let at = 8 + n + start + 4 * ((10 + 3) * 3 * 64 + 5);
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&shard, bytes).unwrap();
+    let needle = "shard-00000.safetensors: sample 1: aux_hidden[3, 5] = NaN is not finite";
+    for cmd in ["loss", "accept"] {
+        let out = aerie(&["eval", cmd, "--drafter", p(&f.drafter), "--data", p(&f.data), "--target-head", p(&f.head)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(needle), "eval {cmd}: {stderr}");
+    }
+    let out = aerie(&["shards", "verify", p(&f.data)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The recorded checksum is what verify notices first.
+    assert!(!out.status.success() && stderr.contains("shard-00000.safetensors: sha256 is"), "{stderr}");
+}

@@ -123,7 +123,7 @@ pub fn bench_shards(dir: &Path, opts: &BenchOptions) -> Result<ShardBench> {
         chunk.push(*s);
         chunk_tokens += s.len();
         let next = samples.get(i + 1).map_or(usize::MAX, |n| n.len());
-        if chunk_tokens + next > opts.batch_tokens || i + 1 == samples.len() {
+        if chunk_tokens.saturating_add(next) > opts.batch_tokens || i + 1 == samples.len() {
             let b = batch::gather(&chunk, aw, ht, rows)?;
             decoded += 4 * (b.aux.len() + b.final_hidden.len() + b.topk_logprobs.len() + b.topk_ids.len()) as u64;
             std::hint::black_box(&b);
