@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use aerie_data::shard::{
-    AuxConvention, FloatDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
+    AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
 };
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, HostTensor, SaveOptions, save_drafter};
@@ -73,7 +73,7 @@ fn fixture() -> Fixture {
         aux_layer_ids: cfg.aux_layers.ids.clone(),
         aux_convention: AuxConvention::OutputOfLayer,
         hidden_size: cfg.target_hidden_size,
-        dtype: FloatDtype::F32,
+        dtype: HiddenDtype::F32,
         tokenizer_digest: "0".repeat(64),
         chat_template: "none".into(),
         teacher: Teacher::FinalHidden,
