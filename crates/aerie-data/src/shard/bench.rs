@@ -8,7 +8,7 @@
 //!    else: what `dd if=FILE of=/dev/null bs=16M` measures.
 //! 2. `decode`: the dataset opened and every sample gathered into host batches
 //!    ([`batch::gather`]: the fused, multi-threaded decode into f32 that training and every
-//!    evaluation use), in dataset order.
+//!    evaluation use), length-sorted as training batches are.
 //!
 //! With `drop_caches` (root only: it writes `/proc/sys/vm/drop_caches`) both passes start from
 //! a cold page cache, so pass 1 is the disk's sequential rate and pass 2 the end-to-end rate of
@@ -116,19 +116,21 @@ pub fn bench_shards(dir: &Path, opts: &BenchOptions) -> Result<ShardBench> {
     let (aw, ht) = (meta.aux_width(), meta.hidden_size);
     let rows = if meta.teacher.has_final_hidden() { TeacherRows::FinalHidden } else { TeacherRows::TopK };
     let mut decoded = 0u64;
-    let mut chunk = Vec::new();
-    let mut chunk_tokens = 0;
+    // As training batches: samples sorted by length, as many per batch as fit `batch_tokens`
+    // once padded to the longest (at least one), so padding does not inflate the work.
     let samples: Vec<_> = dataset.iter().collect();
-    for (i, s) in samples.iter().enumerate() {
-        chunk.push(*s);
-        chunk_tokens += s.len();
-        let next = samples.get(i + 1).map_or(usize::MAX, |n| n.len());
-        if chunk_tokens.saturating_add(next) > opts.batch_tokens || i + 1 == samples.len() {
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by_key(|&i| (samples[i].len(), i));
+    let mut chunk = Vec::new();
+    for (j, &i) in order.iter().enumerate() {
+        chunk.push(samples[i]);
+        let next = order.get(j + 1).map(|&n| samples[n].len());
+        let full = next.is_none_or(|n| (chunk.len() + 1) * n > opts.batch_tokens);
+        if full {
             let b = batch::gather(&chunk, aw, ht, rows)?;
             decoded += 4 * (b.aux.len() + b.final_hidden.len() + b.topk_logprobs.len() + b.topk_ids.len()) as u64;
             std::hint::black_box(&b);
             chunk.clear();
-            chunk_tokens = 0;
         }
     }
     let decode_seconds = start.elapsed().as_secs_f64();
