@@ -25,7 +25,8 @@ pub struct PrepareArgs {
     /// Chat data: ShareGPT JSON array, JSONL, or parquet (file or HF dataset directory).
     #[arg(long)]
     pub data: PathBuf,
-    /// Tokenizer directory (tokenizer.json, tokenizer_config.json, optionally config.json) or hub
+    /// Tokenizer directory (tokenizer.json, or tiktoken.model of the Kimi family; tokenizer_config.json,
+    /// optionally config.json) or hub
     /// id `org/name[@revision]`.
     #[arg(long, value_parser = crate::model_ref::parse)]
     pub tokenizer: PathBuf,

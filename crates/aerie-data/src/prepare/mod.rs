@@ -56,7 +56,7 @@ const MAX_EXAMPLES: usize = 10;
 pub struct PrepareOptions {
     /// Chat data: ShareGPT JSON, JSONL, or parquet (file or directory).
     pub data: PathBuf,
-    /// Tokenizer directory (or its `tokenizer.json`).
+    /// Tokenizer directory (or its `tokenizer.json` / `tiktoken.model`).
     pub tokenizer: PathBuf,
     /// Output directory.
     pub out: PathBuf,
@@ -133,7 +133,7 @@ pub struct PrepareReport {
     pub data: PathBuf,
     /// The tokenizer directory.
     pub tokenizer: PathBuf,
-    /// sha256 of `tokenizer.json`.
+    /// The tokenizer digest ([`crate::tokenizer::TokenizerFiles::digest`]).
     pub tokenizer_digest: String,
     /// Target vocabulary size V.
     pub vocab_size: usize,

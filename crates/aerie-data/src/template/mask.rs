@@ -28,10 +28,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use tokenizers::Tokenizer;
-
 use super::ChatTemplate;
 use crate::conversation::{Conversation, DropReason, Role, TrimReason};
+use crate::tokenizer::{Encoded, TextTokenizer};
 use crate::{Error, Result};
 
 /// Options of [`ChatEncoder`].
@@ -79,7 +78,7 @@ pub struct Rejected {
 /// Renders conversations with a template and tokenises them with their loss mask.
 pub struct ChatEncoder<'a> {
     template: &'a ChatTemplate,
-    tokenizer: &'a Tokenizer,
+    tokenizer: &'a TextTokenizer,
     special_ids: HashSet<u32>,
     /// Special tokens that split text cleanly (no whitespace stripping), for head-only
     /// tokenisation: (content, id).
@@ -109,18 +108,14 @@ enum Spans {
 impl<'a> ChatEncoder<'a> {
     /// An encoder; `tokenizer` should have truncation and padding off (as
     /// [`crate::tokenizer::TokenizerFiles`] loads it).
-    pub fn new(template: &'a ChatTemplate, tokenizer: &'a Tokenizer, opts: EncodeOptions) -> Result<Self> {
+    pub fn new(template: &'a ChatTemplate, tokenizer: &'a TextTokenizer, opts: EncodeOptions) -> Result<Self> {
         if opts.max_length == Some(0) {
             return Err(Error::InvalidOption("max_length must be at least 1".into()));
         }
-        let added = tokenizer.get_added_tokens_decoder();
-        let special_ids = added.iter().filter(|(_, t)| t.special).map(|(&id, _)| id).collect();
-        let mut cut_tokens: Vec<(String, u32)> = added
-            .into_iter()
-            .filter(|(_, t)| t.special && !t.lstrip && !t.rstrip && !t.normalized && !t.content.is_empty())
-            .map(|(id, t)| (t.content, id))
-            .collect();
-        cut_tokens.sort_unstable_by_key(|(_, id)| *id);
+        let added = tokenizer.added_tokens();
+        let special_ids = added.iter().filter(|t| t.special).map(|t| t.id).collect();
+        let cut_tokens: Vec<(String, u32)> =
+            added.into_iter().filter(|t| t.splits_cleanly).map(|t| (t.content, t.id)).collect();
         Ok(Self { template, tokenizer, special_ids, cut_tokens, opts })
     }
 
@@ -217,7 +212,7 @@ impl<'a> ChatEncoder<'a> {
     /// head's last token must be that special token at that offset); anything unexpected falls
     /// back to tokenising everything. The head starts at 4 bytes per wanted token and doubles
     /// until it holds enough tokens.
-    fn tokenize_head(&self, full: &str) -> tokenizers::Result<tokenizers::Encoding> {
+    fn tokenize_head(&self, full: &str) -> tokenizers::Result<Encoded> {
         let Some(limit) = self.opts.max_length else {
             return self.tokenizer.encode(full, false);
         };

@@ -1,5 +1,5 @@
 //! A tokenizer directory as Hugging Face lays it out: `tokenizer.json` (the `tokenizers`
-//! pipeline), `tokenizer_config.json` (special-token strings, `chat_template` as one string or a
+//! pipeline) or, for the Kimi family, `tiktoken.model` ([`tiktoken`]), `tokenizer_config.json` (special-token strings, `chat_template` as one string or a
 //! list of named templates), optionally `chat_template.jinja` / `chat_template.json` (where
 //! recent transformers save the template) and `config.json` (the model's `vocab_size`, which may
 //! exceed the tokenizer's: embedding rows are padded).
@@ -13,15 +13,22 @@ use tokenizers::Tokenizer;
 
 use crate::{Error, Result};
 
+mod text;
+pub mod tiktoken;
+
+pub use text::{AddedToken, Encoded, TextTokenizer};
+
 /// The files of a tokenizer directory, loaded.
 pub struct TokenizerFiles {
     /// The directory.
     pub dir: PathBuf,
-    /// The tokenizer, with any truncation or padding from `tokenizer.json` switched off.
-    pub tokenizer: Tokenizer,
+    /// The tokenizer (for `tokenizer.json`: with its truncation and padding switched off).
+    pub tokenizer: TextTokenizer,
     /// `tokenizer_config.json`, empty when absent.
     pub config: Map<String, Json>,
-    /// sha256 of `tokenizer.json`, hex.
+    /// The tokenizer digest, hex: sha256 of `tokenizer.json`, or for a tiktoken tokenizer
+    /// sha256 of `tiktoken.model`'s bytes followed by one `{id}\t{name}\n` line per special
+    /// token in id order (the rule of `docs/shard-format.md`).
     pub digest: String,
     /// Largest token id + 1, added tokens included.
     pub tokenizer_vocab_size: usize,
@@ -65,21 +72,13 @@ fn token_string(v: &Json) -> Option<&str> {
 }
 
 impl TokenizerFiles {
-    /// Load `path`: a directory holding `tokenizer.json`, or the `tokenizer.json` file itself.
+    /// Load `path`: a directory holding `tokenizer.json` (or, of the Kimi family,
+    /// `tiktoken.model`), or the `tokenizer.json` / `tiktoken.model` file itself.
     pub fn load(path: &Path) -> Result<Self> {
-        let (dir, file) = if path.is_dir() {
-            (path.to_owned(), path.join("tokenizer.json"))
-        } else {
-            (crate::paths::parent_dir(path).to_owned(), path.to_owned())
-        };
-        if !file.is_file() {
-            return Err(tok_err(&file, "no tokenizer.json (a Hugging Face `tokenizers` file is needed)"));
-        }
-        let mut tokenizer = Tokenizer::from_file(&file).map_err(|e| tok_err(&file, format!("cannot load: {e}")))?;
-        tokenizer.with_truncation(None).map_err(|e| tok_err(&file, format!("cannot disable truncation: {e}")))?;
-        tokenizer.with_padding(None);
-        let digest = crate::shard::sha256_file(&file)?;
-        let tokenizer_vocab_size = tokenizer.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
+        let dir = if path.is_dir() { path.to_owned() } else { crate::paths::parent_dir(path).to_owned() };
+        let named = |n: &str| path.is_file() && path.file_name().is_some_and(|f| f == n);
+        let hf = if path.is_dir() { dir.join("tokenizer.json") } else { path.to_owned() };
+        let tiktoken_file = dir.join("tiktoken.model");
         let config = match read_json(&dir.join("tokenizer_config.json"))? {
             Some(Json::Object(m)) => m,
             Some(_) => {
@@ -87,9 +86,39 @@ impl TokenizerFiles {
             }
             None => Map::new(),
         };
-        let model_vocab_size = read_json(&dir.join("config.json"))?
-            .and_then(|c| crate::hf_config::text_key(&c, "vocab_size").and_then(Json::as_u64).map(|v| v as usize));
+        let model_config = read_json(&dir.join("config.json"))?;
+        let model_vocab_size = model_config
+            .as_ref()
+            .and_then(|c| crate::hf_config::text_key(c, "vocab_size").and_then(Json::as_u64).map(|v| v as usize));
+        let (tokenizer, digest) = if named("tiktoken.model") || (!hf.is_file() && tiktoken_file.is_file()) {
+            check_kimi_family(&tiktoken_file, &config, model_config.as_ref())?;
+            let bytes = std::fs::read(&tiktoken_file).map_err(|e| Error::io(&tiktoken_file, e))?;
+            let tok = tiktoken::Tiktoken::from_bytes(&tiktoken_file, &bytes, &config)?;
+            let digest = tiktoken_digest(&bytes, tok.specials());
+            (TextTokenizer::Tiktoken(Box::new(tok)), digest)
+        } else {
+            if !hf.is_file() {
+                return Err(tok_err(
+                    &hf,
+                    "no tokenizer.json (a Hugging Face `tokenizers` file) and no tiktoken.model (Kimi family)",
+                ));
+            }
+            let mut tokenizer = Tokenizer::from_file(&hf).map_err(|e| tok_err(&hf, format!("cannot load: {e}")))?;
+            tokenizer.with_truncation(None).map_err(|e| tok_err(&hf, format!("cannot disable truncation: {e}")))?;
+            tokenizer.with_padding(None);
+            (TextTokenizer::Hf(Box::new(tokenizer)), crate::shard::sha256_file(&hf)?)
+        };
+        let tokenizer_vocab_size = tokenizer.vocab_size();
         Ok(Self { dir, tokenizer, config, digest, tokenizer_vocab_size, model_vocab_size })
+    }
+
+    /// The file the tokenizer was loaded from (`tokenizer.json` or `tiktoken.model`), for
+    /// messages.
+    pub fn file(&self) -> PathBuf {
+        self.dir.join(match self.tokenizer {
+            TextTokenizer::Hf(_) => "tokenizer.json",
+            TextTokenizer::Tiktoken(_) => "tiktoken.model",
+        })
     }
 
     /// The target vocabulary size V: the model's `vocab_size` when `config.json` gives one
@@ -165,4 +194,44 @@ impl TokenizerFiles {
         }
         Ok(None)
     }
+}
+
+/// A `tiktoken.model` is read only for the Kimi family, whose split pattern and special-token
+/// rule aerie knows ([`tiktoken::KIMI_PAT_STR`]); other tiktoken models keep theirs in Python
+/// code that cannot be read from the files.
+fn check_kimi_family(file: &Path, config: &Map<String, Json>, model_config: Option<&Json>) -> Result<()> {
+    let auto_map_kimi = config
+        .get("auto_map")
+        .and_then(|m| m.get("AutoTokenizer"))
+        .and_then(Json::as_array)
+        .is_some_and(|a| a.iter().filter_map(Json::as_str).any(|s| s.starts_with("tokenization_kimi.")));
+    let model_type_kimi = model_config.is_some_and(|c| {
+        let t = |v: &Json| v.get("model_type").and_then(Json::as_str).map(str::to_owned);
+        [t(c), c.get("text_config").and_then(t)]
+            .into_iter()
+            .flatten()
+            .any(|m| matches!(m.as_str(), "kimi_k2" | "kimi_k25" | "kimi_linear") || m.starts_with("kimi_k2"))
+    });
+    if auto_map_kimi || model_type_kimi {
+        return Ok(());
+    }
+    Err(tok_err(
+        file,
+        "a tiktoken.model that is not of the Kimi family (tokenizer_config.json's auto_map names no \
+         tokenization_kimi, config.json's model_type is not kimi_k2/kimi_k25): its split pattern lives \
+         in the model's Python code, which aerie cannot read; provide a tokenizer.json",
+    ))
+}
+
+/// The digest rule for tiktoken tokenizers: sha256 over `tiktoken.model`'s bytes, then one
+/// `{id}\t{name}\n` line per special token in id order. Both decide the ids of a text, so both
+/// are hashed; a capture engine in Python computes the same with `hashlib`.
+pub fn tiktoken_digest(model_bytes: &[u8], specials: &[tiktoken::Special]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(model_bytes);
+    for s in specials {
+        h.update(format!("{}\t{}\n", s.id, s.content).as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
