@@ -235,3 +235,77 @@ pub fn tiktoken_digest(model_bytes: &[u8], specials: &[tiktoken::Special]) -> St
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// What [`measure`] reports: the tokenizer's load time and single-threaded encode throughput on
+/// a list of texts, with a digest of all ids so that another implementation (python tiktoken,
+/// `scripts/bench_tokenizer.py`) can be checked to produce the same ids on the same texts.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TokenizerMeasurement {
+    /// The tokenizer file.
+    pub file: PathBuf,
+    /// `tiktoken` or `tokenizers`.
+    pub kind: &'static str,
+    /// Best of the loads: [`TokenizerFiles::load`] wall time, seconds.
+    pub load_seconds: f64,
+    /// Texts encoded.
+    pub texts: usize,
+    /// Their total length in code points.
+    pub chars: usize,
+    /// Total ids.
+    pub tokens: usize,
+    /// Best of the passes: wall time to encode all texts once, seconds.
+    pub encode_seconds: f64,
+    /// `tokens / encode_seconds`.
+    pub tokens_per_second: f64,
+    /// sha256 of all ids, each as little-endian u32, texts in order.
+    pub ids_sha256: String,
+}
+
+/// Load the tokenizer at `path` `repeats` times and encode `texts` `repeats` times on this
+/// thread, keeping the best time of each (the least disturbed by other work on the machine).
+pub fn measure(path: &Path, texts: &[String], repeats: usize) -> Result<TokenizerMeasurement> {
+    use sha2::{Digest, Sha256};
+    let repeats = repeats.max(1);
+    let mut load_seconds = f64::INFINITY;
+    let mut tok = None;
+    for _ in 0..repeats {
+        let start = std::time::Instant::now();
+        let t = TokenizerFiles::load(path)?;
+        load_seconds = load_seconds.min(start.elapsed().as_secs_f64());
+        tok = Some(t);
+    }
+    let tok = tok.expect("at least one load");
+    let mut encode_seconds = f64::INFINITY;
+    let mut digest = String::new();
+    let mut tokens = 0;
+    for _ in 0..repeats {
+        let mut h = Sha256::new();
+        let mut n = 0;
+        let start = std::time::Instant::now();
+        for text in texts {
+            let enc =
+                tok.tokenizer.encode(text, false).map_err(|e| tok_err(&tok.file(), format!("cannot encode: {e}")))?;
+            n += enc.len();
+            for id in enc.get_ids() {
+                h.update(id.to_le_bytes());
+            }
+        }
+        encode_seconds = encode_seconds.min(start.elapsed().as_secs_f64());
+        tokens = n;
+        digest = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    }
+    Ok(TokenizerMeasurement {
+        file: tok.file(),
+        kind: match tok.tokenizer {
+            TextTokenizer::Hf(_) => "tokenizers",
+            TextTokenizer::Tiktoken(_) => "tiktoken",
+        },
+        load_seconds,
+        texts: texts.len(),
+        chars: texts.iter().map(|t| t.chars().count()).sum(),
+        tokens,
+        encode_seconds,
+        tokens_per_second: tokens as f64 / encode_seconds,
+        ids_sha256: digest,
+    })
+}
