@@ -55,6 +55,11 @@ pub struct PrepareArgs {
     /// With --system-prompt: replace existing system prompts too.
     #[arg(long, requires = "system_prompt")]
     pub replace_system_prompt: bool,
+    /// A template variable, `NAME=VALUE` (repeatable): VALUE is read as JSON when it parses
+    /// (`thinking=false`, `n=3`, `x={"a":1}`), else as a string. K2.5's thinking switch is
+    /// `thinking`, Qwen3's `enable_thinking`.
+    #[arg(long = "template-kwarg", value_name = "NAME=VALUE")]
+    pub template_kwargs: Vec<String>,
     /// Target vocabulary size to record (default: config.json's vocab_size, else the tokenizer's).
     #[arg(long)]
     pub vocab_size: Option<usize>,
@@ -64,6 +69,23 @@ pub struct PrepareArgs {
     /// Print the report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `NAME=VALUE` pairs as template variables (VALUE as JSON, else a string).
+fn parse_template_kwargs(items: &[String]) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    let mut out = std::collections::BTreeMap::new();
+    for item in items {
+        let Some((name, value)) = item.split_once('=') else {
+            bail!("--template-kwarg {item}: expected NAME=VALUE");
+        };
+        let name = name.trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("--template-kwarg {item}: `{name}` is not a template variable name");
+        }
+        let v = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+        out.insert(name.to_owned(), v);
+    }
+    Ok(out)
 }
 
 /// Parse `eval=0.02` (or a bare `0.02`) into the eval fraction.
@@ -91,7 +113,7 @@ impl PrepareArgs {
             max_length: (self.max_length > 0).then_some(self.max_length),
             system_prompt: self.system_prompt.clone(),
             replace_system_prompt: self.replace_system_prompt,
-            ..EncodeOptions::default()
+            template_kwargs: parse_template_kwargs(&self.template_kwargs)?,
         };
         opts.max_samples = self.max_samples;
         opts.eval_fraction = self.split.as_deref().map(parse_split).transpose()?.unwrap_or(0.0);

@@ -120,7 +120,7 @@ pub fn tokenizer_dir(root: &Path, template: Option<&str>, model_vocab: Option<us
 
 /// A conversation from (role, content) pairs.
 pub fn conv(id: &str, turns: &[(Role, &str)]) -> Conversation {
-    Conversation { id: id.into(), messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect() }
+    Conversation { id: id.into(), messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(), tools: None }
 }
 
 /// SmolLM2-135M-Instruct's chat template, as its GGUF metadata (`tokenizer.chat_template`)

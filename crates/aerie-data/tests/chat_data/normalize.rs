@@ -9,7 +9,11 @@ fn raw(turns: &[(&str, &str)]) -> RawConversation {
     RawConversation {
         id: None,
         index: 7,
-        turns: turns.iter().map(|(r, c)| RawTurn { role: (*r).into(), content: (*c).into() }).collect(),
+        turns: turns
+            .iter()
+            .map(|(r, c)| RawTurn { role: (*r).into(), content: (*c).into(), ..RawTurn::default() })
+            .collect(),
+        tools: None,
     }
 }
 
