@@ -17,6 +17,31 @@ use crate::cmd::common::ChatInputArgs;
 pub enum DataCommand {
     /// Tokenise chat data with the model's chat template and loss masks over assistant turns.
     Prepare(PrepareArgs),
+    /// Print prepared samples with the trained (loss-masked) tokens marked: colour on a
+    /// terminal, `[[...]]` otherwise.
+    Show(ShowArgs),
+}
+
+/// Arguments of `aerie data show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A prepared dataset directory (`aerie data prepare --out`).
+    pub prepared: PathBuf,
+    /// Only the sample with this `sample_id` (turn-chain samples: record index × 65,536 + chain).
+    #[arg(long)]
+    pub sample: Option<i64>,
+    /// At most this many samples.
+    #[arg(long, default_value_t = 3)]
+    pub limit: usize,
+    /// Split to read (`train` or `eval`).
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// Tokenizer to decode with (default: the one recorded in the report).
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub tokenizer: Option<PathBuf>,
+    /// Mark with brackets even on a terminal.
+    #[arg(long)]
+    pub no_colour: bool,
 }
 
 /// Arguments of `aerie data prepare`.
@@ -127,7 +152,59 @@ impl PrepareArgs {
 pub fn run(cmd: DataCommand) -> Result<()> {
     match cmd {
         DataCommand::Prepare(args) => run_prepare(&args),
+        DataCommand::Show(args) => run_show(&args),
     }
+}
+
+fn run_show(args: &ShowArgs) -> Result<()> {
+    use std::io::IsTerminal;
+
+    use aerie_data::prepare::PreparedDataset;
+    use aerie_data::prepare::show::{Marking, marked_text};
+    use aerie_data::tokenizer::TokenizerFiles;
+
+    let ds = PreparedDataset::open(&args.prepared)?;
+    let tok_dir = args.tokenizer.clone().unwrap_or_else(|| ds.report().tokenizer.clone());
+    let tok = TokenizerFiles::load(&tok_dir)
+        .with_context(|| format!("the tokenizer of {} (give another with --tokenizer)", args.prepared.display()))?;
+    if tok.digest != ds.report().tokenizer_digest {
+        bail!(
+            "{}: tokenizer digest {} is not the prepared dataset's {}: the ids would decode wrongly",
+            tok.file().display(),
+            tok.digest,
+            ds.report().tokenizer_digest
+        );
+    }
+    let marking = if !args.no_colour && std::io::stdout().is_terminal() { Marking::Colour } else { Marking::Brackets };
+    let mut shown = 0;
+    for sample in ds.samples(&args.split)? {
+        let s = sample?;
+        if args.sample.is_some_and(|id| id != s.sample_id) {
+            continue;
+        }
+        let trained = s.loss_mask.iter().filter(|&&m| m != 0).count();
+        println!(
+            "== sample {} (source {}): {} tokens, {} trained",
+            s.sample_id,
+            s.source_id,
+            s.input_ids.len(),
+            trained
+        );
+        println!("{}", marked_text(&tok.tokenizer, &s.input_ids, &s.loss_mask, marking));
+        shown += 1;
+        if shown >= args.limit {
+            break;
+        }
+    }
+    if shown == 0 {
+        bail!(
+            "{}: no sample{} in split `{}`",
+            args.prepared.display(),
+            args.sample.map(|i| format!(" {i}")).unwrap_or_default(),
+            args.split
+        );
+    }
+    Ok(())
 }
 
 fn run_prepare(args: &PrepareArgs) -> Result<()> {
@@ -174,6 +251,9 @@ fn print_report(r: &PrepareReport, secs: f64) {
     println!("data        {} ({} records read)", r.data.display(), r.read.records);
     println!("template    {}", r.template);
     println!("kept        {} of {} conversations", c.kept, c.conversations);
+    for (mode, n) in &r.samples_per_mode {
+        println!("  samples   {n:>8}  {mode}");
+    }
     for (reason, n) in &c.dropped {
         println!("  dropped   {n:>8}  {}", reason.as_str());
     }

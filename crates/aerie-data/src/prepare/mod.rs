@@ -19,6 +19,7 @@
 //! the input.
 
 mod dataset;
+pub mod show;
 mod writer;
 
 use std::collections::BTreeMap;
