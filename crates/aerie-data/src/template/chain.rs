@@ -99,8 +99,7 @@ impl ChatEncoder<'_> {
     ) -> Result<std::result::Result<EncodedSample, Rejected>> {
         let tools = conv.tools.as_ref();
         let unstable = |why: String| Rejected { reason: DropReason::TemplateNotPrefixStable, message: why };
-        let r = |x: std::result::Result<String, Rejected>| x;
-        let base = match r(self.render_tools(&messages[..last], tools, true)) {
+        let base = match self.render_tools(&messages[..last], tools, true) {
             Ok(b) => b,
             Err(e) => return Ok(Err(e)),
         };
@@ -175,7 +174,7 @@ impl ChatEncoder<'_> {
         }
         let enc = self.tokenizer_ref().encode(&text, false).map_err(|e| Error::Tokenizer {
             path: "tokenizer".into(),
-            message: format!("cannot encode conversation `{}`: {e}", conv.id),
+            message: format!("cannot encode conversation `{}` (chain {chain}): {e}", conv.id),
         })?;
         let ids = enc.get_ids();
         let mut mask = vec![0u8; ids.len()];
