@@ -257,4 +257,27 @@ mod tests {
         assert!(parse_record(br#"{"conversations": [{"#, 0).unwrap_err().is_eof());
         assert!(parse_record(br#"{"conversations": 5}"#, 0).is_err());
     }
+
+    #[test]
+    fn openai_messages_with_reasoning_tool_calls_tools_and_media() {
+        let r = parse_record(
+            br#"{"tools": [{"type": "function"}], "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "q"}]},
+                {"role": "assistant", "content": null, "reasoning_content": "r",
+                 "tool_calls": [{"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "functions.f:0", "name": "f", "content": "ok"}]}"#,
+            0,
+        )
+        .unwrap();
+        assert_eq!(r.tools, Some(serde_json::json!([{"type": "function"}])));
+        assert!(r.turns[0].has_media && r.turns[0].content == "q");
+        assert_eq!(r.turns[1].reasoning_content.as_deref(), Some("r"));
+        assert_eq!(r.turns[1].tool_calls[0].id, "functions.f:0");
+        assert_eq!(r.turns[1].tool_calls[0].name, "f");
+        assert_eq!(r.turns[1].tool_calls[0].arguments, serde_json::json!("{}"));
+        assert_eq!(
+            (r.turns[2].tool_call_id.as_deref(), r.turns[2].name.as_deref()),
+            (Some("functions.f:0"), Some("f"))
+        );
+    }
 }
