@@ -142,6 +142,7 @@ mod tests {
     /// that split unevenly; bitwise the same for 1 and 3 threads.
     #[test]
     fn host_matmul_matches_burn_and_ignores_thread_count() {
+        let _alone = crate::autodiff::exclusive();
         let dev = Default::default();
         let run = |threads: usize| {
             on_threads(threads, || {
