@@ -47,9 +47,15 @@ pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
 mod tests {
     use super::*;
     use burn::backend::{Autodiff, Flex};
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::{Tensor, TensorData};
 
     type B = Autodiff<Flex>;
+
+    /// Fixed values (not the backend's global RNG, which other tests reseed and draw from).
+    fn leaf(n: usize) -> Tensor<B, 2> {
+        let v: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 - 3.0).collect();
+        Tensor::from_data(TensorData::new(v, [n, n]), &Default::default())
+    }
 
     /// Threads that record and run backward passes at once, in the shape of tracel-ai/burn#5573's
     /// report (a leaf that already went through one backward, then concatenated while other
@@ -60,13 +66,12 @@ mod tests {
     /// data-parallel equality test that failed in CI without it.
     #[test]
     fn concurrent_backward_passes_lose_no_gradient() {
-        let dev = Default::default();
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let x = Tensor::<B, 2>::random([8, 8], Distribution::Default, &dev).require_grad();
+                        let x = leaf(8).require_grad();
                         let loss = record(|| (x.clone() * 2.0).sum());
                         let _ = backward(loss);
                     }
@@ -76,10 +81,10 @@ mod tests {
                 .map(|_| {
                     s.spawn(|| {
                         for _ in 0..60 {
-                            let a = Tensor::<B, 2>::random([128, 128], Distribution::Default, &dev).require_grad();
+                            let a = leaf(128).require_grad();
                             let warm = record(|| a.clone().sum());
                             let _ = backward(warm);
-                            let b = Tensor::<B, 2>::random([128, 128], Distribution::Default, &dev);
+                            let b = leaf(128);
                             let loss = record(|| (Tensor::cat(vec![a.clone(), b], 0) * 3.0).sum());
                             let grads = backward(loss);
                             let g = a.grad(&grads).expect("the leaf lost its gradient");
