@@ -22,13 +22,14 @@ import hashlib
 import json
 import os
 import re
+import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from .encodings import Encoding, encode_finite, encoding
 
@@ -283,6 +284,43 @@ class Metadata:
 
 # ---------------------------------------------------------------------------------------------
 # Files
+
+_ST_DTYPES = {
+    torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32",
+    torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+}
+
+# The safetensors `Dtype` enum's order: the library sorts tensors by it (descending), then by
+# name, which puts every wider element type before every narrower one.
+_ST_ORDER = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"]
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write a safetensors file with the layout the `safetensors` libraries produce (header
+    padded to 8 bytes, tensors ordered by element type, widest first, then by name, so each is
+    aligned to its element size), but with the metadata keys sorted: the safetensors core
+    serialises them from a hash map in a per-process random order, and a resumed capture must
+    give byte-identical shards. The data is streamed from the tensors' own memory, without the
+    whole-file copy `safetensors.torch.save` makes."""
+    if sys.byteorder != "little":
+        raise RuntimeError("aerie-shard/1 is little-endian; this host is not")
+    order = sorted(tensors, key=lambda k: (-_ST_ORDER.index(_ST_DTYPES[tensors[k].dtype]), k))
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    blobs = []
+    for name in order:
+        t = tensors[name].detach().cpu().contiguous()
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+        blobs.append(t.reshape(-1).view(torch.uint8).numpy() if n else b"")
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for b in blobs:
+            f.write(memoryview(b))
 
 
 def _fsync_dir(d: Path) -> None:
@@ -807,7 +845,7 @@ class ShardWriter:
         if self._sample_ids:
             tensors[SAMPLE_IDS] = torch.tensor(self._sample_ids, dtype=torch.int64)
         try:
-            save_file(tensors, str(tmp), metadata=self.metadata.to_map())
+            write_safetensors(tmp, tensors, self.metadata.to_map())
             _commit(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -68,6 +68,22 @@ class Shards(unittest.TestCase):
                 self.assertTrue(torch.equal(r.topk_logprobs, s["topk_logprobs"]))
                 self.assertEqual(r.sample_id, s["sample_id"])
 
+    def test_the_file_layout_is_the_safetensors_librarys(self):
+        from safetensors.torch import save
+        from aerie_capture.shards import write_safetensors
+
+        g = torch.Generator().manual_seed(0)
+        tensors = {
+            "aux_hidden": torch.randn(5, 6, generator=g).to(torch.bfloat16), "input_ids": torch.arange(5, dtype=torch.int32),
+            "loss_mask": torch.tensor([0, 1, 1, 0, 1], dtype=torch.uint8), "sample_offsets": torch.tensor([0, 2, 5]),
+            "teacher_topk_logprobs": -torch.rand(5, 3, generator=g), "b_first": torch.zeros(3, dtype=torch.float16), "a_ids": torch.arange(4, dtype=torch.int32),
+            "final_hidden": torch.ones(5, 2, dtype=torch.bfloat16), "sample_ids": torch.arange(2),
+        }
+        path = Path(self.tmp.name) / "x.safetensors"
+        # One metadata key: the library's hash-map order cannot differ from the sorted one.
+        write_safetensors(path, tensors, {"format": "aerie-shard/1"})
+        self.assertEqual(path.read_bytes(), save(tensors, metadata={"format": "aerie-shard/1"}))
+
     def test_every_metadata_key_is_written_in_shards_and_manifest(self):
         w = ShardWriter.create(self.dir, metadata(extra={"capture_max_len": "4096"}))
         w.push(**sample(5, 0))
