@@ -363,3 +363,47 @@ fn tiny_deepseek_v3_capture_verifies_and_feeds_eval_loss() {
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert!(v["loss"].as_f64().unwrap().is_finite(), "{v}");
 }
+
+/// SmolLM2-135M-Instruct (the real asset, imported from its GGUF by `aerie import gguf`):
+/// the transformers engine equals the native capture, f32, rel ≤ 1e-3. Skipped unless
+/// `AERIE_TEST_ASSETS=1` (and the GGUF is cached: `aerie assets fetch smollm2`).
+#[test]
+fn real_assets_smollm2_transformers_engine_equals_the_native_capture() {
+    if std::env::var("AERIE_TEST_ASSETS").map_or(true, |v| v != "1") {
+        println!("note: skipped; set AERIE_TEST_ASSETS=1 to run it on the real files");
+        return;
+    }
+    let Some(python) = python("real_assets_smollm2_transformers_engine_equals_the_native_capture") else { return };
+    let home = std::env::var_os("AERIE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/aerie"));
+    let gguf = home.join("assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.is_file() {
+        println!("note: skipped: run `aerie assets fetch smollm2` first");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("smollm2");
+    ok(aerie(&["import", "gguf", s(&gguf), "--out", s(&target)]));
+    let data = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&data, &fixture::conversations(6));
+    let prepared = dir.path().join("prepared");
+    ok_json(aerie(&["data", "prepare", "--data", s(&data), "--tokenizer", s(&target), "--out", s(&prepared), "--json"]));
+    let flags = ["--aux-layers", "1,14,26", "--dtype", "f32", "--teacher", "final-hidden+topk:8"];
+    let native = dir.path().join("native");
+    let t0 = Instant::now();
+    let n = ok_json(aerie(&capture_args(&target, &prepared, &native, &flags)));
+    let native_secs = t0.elapsed().as_secs_f64();
+    let hf = dir.path().join("hf");
+    let mut c = aerie_cmd();
+    c.args(capture_args(&target, &prepared, &hf, &flags)).args(["--engine", "transformers", "--python", s(&python)]);
+    let report = ok_json(c.output().unwrap());
+    println!(
+        "SmolLM2, {} tokens: native {:.0} tokens/s ({native_secs:.1} s with load), transformers {:.0} tokens/s",
+        n["captured_tokens"],
+        n["tokens_per_second"].as_f64().unwrap_or(0.0),
+        report["tokens_per_second"].as_f64().unwrap_or(0.0)
+    );
+    assert_eq!(report["verified"]["samples"], 6);
+    assert_equivalent(&native, &hf, 1e-3);
+}
