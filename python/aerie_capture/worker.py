@@ -52,10 +52,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--attention-backend", default="flashinfer", help="sglang engine")
     p.add_argument("--mem-fraction-static", type=float, default=0.85, help="sglang engine")
     p.add_argument("--no-checksums", action="store_true", help="skip the sha256 of each shard in the manifest")
-    p.add_argument("--self-test", action="store_true", help="run the pre-flight self-test (see aerie_capture.selftest) instead of a capture")
+    p.add_argument("--self-test", nargs="?", const="all", choices=["all", "tiny", "real"], help="run the pre-flight self-test (aerie_capture.selftest) instead of a capture: both phases, or one")
     p.add_argument("--json", action="store_true", help="(accepted for symmetry with aerie; the report is always JSON)")
     a = p.parse_args(argv)
-    if not a.self_test and (a.data is None or a.out is None):
+    if a.self_test is None and (a.data is None or a.out is None):
         p.error("--data and --out are required")
     return a
 
@@ -233,7 +233,7 @@ def run(a: argparse.Namespace) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
-    if a.self_test:
+    if a.self_test is not None:
         from .selftest import self_test
 
         return self_test(a)

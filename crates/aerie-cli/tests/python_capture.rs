@@ -407,3 +407,32 @@ fn real_assets_smollm2_transformers_engine_equals_the_native_capture() {
     assert_eq!(report["verified"]["samples"], 6);
     assert_equivalent(&native, &hf, 1e-3);
 }
+
+/// `aerie capture --engine transformers --self-test` on the random tiny Llama: the tiny
+/// DeepSeek-V3 phase passes (aux = hooks, final = norm, exactly), and the real-sample phase
+/// checks widths and finiteness and then fails, as it must, on the teacher's top-1: a random
+/// model does not predict its data.
+#[test]
+fn self_test_passes_the_tiny_phase_and_refuses_a_model_that_predicts_nothing() {
+    let Some(python) = python("self_test_passes_the_tiny_phase_and_refuses_a_model_that_predicts_nothing") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (target, prepared) = tiny_setup(dir.path(), 8);
+    let mut c = aerie_cmd();
+    c.args(["capture", "--engine", "transformers", "--self-test", "--python", s(&python)])
+        .args(["--target", s(&target), "--data", s(&prepared), "--aux-layers", "0,1,2"])
+        .env("OMP_NUM_THREADS", "1");
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert_eq!(lines.len(), 2, "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((&lines[0]["phase"], &lines[0]["ok"]), (&Value::from("tiny"), &Value::from(true)), "{}", lines[0]);
+    assert_eq!(lines[0]["checks"]["transformers_aux_vs_hooks_rel"], 0.0);
+    let real = &lines[1];
+    assert_eq!((real["aux_width"].as_u64(), real["hidden_size"].as_u64()), (Some(3 * 64), Some(64)));
+    assert!(real["top1_next_token"].as_f64().unwrap() < 0.3, "{real}");
+    assert_eq!(real["ok"], false);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("self-test phase `all` failed"));
+}

@@ -124,7 +124,7 @@ fn worker_package_dir() -> Option<PathBuf> {
 
 /// The Python worker's command line: `python -m aerie_capture`, under `torchrun` (as
 /// `python -m torch.distributed.run`, so the same interpreter) for `--tp` > 1.
-fn python_command(args: &CaptureArgs, python: &Path) -> Command {
+fn python_command(args: &CaptureArgs, python: &Path, self_test: Option<&str>) -> Command {
     let mut c = Command::new(python);
     if args.engine == Engine::Sglang && args.tp > 1 {
         c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &args.tp.to_string()]);
@@ -159,8 +159,8 @@ fn python_command(args: &CaptureArgs, python: &Path) -> Command {
     } else {
         c.args(["--tp", &args.tp.to_string()]);
     }
-    if args.self_test {
-        c.arg("--self-test");
+    if let Some(phase) = self_test {
+        c.args(["--self-test", phase]);
     }
     c.args(&args.engine_args);
     c
@@ -171,7 +171,20 @@ fn python_command(args: &CaptureArgs, python: &Path) -> Command {
 fn run_python(args: &CaptureArgs) -> Result<()> {
     let python =
         args.python.clone().or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from)).unwrap_or("python3".into());
-    let mut cmd = python_command(args, &python);
+    if args.self_test {
+        // SGLang's distributed state is process-global: one process (group) per phase.
+        let phases: &[&str] = if args.engine == Engine::Sglang { &["tiny", "real"] } else { &["all"] };
+        for phase in phases {
+            let status = python_command(args, &python, Some(phase)).stdin(Stdio::null()).status().with_context(|| {
+                format!("starting the Python capture worker with {} (set --python or AERIE_PYTHON)", python.display())
+            })?;
+            if !status.success() {
+                bail!("self-test phase `{phase}` failed ({status}); its JSON line above says which check");
+            }
+        }
+        return Ok(());
+    }
+    let mut cmd = python_command(args, &python, None);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let t0 = Instant::now();
     let out = cmd.output().with_context(|| {
@@ -180,10 +193,6 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!("the Python capture worker ({}) failed with {}; its output:\n{stdout}", python.display(), out.status);
-    }
-    if args.self_test {
-        print!("{stdout}");
-        return Ok(());
     }
     let worker: serde_json::Value = stdout
         .lines()
