@@ -295,25 +295,33 @@ _ST_DTYPES = {
 _ST_ORDER = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"]
 
 
-def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def write_safetensors(path: Path, tensors: dict[str, "torch.Tensor | list[torch.Tensor]"], metadata: dict[str, str]) -> None:
     """Write a safetensors file with the layout the `safetensors` libraries produce (header
     padded to 8 bytes, tensors ordered by element type, widest first, then by name, so each is
     aligned to its element size), but with the metadata keys sorted: the safetensors core
     serialises them from a hash map in a per-process random order, and a resumed capture must
-    give byte-identical shards. The data is streamed from the tensors' own memory, without the
-    whole-file copy `safetensors.torch.save` makes."""
+    give byte-identical shards. A tensor may be given as a list of chunks along its first axis
+    (the writer's per-sample parts): they are streamed from their own memory one after the
+    other, without the concatenated copy of the shard that `torch.cat` + `safetensors.torch.save`
+    would make."""
     if sys.byteorder != "little":
         raise RuntimeError("aerie-shard/1 is little-endian; this host is not")
-    order = sorted(tensors, key=lambda k: (-_ST_ORDER.index(_ST_DTYPES[tensors[k].dtype]), k))
+    chunks = {k: [v] if isinstance(v, torch.Tensor) else list(v) for k, v in tensors.items()}
+    first = {k: v[0] for k, v in chunks.items()}
+    order = sorted(chunks, key=lambda k: (-_ST_ORDER.index(_ST_DTYPES[first[k].dtype]), k))
     header: dict = {"__metadata__": dict(sorted(metadata.items()))}
     offset = 0
     blobs = []
     for name in order:
-        t = tensors[name].detach().cpu().contiguous()
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        parts = [c.detach().cpu().contiguous() for c in chunks[name]]
+        shape = list(parts[0].shape)
+        shape[0] = sum(c.shape[0] for c in parts) if shape else 0
+        if any(c.dtype != parts[0].dtype or list(c.shape[1:]) != shape[1:] for c in parts):
+            raise ValueError(f"{path}: {name}: chunks of different dtypes or widths")
+        n = sum(c.numel() * c.element_size() for c in parts)
+        header[name] = {"dtype": _ST_DTYPES[parts[0].dtype], "shape": shape if len(parts) > 1 or parts[0].dim() else [], "data_offsets": [offset, offset + n]}
         offset += n
-        blobs.append(t.reshape(-1).view(torch.uint8).numpy() if n else b"")
+        blobs.extend(c.reshape(-1).view(torch.uint8).numpy() for c in parts if c.numel())
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
@@ -840,7 +848,7 @@ class ShardWriter:
         path = self.dir / name
         tmp = self.dir / (TMP_PREFIX + name)
         t = self._offsets[-1]
-        tensors = {k: torch.cat(v) for k, v in self._parts.items() if v}
+        tensors: dict = {k: v for k, v in self._parts.items() if v}
         tensors[SAMPLE_OFFSETS] = torch.tensor(self._offsets, dtype=torch.int64)
         if self._sample_ids:
             tensors[SAMPLE_IDS] = torch.tensor(self._sample_ids, dtype=torch.int64)

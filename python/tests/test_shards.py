@@ -116,6 +116,8 @@ class Shards(unittest.TestCase):
         w.push(**good)
         cases = {
             "not finite as f16": dict(aux_hidden=torch.full((4, 16), 1e6)),
+            "aux_hidden[2, 5] is not finite": dict(aux_hidden=torch.zeros(4, 16).index_put_((torch.tensor(2), torch.tensor(5)), torch.tensor(float("nan")))),
+            "final_hidden[3, 0] is not finite": dict(final_hidden=torch.zeros(4, 8).index_put_((torch.tensor(3), torch.tensor(0)), torch.tensor(float("-inf")))),
             "neither 0 nor 1": dict(loss_mask=torch.tensor([0, 1, 2, 0])),
             "outside the target vocabulary": dict(input_ids=torch.tensor([0, 1, 50, 2])),
             "expected [4, 16]": dict(aux_hidden=torch.zeros(4, 8)),
