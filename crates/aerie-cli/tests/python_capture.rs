@@ -11,7 +11,7 @@
 //! - the worker killed with SIGKILL and rerun gives the uninterrupted dataset, byte for byte;
 //! - the lock: a Python writer keeps the Rust writer out and the other way round;
 //! - a tiny random DeepSeek-V3 (MLA, routed + shared experts) captured by the worker feeds
-//!   `aerie eval loss` unchanged.
+//!   `aerie train` and `aerie eval loss` unchanged.
 //!
 //! SmolLM2-135M (the real asset, `AERIE_TEST_ASSETS=1`) gets the native/transformers
 //! comparison too.
@@ -306,8 +306,8 @@ print('locked', flush=True)\nsys.stdin.read()\nw.close()\n";
 }
 
 #[test]
-fn tiny_deepseek_v3_capture_verifies_and_feeds_eval_loss() {
-    let Some(python) = python("tiny_deepseek_v3_capture_verifies_and_feeds_eval_loss") else { return };
+fn tiny_deepseek_v3_capture_verifies_and_feeds_train_and_eval_loss() {
+    let Some(python) = python("tiny_deepseek_v3_capture_verifies_and_feeds_train_and_eval_loss") else { return };
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("deepseek");
     let mut c = py(&python);
@@ -362,6 +362,31 @@ fn tiny_deepseek_v3_capture_verifies_and_feeds_eval_loss() {
     ]));
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert!(v["loss"].as_f64().unwrap().is_finite(), "{v}");
+
+    // And `aerie train` trains on it: a fresh drafter from the DeepSeek-V3 config, a few steps.
+    let vocab = dir.path().join("vocab.safetensors");
+    ok(aerie(&["vocab", "build", s(&prepared), "--draft-vocab", "64", "--out", s(&vocab), "--json"]));
+    let config = dir.path().join("train.toml");
+    let run = dir.path().join("run");
+    std::fs::write(
+        &config,
+        format!(
+            "seed = 1\noutput_dir = {run:?}\nlog_every = 1\nttt_length = 2\n\n[data]\ntrain = [{shards:?}]\nbatch_tokens = 256\n\n\
+             [init]\nkind = \"fresh\"\ntarget_config = {cfg:?}\nvocab = {vocab:?}\n\n[target]\npath = {target:?}\n\n\
+             [init.shape]\naux_layer_ids = [1, 2, 3]\n\n[optim]\nlr = 1e-3\nwarmup_ratio = 0.1\nepochs = 1\n",
+            run = s(&run),
+            shards = s(&shards),
+            cfg = s(&target.join("config.json")),
+            vocab = s(&vocab),
+            target = s(&target),
+        ),
+    )
+    .unwrap();
+    let summary: Value = serde_json::from_str(ok(aerie(&["train", s(&config), "--json"])).trim()).unwrap();
+    println!("train on the DeepSeek-V3 capture: {summary}");
+    assert_eq!(summary["status"], "completed", "{summary}");
+    assert_eq!(summary["train_samples"], 6);
+    assert!(summary["last_train"]["loss"].as_f64().is_some_and(f64::is_finite), "{summary}");
 }
 
 /// SmolLM2-135M-Instruct (the real asset, imported from its GGUF by `aerie import gguf`):
