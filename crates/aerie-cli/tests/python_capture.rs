@@ -74,7 +74,17 @@ fn tiny_setup(root: &Path, n: usize) -> (PathBuf, PathBuf) {
     let data = root.join("chat.jsonl");
     fixture::write_jsonl(&data, &fixture::conversations(n));
     let prepared = root.join("prepared");
-    ok_json(aerie(&["data", "prepare", "--data", s(&data), "--tokenizer", s(&target), "--out", s(&prepared), "--json"]));
+    ok_json(aerie(&[
+        "data",
+        "prepare",
+        "--data",
+        s(&data),
+        "--tokenizer",
+        s(&target),
+        "--out",
+        s(&prepared),
+        "--json",
+    ]));
     (target, prepared)
 }
 
@@ -131,7 +141,9 @@ fn assert_equivalent(native: &Path, python: &Path, tol: f64) {
             }
         }
     }
-    println!("native vs transformers: aux rel {worst_aux:.2e}, final rel {worst_final:.2e}, top-k logprob abs {worst_lp:.2e}");
+    println!(
+        "native vs transformers: aux rel {worst_aux:.2e}, final rel {worst_final:.2e}, top-k logprob abs {worst_lp:.2e}"
+    );
     assert!(worst_aux <= tol, "aux rel error {worst_aux:.3e} > {tol}");
     assert!(worst_final <= tol, "final rel error {worst_final:.3e} > {tol}");
     assert!(worst_lp <= tol, "top-k logprob error {worst_lp:.3e} > {tol}");
@@ -154,7 +166,8 @@ fn transformers_engine_equals_the_native_capture_and_verifies() {
     let Some(python) = python("transformers_engine_equals_the_native_capture_and_verifies") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (target, prepared) = tiny_setup(dir.path(), 12);
-    let flags = ["--aux-layers", "0,1,2", "--dtype", "f32", "--teacher", "final-hidden+topk:8", "--shard-tokens", "300"];
+    let flags =
+        ["--aux-layers", "0,1,2", "--dtype", "f32", "--teacher", "final-hidden+topk:8", "--shard-tokens", "300"];
     let native = dir.path().join("native");
     ok_json(aerie(&capture_args(&target, &prepared, &native, &flags)));
     let hf = dir.path().join("hf");
@@ -180,7 +193,8 @@ fn python_reads_and_verifies_what_aerie_writes() {
     let (target, prepared) = tiny_setup(dir.path(), 9);
     for dtype in ["bf16", "f16", "f32"] {
         let native = dir.path().join(format!("native-{dtype}"));
-        let flags = ["--aux-layers", "1,2", "--dtype", dtype, "--teacher", "final-hidden+topk:4", "--shard-tokens", "200"];
+        let flags =
+            ["--aux-layers", "1,2", "--dtype", dtype, "--teacher", "final-hidden+topk:4", "--shard-tokens", "200"];
         ok_json(aerie(&capture_args(&target, &prepared, &native, &flags)));
         let script = "import json, sys\n\
 from aerie_capture.shards import ShardDataset\n\
@@ -297,7 +311,11 @@ print('locked', flush=True)\nsys.stdin.read()\nw.close()\n";
     // Rust holds it: the Python writer is refused with a message naming the lock file.
     let (writer, _) = ShardWriter::resume(&ds, ShardWriterOptions::default()).unwrap();
     let mut c = py(&python);
-    let out = c.args(["-c", "import sys\nfrom aerie_capture.shards import ShardWriter\nShardWriter.resume(sys.argv[1])", s(&ds)]);
+    let out = c.args([
+        "-c",
+        "import sys\nfrom aerie_capture.shards import ShardWriter\nShardWriter.resume(sys.argv[1])",
+        s(&ds),
+    ]);
     let out = out.output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -317,7 +335,17 @@ fn tiny_deepseek_v3_capture_verifies_and_feeds_train_and_eval_loss() {
     let data = dir.path().join("chat.jsonl");
     fixture::write_jsonl(&data, &fixture::conversations(6));
     let prepared = dir.path().join("prepared");
-    ok_json(aerie(&["data", "prepare", "--data", s(&data), "--tokenizer", s(&target), "--out", s(&prepared), "--json"]));
+    ok_json(aerie(&[
+        "data",
+        "prepare",
+        "--data",
+        s(&data),
+        "--tokenizer",
+        s(&target),
+        "--out",
+        s(&prepared),
+        "--json",
+    ]));
     let shards = dir.path().join("shards");
     let mut c = aerie_cmd();
     c.args(capture_args(&target, &prepared, &shards, &["--aux-layers", "1,2,3", "--teacher", "final-hidden+topk:8"]))
@@ -341,7 +369,10 @@ fn tiny_deepseek_v3_capture_verifies_and_feeds_train_and_eval_loss() {
         head_dim: 16,
         vocab_size: fixture::VOCAB,
         draft_vocab_size: 64,
-        aux_layers: aerie_model::AuxLayers { ids: vec![1, 2, 3], convention: aerie_model::AuxConvention::OutputOfLayer },
+        aux_layers: aerie_model::AuxLayers {
+            ids: vec![1, 2, 3],
+            convention: aerie_model::AuxConvention::OutputOfLayer,
+        },
         ..aerie_model::checkpoint::synthetic::tiny_config()
     };
     let opts = aerie_model::checkpoint::SaveOptions { include_embedding: true, ..Default::default() };
@@ -413,7 +444,17 @@ fn real_assets_smollm2_transformers_engine_equals_the_native_capture() {
     let data = dir.path().join("chat.jsonl");
     fixture::write_jsonl(&data, &fixture::conversations(6));
     let prepared = dir.path().join("prepared");
-    ok_json(aerie(&["data", "prepare", "--data", s(&data), "--tokenizer", s(&target), "--out", s(&prepared), "--json"]));
+    ok_json(aerie(&[
+        "data",
+        "prepare",
+        "--data",
+        s(&data),
+        "--tokenizer",
+        s(&target),
+        "--out",
+        s(&prepared),
+        "--json",
+    ]));
     let flags = ["--aux-layers", "1,14,26", "--dtype", "f32", "--teacher", "final-hidden+topk:8"];
     let native = dir.path().join("native");
     let t0 = Instant::now();

@@ -3,13 +3,12 @@
 //! `python/aerie_capture` (engine `transformers`, or `sglang` under torchrun with `--tp` ranks).
 //! Whatever the engine, the dataset is verified by aerie's own reader before the report.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use aerie_capture::{CaptureOptions, capture};
+use aerie_capture::{CaptureOptions, PythonCapture, PythonEngine, capture};
 use aerie_data::prepare::PreparedDataset;
-use aerie_data::shard::{FloatDtype, ShardDataset, Teacher};
+use aerie_data::shard::{FloatDtype, Teacher};
 use aerie_model::TargetModel;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
@@ -111,104 +110,43 @@ pub fn run(args: CaptureArgs) -> Result<()> {
     }
 }
 
-/// The directory holding the `aerie_capture` package: `$AERIE_CAPTURE_PYTHONPATH`, else this
-/// checkout's `python/` when it is there (a source build), else none (the package must then be
-/// installed in the interpreter's environment, `pip install ./python`).
-fn worker_package_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("AERIE_CAPTURE_PYTHONPATH") {
-        return Some(PathBuf::from(p));
+/// The Python worker's options, from the native capture's flags.
+fn python_capture(args: &CaptureArgs) -> PythonCapture {
+    PythonCapture {
+        python: args
+            .python
+            .clone()
+            .or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from))
+            .unwrap_or_else(|| "python3".into()),
+        engine: if args.engine == Engine::Sglang { PythonEngine::Sglang } else { PythonEngine::Transformers },
+        target: args.target.clone(),
+        target_name: args.target.display().to_string(),
+        data: args.data.clone(),
+        out: args.out.clone(),
+        split: args.split.clone(),
+        aux_layers: args.aux_layers.clone(),
+        dtype: args.dtype,
+        teacher: args.teacher,
+        shard_tokens: args.shard_tokens,
+        max_batch_tokens: args.max_batch_tokens,
+        max_samples: args.max_samples,
+        device: args.device.to_string(),
+        tp: args.tp,
+        extra_args: args.engine_args.clone(),
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
-    dir.join("aerie_capture/__init__.py").is_file().then_some(dir)
 }
 
-/// The Python worker's command line: `python -m aerie_capture`, under `torchrun` (as
-/// `python -m torch.distributed.run`, so the same interpreter) for `--tp` > 1.
-fn python_command(args: &CaptureArgs, python: &Path, self_test: Option<&str>) -> Command {
-    let mut c = Command::new(python);
-    if args.engine == Engine::Sglang && args.tp > 1 {
-        c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &args.tp.to_string()]);
-    }
-    c.args(["-m", "aerie_capture"]);
-    if let Some(dir) = worker_package_dir() {
-        let mut paths = vec![dir];
-        if let Some(old) = std::env::var_os("PYTHONPATH") {
-            paths.extend(std::env::split_paths(&old));
-        }
-        c.env("PYTHONPATH", std::env::join_paths(paths).expect("PYTHONPATH entries without separators"));
-    }
-    let engine = if args.engine == Engine::Sglang { "sglang" } else { "transformers" };
-    c.args(["--engine", engine]);
-    c.arg("--target").arg(&args.target);
-    c.args(["--target-name", &args.target.display().to_string()]);
-    c.arg("--data").arg(&args.data);
-    if let Some(out) = &args.out {
-        c.arg("--out").arg(out);
-    }
-    c.args(["--split", &args.split, "--dtype", args.dtype.as_str(), "--teacher", &args.teacher.to_string()]);
-    c.args(["--shard-tokens", &args.shard_tokens.to_string(), "--max-batch-tokens", &args.max_batch_tokens.to_string()]);
-    if let Some(ids) = &args.aux_layers {
-        let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
-        c.args(["--aux-layers", &ids.join(",")]);
-    }
-    if let Some(n) = args.max_samples {
-        c.args(["--max-samples", &n.to_string()]);
-    }
-    if args.engine == Engine::Transformers {
-        c.args(["--device", &args.device.to_string()]);
-    } else {
-        c.args(["--tp", &args.tp.to_string()]);
-    }
-    if let Some(phase) = self_test {
-        c.args(["--self-test", phase]);
-    }
-    c.args(&args.engine_args);
-    c
-}
-
-/// Run the Python worker, then verify what it wrote with aerie's reader (the same full pass the
-/// native engine ends with) and report like the native engine, plus the worker's own fields.
+/// Run the Python worker (it verifies through aerie's reader) and report like the native
+/// engine, plus the worker's own fields.
 fn run_python(args: &CaptureArgs) -> Result<()> {
-    let python =
-        args.python.clone().or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from)).unwrap_or("python3".into());
+    let job = python_capture(args);
     if args.self_test {
-        // SGLang's distributed state is process-global: one process (group) per phase.
-        let phases: &[&str] = if args.engine == Engine::Sglang { &["tiny", "real"] } else { &["all"] };
-        for phase in phases {
-            let status = python_command(args, &python, Some(phase)).stdin(Stdio::null()).status().with_context(|| {
-                format!("starting the Python capture worker with {} (set --python or AERIE_PYTHON)", python.display())
-            })?;
-            if !status.success() {
-                bail!("self-test phase `{phase}` failed ({status}); its JSON line above says which check");
-            }
-        }
-        return Ok(());
+        return Ok(job.self_test()?);
     }
-    let mut cmd = python_command(args, &python, None);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let t0 = Instant::now();
-    let out = cmd.output().with_context(|| {
-        format!("starting the Python capture worker with {} (set --python or AERIE_PYTHON)", python.display())
-    })?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!("the Python capture worker ({}) failed with {}; its output:\n{stdout}", python.display(), out.status);
-    }
-    let worker: serde_json::Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l.trim()).ok())
-        .with_context(|| format!("the Python capture worker printed no JSON report; its output:\n{stdout}"))?;
+    let report = job.run()?;
+    let (worker, verify) = (&report.worker, &report.verify);
     let dir = args.out.as_ref().expect("--out is required without --self-test");
-    let dataset = ShardDataset::open(dir)?;
-    let verify = dataset.verify()?;
-    let bytes: u64 = dataset
-        .manifest()
-        .shards
-        .iter()
-        .map(|s| std::fs::metadata(dir.join(&s.file)).map(|m| m.len()).unwrap_or(0))
-        .sum();
-    let bytes_per_token = bytes as f64 / dataset.num_tokens().max(1) as f64;
     let number = |key: &str| worker[key].as_f64().unwrap_or(0.0);
     if args.json {
         let v = serde_json::json!({
@@ -221,7 +159,7 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
             "seconds": worker["seconds"],
             "tokens_per_second": worker["tokens_per_second"],
             "wall_seconds": t0.elapsed().as_secs_f64(),
-            "bytes_per_token": bytes_per_token,
+            "bytes_per_token": report.bytes_per_token,
             "verified": {
                 "shards": verify.shards,
                 "samples": verify.samples,
@@ -242,7 +180,7 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
             verify.samples,
             verify.tokens,
             verify.shards,
-            bytes_per_token
+            report.bytes_per_token
         );
     }
     Ok(())
