@@ -70,6 +70,16 @@ class TinyDeepseekV3(unittest.TestCase):
             for h in handles:
                 h.remove()
 
+    def test_without_a_top_k_teacher_the_rows_are_the_same(self):
+        # That path skips the [T, V] head (`logits_to_keep=1`); the hidden states must not change.
+        lean = TransformersEngine(self.tmp.name, [1, 2, 3], final_hidden=True, topk=None)
+        ids = list(range(5, 30))
+        (a,) = self.engine.capture([ids])
+        (b,) = lean.capture([ids])
+        self.assertTrue(torch.equal(a.aux, b.aux) and torch.equal(a.final, b.final))
+        self.assertIsNone(b.topk_ids)
+        self.assertTrue(lean._keep_ok)
+
     def test_the_last_layer_is_refused(self):
         with self.assertRaises(ValueError) as e:
             TransformersEngine(self.tmp.name, [1, 5], final_hidden=True, topk=None)

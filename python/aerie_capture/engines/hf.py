@@ -47,6 +47,7 @@ class TransformersEngine:
         check_aux_layers(self.aux_layers, self.info.num_layers)
         self.final_hidden = final_hidden
         self.topk = topk
+        self._keep_ok = True
         self.description = f"transformers {transformers.__version__}, torch {torch.__version__}, {self.device.type}, {str(compute_dtype).removeprefix('torch.')}"
 
     @torch.inference_mode()
@@ -54,8 +55,16 @@ class TransformersEngine:
         outs = []
         for ids in batch:
             x = torch.tensor([ids], dtype=torch.long, device=self.device)
-            kwargs = {} if self.topk else {"logits_to_keep": 1}
-            out = self.model(input_ids=x, output_hidden_states=True, use_cache=False, **kwargs)
+            # Without a top-k teacher only the hidden states are needed: skip the [T, V] head
+            # where the model supports it (most transformers 5 causal LMs do).
+            kwargs = {} if self.topk or not self._keep_ok else {"logits_to_keep": 1}
+            try:
+                out = self.model(input_ids=x, output_hidden_states=True, use_cache=False, **kwargs)
+            except TypeError:
+                if not kwargs:
+                    raise
+                self._keep_ok = False
+                out = self.model(input_ids=x, output_hidden_states=True, use_cache=False)
             hs = out.hidden_states
             if len(hs) != self.info.num_layers + 1:
                 raise RuntimeError(f"{self.info.architecture}: {len(hs)} hidden states for {self.info.num_layers} layers")
