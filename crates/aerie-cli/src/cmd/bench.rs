@@ -356,12 +356,14 @@ fn bench<B: AutodiffBackend>(spec: &Spec, run: &RunArgs, device: &B::Device) -> 
     let mut cpu = Vec::new();
     for i in 0..run.warmup + run.steps {
         let (start, cpu0) = (Instant::now(), cpu_seconds());
-        let out = ttt_forward(&drafter, &batch, &spec.ttt)?;
+        let out = aerie_model::autodiff::record(|| ttt_forward(&drafter, &batch, &spec.ttt))?;
         if run.forward_only {
             let _ = out.loss.into_data();
         } else {
-            let loss = micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights);
-            let grads = loss.backward();
+            let loss = aerie_model::autodiff::record(|| {
+                micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights)
+            });
+            let grads = aerie_model::autodiff::backward(loss);
             let g = drafter.lm_head.weight.grad(&grads).expect("lm_head gradient");
             let _ = g.sum().into_data();
         }
