@@ -160,12 +160,21 @@ fn export_round_trips_and_inspect_lints() {
 
     let spec = f.root.join("spec").to_string_lossy().into_owned();
     let back = f.root.join("back").to_string_lossy().into_owned();
+    // A drafter that names no target cannot be exported for speculators/vLLM, which load the
+    // verifier from the config: refused, naming --target. Recording the target fixes it.
+    let (code, _, err) = aerie(&["export", &f.drafter, "--to", "speculators", "--out", &spec, "--include-embedding"]);
+    assert!(code != 0 && err.contains("--target"), "{err}");
+    let cfg_path = Path::new(&f.drafter).join("config.json");
+    let mut named: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    named["target_name_or_path"] = Value::from("tiny-target");
+    std::fs::write(&cfg_path, named.to_string()).unwrap();
     assert_eq!(aerie(&["export", &f.drafter, "--to", "speculators", "--out", &spec, "--include-embedding"]).0, 0);
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(Path::new(&spec).join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["speculators_model_type"], "eagle3");
     assert_eq!(cfg["eagle_aux_hidden_state_layer_ids"], serde_json::json!([2, 4, 6]));
     assert_eq!(cfg["norm_before_residual"], false);
+    assert_eq!(cfg["speculators_config"]["verifier"]["name_or_path"], "tiny-target");
     assert_eq!(aerie(&["export", &spec, "--to", "sglang", "--out", &back, "--include-embedding"]).0, 0);
     let a = std::fs::read(Path::new(&f.drafter).join("model.safetensors")).unwrap();
     let b = std::fs::read(Path::new(&back).join("model.safetensors")).unwrap();

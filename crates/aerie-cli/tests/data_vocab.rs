@@ -106,3 +106,51 @@ fn prepare_then_build_the_draft_vocabulary() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("must keep its mapping"));
 }
+
+#[test]
+fn data_show_marks_the_trained_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let tok = root.join("tok");
+    write_tokenizer(&tok);
+    let recs: Vec<String> = (0..3)
+        .map(|i| {
+            json!({"id": format!("c{i}"), "conversations": [
+                {"from": "human", "value": format!("question {i}")},
+                {"from": "gpt", "value": format!("answer {i}")}]})
+            .to_string()
+        })
+        .collect();
+    let data = root.join("sharegpt.json");
+    std::fs::write(&data, format!("[{}]", recs.join(", "))).unwrap();
+    let out = root.join("prepared");
+    let (d, t, o) = (data.to_str().unwrap(), tok.to_str().unwrap(), out.to_str().unwrap());
+    let report = ok_json(aerie(&[
+        "data",
+        "prepare",
+        "--data",
+        d,
+        "--tokenizer",
+        t,
+        "--out",
+        o,
+        "--template",
+        "chatml",
+        "--json",
+    ]));
+    assert_eq!(report["samples_per_mode"], json!({"conversation": 3}));
+
+    // Not a terminal: brackets around each run of trained tokens, history unmarked.
+    let shown = common::ok(aerie(&["data", "show", o, "--sample", "1"]));
+    assert!(shown.starts_with("== sample 1 (source c1):"), "{shown}");
+    assert!(
+        shown.contains("<|im_start|>user\nquestion 1<|im_end|>\n<|im_start|>assistant\n[[answer 1<|im_end|>]]\n"),
+        "{shown}"
+    );
+    assert_eq!(shown.matches("[[").count(), 1, "{shown}");
+    let two = common::ok(aerie(&["data", "show", o, "--limit", "2"]));
+    assert_eq!(two.matches("== sample").count(), 2, "{two}");
+    let missing = aerie(&["data", "show", o, "--sample", "99"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no sample 99"));
+}

@@ -72,13 +72,64 @@ pub struct Message {
     pub role: Role,
     /// What is said, unmodified (templates may trim it).
     pub content: String,
+    /// The assistant's thinking before `content` (`reasoning_content` of OpenAI-style data, or
+    /// an inline `<think>…</think>` at the start of the content, split off by [`normalize`]).
+    /// Reasoning templates (Kimi-K2-Thinking, K2.5, Qwen3) render it as `<think>…</think>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The assistant's tool calls, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's call id (`tool_call_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The speaker's name (`name`; Kimi's templates print it instead of the role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// One tool call of an assistant turn, as OpenAI messages carry it
+/// (`{"id", "type": "function", "function": {"name", "arguments"}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id (Kimi's parsers expect `functions.{name}:{index}`); used verbatim.
+    #[serde(default)]
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments: a JSON string (rendered raw by most templates) or an object.
+    pub arguments: serde_json::Value,
 }
 
 impl Message {
     /// A message.
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Self { role, content: content.into() }
+        Self {
+            role,
+            content: content.into(),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
     }
+
+    /// Whether the turn says anything: content, reasoning or tool calls.
+    pub fn is_empty(&self) -> bool {
+        self.content.trim().is_empty()
+            && self.reasoning_content.as_deref().is_none_or(|r| r.trim().is_empty())
+            && self.tool_calls.is_empty()
+    }
+}
+
+/// Split an inline `<think>…</think>` at the start of an assistant content into reasoning and
+/// content, as the serving side's reasoning parsers do (reference kimi-tokenizer.md §7.4:
+/// rendered unsplit, K2.5 would print `<think></think><think>…`). Whitespace after `</think>`
+/// is dropped, as templates strip it.
+pub fn split_inline_think(content: &str) -> Option<(String, String)> {
+    let rest = content.trim_start().strip_prefix("<think>")?;
+    let end = rest.find("</think>")?;
+    Some((rest[..end].to_owned(), rest[end + "</think>".len()..].trim_start().to_owned()))
 }
 
 /// A conversation fit for training: optional leading system prompt, then user-first turns,
@@ -89,6 +140,9 @@ pub struct Conversation {
     pub id: String,
     /// The turns.
     pub messages: Vec<Message>,
+    /// The tool declarations (`tools` of the record: OpenAI function schemas), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<serde_json::Value>,
 }
 
 impl Conversation {
@@ -112,12 +166,22 @@ impl Conversation {
 }
 
 /// One turn as a reader found it: role spelling and content unchanged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawTurn {
     /// The role as spelt in the source (`human`, `gpt`, `user`, ...).
     pub role: String,
     /// The text (content parts concatenated, `null` as empty).
     pub content: String,
+    /// `reasoning_content` (or `reasoning`).
+    pub reasoning_content: Option<String>,
+    /// `tool_calls`.
+    pub tool_calls: Vec<ToolCall>,
+    /// `tool_call_id`.
+    pub tool_call_id: Option<String>,
+    /// `name`.
+    pub name: Option<String>,
+    /// The content had image, video or audio parts.
+    pub has_media: bool,
 }
 
 /// A record as a reader found it, before [`normalize`].
@@ -129,6 +193,8 @@ pub struct RawConversation {
     pub index: u64,
     /// The turns.
     pub turns: Vec<RawTurn>,
+    /// The record's `tools` list.
+    pub tools: Option<serde_json::Value>,
 }
 
 /// What to do with consecutive turns of the same role (rule 5).
@@ -183,6 +249,13 @@ pub enum DropReason {
     TemplateNotPrefixStable,
     /// No assistant token left after truncation to the maximum length.
     NoMaskedTokens,
+    /// A turn has image, video or audio parts: their placeholder stands for vision or audio
+    /// embeddings that a text-only capture cannot produce.
+    MediaContent,
+    /// The template declares tools in a form aerie does not compute (Kimi-K2.5's TypeScript
+    /// `tools_ts_str`, made by Python code outside the template): rendering the JSON fallback
+    /// would differ from what the checkpoint's own tokenizer renders.
+    ToolsNeedTypescript,
 }
 
 impl DropReason {
@@ -199,6 +272,8 @@ impl DropReason {
             DropReason::TemplateError => "template_error",
             DropReason::TemplateNotPrefixStable => "template_not_prefix_stable",
             DropReason::NoMaskedTokens => "no_masked_tokens",
+            DropReason::MediaContent => "media_content",
+            DropReason::ToolsNeedTypescript => "tools_need_typescript",
         }
     }
 }
@@ -352,6 +427,9 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
             trims.push(r);
         }
     };
+    if raw.turns.iter().any(|t| t.has_media) {
+        return Err(DropReason::MediaContent);
+    }
     let mut messages: Vec<Message> = Vec::new();
     let mut cut = None;
     for turn in raw.turns {
@@ -359,7 +437,22 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
             cut = Some(Cut::UnknownRole);
             break;
         };
-        if turn.content.trim().is_empty() {
+        let mut msg = Message {
+            role,
+            content: turn.content,
+            reasoning_content: turn.reasoning_content,
+            tool_calls: turn.tool_calls,
+            tool_call_id: turn.tool_call_id,
+            name: turn.name,
+        };
+        if role == Role::Assistant
+            && msg.reasoning_content.is_none()
+            && let Some((reasoning, content)) = split_inline_think(&msg.content)
+        {
+            msg.reasoning_content = Some(reasoning);
+            msg.content = content;
+        }
+        if msg.is_empty() {
             if role == Role::System {
                 note(&mut trims, TrimReason::EmptySystem);
                 continue;
@@ -384,10 +477,13 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
                 break;
             }
             Role::System | Role::User | Role::Assistant if last == Some(role) => {
-                if role == Role::System || opts.same_role == SameRolePolicy::Merge {
-                    let prev = messages.last_mut().expect("a last message exists");
+                let prev = messages.last_mut().expect("a last message exists");
+                // Turns with reasoning or tool calls are not merged: the result would be a
+                // turn the model never produced.
+                let plain = |m: &Message| m.reasoning_content.is_none() && m.tool_calls.is_empty();
+                if role == Role::System || (opts.same_role == SameRolePolicy::Merge && plain(prev) && plain(&msg)) {
                     prev.content.push_str(&opts.merge_separator);
-                    prev.content.push_str(&turn.content);
+                    prev.content.push_str(&msg.content);
                     let why = if role == Role::System { TrimReason::MergedSystem } else { TrimReason::MergedSameRole };
                     note(&mut trims, why);
                     continue;
@@ -397,7 +493,7 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
             }
             _ => {}
         }
-        messages.push(Message::new(role, turn.content));
+        messages.push(msg);
     }
     let mut trailing = false;
     while messages.last().is_some_and(|m| m.role != Role::Assistant) {
@@ -413,5 +509,5 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
         None if trailing => note(&mut trims, TrimReason::TrailingNonAssistant),
         None => {}
     }
-    Ok(Normalized { conversation: Conversation { id, messages }, trims })
+    Ok(Normalized { conversation: Conversation { id, messages, tools: raw.tools }, trims })
 }

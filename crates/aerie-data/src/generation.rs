@@ -73,6 +73,6 @@ impl PromptEncoder {
     }
 
     fn error(&self, e: impl std::fmt::Display) -> Error {
-        Error::Tokenizer { path: self.files.dir.join("tokenizer.json"), message: e.to_string() }
+        Error::Tokenizer { path: self.files.file(), message: e.to_string() }
     }
 }

@@ -65,6 +65,7 @@ mod paths;
 pub mod prepare;
 pub mod readers;
 pub mod shard;
+pub mod st_header;
 pub mod template;
 pub mod tokenizer;
 pub mod vocab;

@@ -16,7 +16,8 @@
 //! share of positions where they are not is measured and reported with a warning.
 
 use aerie_data::shard::{SampleView, ShardDataset};
-use aerie_model::drafter::offline::{ChainOptions, DraftSampling, TreeOptions, draft_chain, draft_tree};
+use aerie_model::drafter::offline::{ChainOptions, DraftSampling, draft_chain, draft_tree};
+use aerie_model::drafter::shape::DraftShape;
 use aerie_model::{Drafter, TargetHead};
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
@@ -25,22 +26,11 @@ use crate::{Error, Result};
 use aerie_data::shard::batch::length_sorted_batches;
 use aerie_model::ttt::batch::{TeacherSource, check_compatible, collate_finite};
 
-/// A draft tree shape (SGLang `--speculative-eagle-topk` and `--speculative-num-draft-tokens`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TreeShape {
-    /// Children per node and paths kept per step.
-    pub topk: usize,
-    /// Tokens verified per pass, the root included.
-    pub verify_tokens: usize,
-}
-
 /// What `eval accept` drafts and how it verifies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AcceptOptions {
-    /// Draft steps K (the tree depth for trees).
-    pub steps: usize,
-    /// Draft a tree instead of a chain.
-    pub tree: Option<TreeShape>,
+    /// The draft layout: a chain of K, or a tree of depth K.
+    pub shape: DraftShape,
     /// Draft temperature; 0 drafts the argmax.
     pub temperature: f64,
     /// Seed of the draft sampler.
@@ -58,8 +48,7 @@ pub struct AcceptOptions {
 impl Default for AcceptOptions {
     fn default() -> Self {
         Self {
-            steps: 3,
-            tree: None,
+            shape: DraftShape::Chain { k: 3 },
             temperature: 0.0,
             seed: 0,
             rule: AcceptRule::Greedy,
@@ -74,7 +63,7 @@ impl AcceptOptions {
     /// Reject combinations that have no meaning.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Incompatible(m));
-        if self.steps == 0 {
+        if self.shape.depth() == 0 {
             return bad("--k must be at least 1".into());
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
@@ -83,7 +72,7 @@ impl AcceptOptions {
         if self.rule == AcceptRule::Sampling && self.temperature == 0.0 {
             return bad("--rule sampling verifies drafts sampled from q: give --temperature > 0 (argmax drafts under sampling verification are --rule onehot)".into());
         }
-        if let Some(t) = self.tree {
+        if let Some(t) = self.shape.tree() {
             if self.rule != AcceptRule::Greedy {
                 return bad(format!("tree drafts are verified greedily only (got --rule {})", self.rule.name()));
             }
@@ -201,7 +190,7 @@ pub fn eval_accept<B: Backend>(
     let samples: Vec<_> = data.iter().take(n).collect();
     let lengths: Vec<usize> = samples.iter().map(|s| s.len()).collect();
     let device = drafter.embed_tokens.device();
-    let k = opts.steps;
+    let k = opts.shape.depth();
     let mut counter = AcceptCounter::new(k);
     let mut done = 0;
     for idx in length_sorted_batches(&lengths, opts.batch_size) {
@@ -220,9 +209,8 @@ pub fn eval_accept<B: Backend>(
             }
         };
 
-        if let Some(shape) = opts.tree {
-            let tree_opts = TreeOptions { depth: k, topk: shape.topk, verify_tokens: shape.verify_tokens };
-            let tree = draft_tree(drafter, &batch.input_ids, &batch.aux, &tree_opts)?;
+        if let Some(shape) = opts.shape.tree() {
+            let tree = draft_tree(drafter, &batch.input_ids, &batch.aux, &shape)?;
             for i in 0..b {
                 for t in 0..ids[i].len() {
                     if !counted(i, t) {
@@ -296,7 +284,7 @@ pub fn eval_accept<B: Backend>(
         done += chunk.len();
         progress(done, n);
     }
-    let tree = opts.tree.map(|t| (t.topk, t.verify_tokens));
+    let tree = opts.shape.tree().map(|t| (t.topk, t.verify_tokens));
     let mut report = AcceptReport::from_counter(&counter, opts.rule, tree, opts.temperature);
     report.samples = n;
     if opts.rule == AcceptRule::Sampling && opts.temperature > 0.0 && opts.temperature != 1.0 {

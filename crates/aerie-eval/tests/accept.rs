@@ -16,25 +16,20 @@ use aerie_data::vocab::DraftVocab;
 use aerie_eval::accept::AcceptRule;
 use aerie_eval::compare::{Candidate, write_report};
 use aerie_eval::cost::Costs;
-use aerie_eval::verify::{AcceptOptions, TreeShape, eval_accept};
+use aerie_eval::verify::{AcceptOptions, eval_accept};
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, TensorMap};
+use aerie_model::drafter::shape::{DraftShape, TreeShape};
 use aerie_model::{Drafter, DrafterConfig};
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
 
 type B = Flex;
 
-/// splitmix64 unit vectors.
+/// Unit vectors from splitmix64 (the project's one PRNG).
 fn unit_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    let mut next = || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    };
+    let mut rng = aerie_model::rng::SplitMix(seed);
+    let mut next = || rng.signed_unit();
     let mut out = Vec::with_capacity(n * d);
     for _ in 0..n {
         let row: Vec<f32> = (0..d).map(|_| next()).collect();
@@ -131,7 +126,7 @@ impl World {
 }
 
 fn greedy(k: usize) -> AcceptOptions {
-    AcceptOptions { steps: k, batch_size: 2, ..AcceptOptions::default() }
+    AcceptOptions { shape: DraftShape::Chain { k }, batch_size: 2, ..AcceptOptions::default() }
 }
 
 /// 12 tokens, prompt of 3: positions t = 2..=9 count; reach min(3, 10 - t) → Σ = 6·3 + 2 + 1.
@@ -165,7 +160,8 @@ fn perfect_drafter_accepts_every_verifiable_draft() {
     assert_eq!(rep.accept_histogram[0], 0.0);
 
     // A greedy tree of the perfect drafter keeps the c-c-c chain first: same τ.
-    let tree = AcceptOptions { tree: Some(TreeShape { topk: 2, verify_tokens: 4 }), ..greedy(3) };
+    let tree =
+        AcceptOptions { shape: DraftShape::Tree(TreeShape { depth: 3, topk: 2, verify_tokens: 4 }), ..greedy(3) };
     let rep_tree = eval_accept(&drafter, &data, Some(&head), &tree, &mut |_, _| {}).unwrap();
     assert!((rep_tree.tau - (1.0 + 21.0 / 8.0)).abs() < 1e-12, "tree τ = {}", rep_tree.tau);
     assert_eq!(rep_tree.drafting, "tree");
@@ -219,11 +215,11 @@ fn invalid_options_are_refused() {
     let bad = AcceptOptions {
         rule: AcceptRule::Sampling,
         temperature: 1.0,
-        tree: Some(TreeShape { topk: 2, verify_tokens: 4 }),
+        shape: DraftShape::Tree(TreeShape { depth: 3, topk: 2, verify_tokens: 4 }),
         ..greedy(3)
     };
     assert!(bad.validate().unwrap_err().to_string().contains("greedily"));
-    assert!(AcceptOptions { steps: 0, ..greedy(3) }.validate().is_err());
+    assert!(AcceptOptions { shape: DraftShape::Chain { k: 0 }, ..greedy(3) }.validate().is_err());
     let argmax_sampling = AcceptOptions { rule: AcceptRule::Sampling, ..greedy(3) };
     assert!(argmax_sampling.validate().unwrap_err().to_string().contains("onehot"));
 }

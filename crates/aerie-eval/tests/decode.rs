@@ -12,10 +12,11 @@ use aerie_data::conversation::{Message, Role};
 use aerie_data::generation::PromptEncoder;
 use aerie_data::template::TemplateChoice;
 use aerie_eval::accept::AcceptRule;
-use aerie_eval::decode::{DecodeOptions, DecodeTimings, DraftShape, SpecDecoder};
+use aerie_eval::decode::{DecodeOptions, DecodeTimings, SpecDecoder};
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::validate::derive_t2d;
 use aerie_model::checkpoint::{Dtype, HostTensor, keys};
+use aerie_model::drafter::shape::{DraftShape, TreeShape};
 use aerie_model::{AuxConvention, AuxLayers, Drafter, TargetModel};
 use burn::backend::Flex;
 
@@ -90,8 +91,8 @@ fn greedy_speculative_output_is_plain_greedy_output() {
     let shapes = [
         DraftShape::Chain { k: 1 },
         DraftShape::Chain { k: 4 },
-        DraftShape::Tree { depth: 3, topk: 2, tokens: 6 },
-        DraftShape::Tree { depth: 4, topk: 3, tokens: 10 },
+        DraftShape::Tree(TreeShape { depth: 3, topk: 2, verify_tokens: 6 }),
+        DraftShape::Tree(TreeShape { depth: 4, topk: 3, verify_tokens: 10 }),
     ];
     for shape in shapes {
         let opts = greedy(shape);
@@ -120,7 +121,7 @@ fn sampling_runs_are_seeded_and_in_range() {
     for (shape, rule) in [
         (DraftShape::Chain { k: 3 }, AcceptRule::Sampling),
         (DraftShape::Chain { k: 3 }, AcceptRule::Onehot),
-        (DraftShape::Tree { depth: 3, topk: 2, tokens: 6 }, AcceptRule::Onehot),
+        (DraftShape::Tree(TreeShape { depth: 3, topk: 2, verify_tokens: 6 }), AcceptRule::Onehot),
     ] {
         let opts = DecodeOptions { shape, temperature: 0.8, rule, max_new_tokens: 30, seed: 9 };
         let mut t = DecodeTimings::default();
@@ -135,7 +136,7 @@ fn sampling_runs_are_seeded_and_in_range() {
     let bad = DecodeOptions {
         rule: AcceptRule::Sampling,
         temperature: 1.0,
-        ..greedy(DraftShape::Tree { depth: 2, topk: 2, tokens: 4 })
+        ..greedy(DraftShape::Tree(TreeShape { depth: 2, topk: 2, verify_tokens: 4 }))
     };
     assert!(dec.speculative(&s.prompts[0], &bad, &mut DecodeTimings::default()).is_err());
 }

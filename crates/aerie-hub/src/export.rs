@@ -95,9 +95,18 @@ pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Resul
         include_embedding: opts.include_embedding,
         overwrite: opts.overwrite,
     };
+    // speculators' loader (and vLLM) read the verifier from the config: without a name,
+    // `AutoConfig.from_pretrained(None)` fails, so refuse before writing anything.
+    let verifier = match to {
+        Dialect::Speculators => Some(verifier_of(src, &ckpt.config, opts.target.as_deref())?),
+        Dialect::Sglang => None,
+    };
     save_drafter(ckpt, out, &save)?;
+    if let Some((name, architectures)) = &verifier {
+        write_verifier(&out.join("config.json"), name, architectures)?;
+    }
     let dtype = opts.dtype.unwrap_or(ckpt.weight_dtype);
-    let tensors = verify(ckpt, out, &save, dtype)?;
+    let tensors = verify(ckpt, out, &save, dtype, verifier.as_ref().map(|(n, _)| n.as_str()))?;
     let aux = match to {
         Dialect::Sglang => ckpt.config.aux_layers.output_of_layer(),
         Dialect::Speculators => ckpt.config.aux_layers.input_of_layer(),
@@ -121,6 +130,53 @@ pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Resul
     })
 }
 
+/// The verifier a speculators export names: the `--target` when given (its hub id when it is a
+/// snapshot of the Hugging Face cache, else its path; `architectures` from its config.json),
+/// else the target the drafter config records (`target_name_or_path`, architectures unknown).
+fn verifier_of(src: &Path, cfg: &DrafterConfig, target: Option<&Path>) -> Result<(String, Vec<String>)> {
+    if let Some(t) = target {
+        let info = aerie_model::checkpoint::read_target_info(t)?;
+        let name = hub_id_of_snapshot(t).unwrap_or_else(|| t.display().to_string());
+        return Ok((name, info.architectures));
+    }
+    match &cfg.target_name_or_path {
+        Some(name) if !name.trim().is_empty() => Ok((name.clone(), Vec::new())),
+        _ => Err(aerie_model::Error::Unsupported {
+            path: src.join("config.json"),
+            message: "the drafter config names no target model (no target_name_or_path / verifier \
+                      name_or_path), and a speculators export must name its verifier (speculators and \
+                      vLLM load it from there): pass --target DIR|HUB_ID"
+                .into(),
+        }
+        .into()),
+    }
+}
+
+/// `org/name` of a Hugging Face cache snapshot path (`…/models--org--name/snapshots/REV`).
+fn hub_id_of_snapshot(path: &Path) -> Option<String> {
+    let path = if path.is_file() { path.parent()? } else { path };
+    let snapshots = path.parent()?;
+    if snapshots.file_name()? != "snapshots" {
+        return None;
+    }
+    let repo = snapshots.parent()?.file_name()?.to_str()?.strip_prefix("models--")?;
+    let (org, name) = repo.split_once("--")?;
+    Some(format!("{org}/{name}"))
+}
+
+/// Set `speculators_config.verifier` of the written config (atomically: temp file + rename).
+fn write_verifier(path: &Path, name: &str, architectures: &[String]) -> Result<()> {
+    let io = |e: std::io::Error| Error::from(aerie_model::Error::io(path, e));
+    let text = std::fs::read_to_string(path).map_err(io)?;
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).map_err(|e| io(std::io::Error::other(e)))?;
+    cfg["speculators_config"]["verifier"] = serde_json::json!({ "name_or_path": name, "architectures": architectures });
+    let mut text = serde_json::to_string_pretty(&cfg).expect("JSON values always serialize");
+    text.push('\n');
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
 /// Two configs that mean the same drafter (aux ids compared in one convention).
 fn config_differences(want: &DrafterConfig, got: &DrafterConfig) -> Vec<String> {
     let mut p = Vec::new();
@@ -140,7 +196,13 @@ fn config_differences(want: &DrafterConfig, got: &DrafterConfig) -> Vec<String> 
 }
 
 /// Read `out` back and compare it with what `save_drafter` meant to write.
-fn verify(ckpt: &DrafterCheckpoint, out: &Path, save: &SaveOptions, dtype: Dtype) -> Result<Vec<ExportedTensor>> {
+fn verify(
+    ckpt: &DrafterCheckpoint,
+    out: &Path,
+    save: &SaveOptions,
+    dtype: Dtype,
+    verifier: Option<&str>,
+) -> Result<Vec<ExportedTensor>> {
     let planned = planned_tensors(ckpt, save)?;
     let mut problems = Vec::new();
 
@@ -165,7 +227,11 @@ fn verify(ckpt: &DrafterCheckpoint, out: &Path, save: &SaveOptions, dtype: Dtype
     if parsed.has_num_nextn_predict_layers {
         problems.push("config sets num_nextn_predict_layers".into());
     }
-    problems.extend(config_differences(&ckpt.config, &parsed.config));
+    let mut want = ckpt.config.clone();
+    if let Some(name) = verifier {
+        want.target_name_or_path = Some(name.to_owned());
+    }
+    problems.extend(config_differences(&want, &parsed.config));
 
     // 3. The loader an import would use sees every tensor bit-identical to the plan.
     let reloaded = checkpoint::load_drafter(out, None)?;

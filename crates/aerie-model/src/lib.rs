@@ -17,11 +17,13 @@
 //! - [`layers`]: the Llama building blocks both models use (linear, RMSNorm, SwiGLU MLP);
 //!   [`rope`]: rotary position embeddings; [`kernels`]: the CPU backend's fused host kernels.
 //! - [`config`], [`init`], [`rng`] and [`checkpoint`]: drafter configuration, initialisation,
-//!   the one PRNG and the checkpoint formats.
+//!   the one PRNG and the checkpoint formats; [`autodiff`]: the guard that keeps concurrent
+//!   backward passes from losing gradients (burn 0.21's graph sweep race).
 //!
 //! The crate sits on aerie-data (shard format, draft vocabulary, aux conventions).
 #![deny(missing_docs)]
 
+pub mod autodiff;
 pub mod checkpoint;
 pub mod config;
 pub mod drafter;

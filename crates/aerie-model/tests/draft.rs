@@ -4,7 +4,8 @@
 mod reference;
 
 use aerie_model::Drafter;
-use aerie_model::drafter::offline::{ChainOptions, DraftChain, DraftSampling, TreeOptions, draft_chain, draft_tree};
+use aerie_model::drafter::offline::{ChainOptions, DraftChain, DraftSampling, draft_chain, draft_tree};
+use aerie_model::drafter::shape::TreeShape;
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use reference::{random_sequence, random_tiny_checkpoint, tiny_config};
@@ -103,14 +104,14 @@ fn a_topk_1_tree_is_the_greedy_chain() {
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(c.ids.clone(), [1, 9]), &dev);
     let aux = Tensor::<B, 3>::from_data(TensorData::new(c.aux.clone(), [1, 9, c.aw]), &dev);
     let chain = draft_chain(&c.drafter, &ids, &aux, &greedy(3)).unwrap();
-    let tree = draft_tree(&c.drafter, &ids, &aux, &TreeOptions { depth: 3, topk: 1, verify_tokens: 4 }).unwrap();
+    let tree = draft_tree(&c.drafter, &ids, &aux, &TreeShape { depth: 3, topk: 1, verify_tokens: 4 }).unwrap();
     for t in 0..9 {
         let path: Vec<u32> = tree.nodes[t].iter().map(|n| n.target_id).collect();
         assert_eq!(path, at(&chain, 0, t), "position {t}");
         assert!(tree.nodes[t].windows(2).all(|w| w[1].log_score <= w[0].log_score));
     }
     // A wider tree keeps exactly N-1 nodes whose parents precede them, best child first.
-    let wide = draft_tree(&c.drafter, &ids, &aux, &TreeOptions { depth: 3, topk: 2, verify_tokens: 6 }).unwrap();
+    let wide = draft_tree(&c.drafter, &ids, &aux, &TreeShape { depth: 3, topk: 2, verify_tokens: 6 }).unwrap();
     for nodes in &wide.nodes {
         assert_eq!(nodes.len(), 5);
         for (i, n) in nodes.iter().enumerate() {

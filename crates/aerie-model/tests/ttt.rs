@@ -273,6 +273,7 @@ where
 
 #[test]
 fn gradients_match_finite_differences() {
+    let _alone = aerie_model::autodiff::exclusive();
     let mut cfg = tiny_config();
     cfg.fc_norm = true;
     let w = with_embed(&cfg, 7);
@@ -362,6 +363,7 @@ fn grads_of(drafter: &Drafter<AD>, g: &<AD as burn::tensor::backend::AutodiffBac
 
 #[test]
 fn fused_and_tensor_loss_paths_agree() {
+    let _alone = aerie_model::autodiff::exclusive();
     let cfg = tiny_config();
     let w = with_embed(&cfg, 11);
     let seqs: Vec<RefSequence> =
@@ -401,6 +403,7 @@ fn fused_and_tensor_loss_paths_agree() {
 
 #[test]
 fn alpha_gradients_match_finite_differences() {
+    let _alone = aerie_model::autodiff::exclusive();
     let cfg = tiny_config();
     let w = with_embed(&cfg, 12);
     let s = random_sequence(&cfg, 7, 60);

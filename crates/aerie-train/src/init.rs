@@ -282,19 +282,12 @@ fn target_init(cfg: &TrainConfig, dc: &DrafterConfig, vocab: &DraftVocab, tensor
             format!("`init.from_target` needs hidden_size = the target's ({ht}); init.shape.hidden_size is {h}"),
         ));
     }
-    let xinit = std::env::var("AERIE_XINIT").unwrap_or_default();
-    let skip = |part: &str| xinit.split(',').any(|p| p == part);
     let head = load_head(src, dc)?.to_f32("lm_head.weight")?;
     let mut rows = Vec::with_capacity(vocab.draft_vocab_size() * h);
     for &t in vocab.target_ids() {
         rows.extend_from_slice(&head[t * h..(t + 1) * h]);
     }
-    if !skip("nohead") {
-        tensors.insert(
-            "lm_head.weight".into(),
-            HostTensor::from_f32(vec![vocab.draft_vocab_size(), h], &rows, Dtype::F32),
-        );
-    }
+    tensors.insert("lm_head.weight".into(), HostTensor::from_f32(vec![vocab.draft_vocab_size(), h], &rows, Dtype::F32));
 
     let norm_src = cfg.target.path.as_deref().unwrap_or(src);
     let files = if norm_src.is_dir() { WeightFiles::open_dir(norm_src)? } else { WeightFiles::open_file(norm_src) };
@@ -311,31 +304,23 @@ fn target_init(cfg: &TrainConfig, dc: &DrafterConfig, vocab: &DraftVocab, tensor
     if norm.shape != [h] {
         return Err(init_err(norm_src, format!("the target's final norm is {:?}, expected [{h}]", norm.shape)));
     }
-    if !skip("nonorm") {
-        tensors.insert("norm.weight".into(), HostTensor::from_f32(vec![h], &norm.to_f32("norm.weight")?, Dtype::F32));
-    }
+    tensors.insert("norm.weight".into(), HostTensor::from_f32(vec![h], &norm.to_f32("norm.weight")?, Dtype::F32));
 
-    let scale: f32 = std::env::var("AERIE_XINIT_FC").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0);
-    if !skip("nofc") {
-        let mut fc = vec![0.0f32; h * a * ht];
-        for i in 0..h {
-            fc[i * a * ht + (a - 1) * ht + i] = scale;
-        }
-        tensors.insert("fc.weight".into(), HostTensor::from_f32(vec![h, a * ht], &fc, Dtype::F32));
+    let mut fc = vec![0.0f32; h * a * ht];
+    for i in 0..h {
+        fc[i * a * ht + (a - 1) * ht + i] = 1.0;
     }
-    if !skip("nozero") {
-        for key in ["midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"] {
-            let shape = tensors.get(key).map(|t| t.shape.clone()).ok_or_else(|| init_err(src, format!("no {key}")))?;
-            let n = shape.iter().product();
-            tensors.insert(key.into(), HostTensor::from_f32(shape, &vec![0.0; n], Dtype::F32));
-        }
+    tensors.insert("fc.weight".into(), HostTensor::from_f32(vec![h, a * ht], &fc, Dtype::F32));
+    for key in ["midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"] {
+        let shape = tensors.get(key).map(|t| t.shape.clone()).ok_or_else(|| init_err(src, format!("no {key}")))?;
+        let n = shape.iter().product();
+        tensors.insert(key.into(), HostTensor::from_f32(shape, &vec![0.0; n], Dtype::F32));
     }
     Ok(format!(
         "target-initialised (init.from_target): lm_head = target head rows of the {} draft ids, norm = target final norm, \
-         fc passes aux layer {} through, o_proj and down_proj zero{}",
+         fc passes aux layer {} through, o_proj and down_proj zero",
         vocab.draft_vocab_size(),
         dc.aux_layers.output_of_layer().last().copied().unwrap_or_default(),
-        if xinit.is_empty() { String::new() } else { format!(" [AERIE_XINIT={xinit}]") }
     ))
 }
 

@@ -7,9 +7,12 @@
 //! (normalised by the whole step's token counts, see [`crate::objective`]), so the summed
 //! gradient is that of the step's union batch whatever the split. Replicas on distinct devices
 //! run in one thread each and get a fresh copy of the weights after every step; replicas on the
-//! same device (`--devices cpu,cpu`) run one after the other on the shared model.
+//! same device (`--devices cpu,cpu`) run one after the other on the shared model. Every tracked
+//! op runs under [`aerie_model::autodiff`]'s guard, without which a replica's backward can
+//! silently drop another replica's gradient (burn 0.21's graph sweep race).
 
 use aerie_data::shard::SampleView;
+use aerie_model::autodiff;
 use aerie_model::ttt::batch::{TeacherSource, VocabStatsCache, collate};
 use aerie_model::{Drafter, TargetHead, TeacherTargets, TttBatch, TttOptions, TttSums, ttt_forward};
 use burn::module::{AutodiffModule, Module};
@@ -139,7 +142,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let replicas = devices
             .into_iter()
             .map(|(device, head)| {
-                let model = (device != main).then(|| model.clone().fork(&device));
+                let model = (device != main).then(|| autodiff::record(|| model.clone().fork(&device)));
                 Replica { device, head, model }
             })
             .collect();
@@ -238,15 +241,18 @@ impl<B: AutodiffBackend> Trainer<B> {
         let model = rep.model.as_ref().unwrap_or_else(|| self.model());
         let mut out = ReplicaOut { grads: None, sums: TttSums::default(), loss: 0.0 };
         for p in batches {
-            let fwd = ttt_forward(model, &p.batch, &self.ttt)?;
-            let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights);
+            let (fwd, loss) = autodiff::record(|| -> Result<_> {
+                let fwd = ttt_forward(model, &p.batch, &self.ttt)?;
+                let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights);
+                Ok((fwd, loss))
+            })?;
             let value = loss.clone().into_scalar().elem::<f64>();
             if !value.is_finite() {
                 return Err(Error::NonFinite { step, what: "loss", value, samples: p.labels, last_checkpoint: None });
             }
             out.loss += value;
-            out.sums.add(&fwd);
-            let mut grads = GradientsParams::from_grads(loss.backward(), model);
+            autodiff::record(|| out.sums.add(&fwd));
+            let mut grads = GradientsParams::from_grads(autodiff::backward(loss), model);
             make_contiguous(model, &mut grads);
             match out.grads.as_mut() {
                 None => out.grads = Some(grads),
@@ -315,10 +321,10 @@ impl<B: AutodiffBackend> Trainer<B> {
             });
         }
         let model = self.model.take().expect("model present between steps");
-        let model = self.optim.step(lr, model, grads);
+        let model = autodiff::record(|| self.optim.step(lr, model, grads));
         for rep in &mut self.replicas {
             if rep.model.is_some() {
-                rep.model = Some(model.clone().fork(&rep.device));
+                rep.model = Some(autodiff::record(|| model.clone().fork(&rep.device)));
             }
         }
         self.model = Some(model);

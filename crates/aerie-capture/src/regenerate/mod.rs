@@ -171,7 +171,7 @@ fn check_tokenizer<B: Backend>(tok: &TokenizerFiles, target: &TargetModel<B>, ta
         return Err(Error::Invalid(format!(
             "{}: the tokenizer has {} tokens{}, but the target {} has a vocabulary of {}: they do not \
              belong together",
-            tok.dir.join("tokenizer.json").display(),
+            tok.file().display(),
             tok.tokenizer_vocab_size,
             tok.model_vocab_size.map(|v| format!(" (its config.json says {v})")).unwrap_or_default(),
             target_dir.display(),

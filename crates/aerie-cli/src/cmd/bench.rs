@@ -44,6 +44,9 @@ pub enum BenchCommand {
     /// Read and decode rate of a shard dataset (the fused batch decode of training and
     /// evaluation) against the disk's sequential read of the same files.
     Shards(ShardsBenchArgs),
+    /// Tokenizer load time and single-threaded encode throughput on a JSON list of texts, with
+    /// a digest of the ids (compare with `scripts/bench_tokenizer.py` for python tiktoken).
+    Tokenizer(TokenizerBenchArgs),
 }
 
 /// Arguments of `aerie bench shards`.
@@ -88,6 +91,23 @@ fn bench_shards(a: &ShardsBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `aerie bench tokenizer`.
+#[derive(Debug, Args)]
+pub struct TokenizerBenchArgs {
+    /// Tokenizer directory (tokenizer.json, or tiktoken.model of the Kimi family) or hub id.
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub tokenizer: PathBuf,
+    /// A JSON array of strings (`scripts/bench_tokenizer.py --texts-out` writes ShareGPT's).
+    #[arg(long)]
+    pub texts: PathBuf,
+    /// Loads and passes over the texts; the best time of each is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Named drafter shapes.
@@ -224,6 +244,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Train(a) => (train_spec(&a)?, a.run),
         BenchCommand::Shards(a) => return bench_shards(&a),
+        BenchCommand::Tokenizer(a) => return bench_tokenizer(&a),
     };
     let report = match (run.device, run.backend) {
         (DeviceArg::Cpu, CpuBackend::Flex) => bench::<Autodiff<burn::backend::Flex>>(&spec, &run, &Default::default())?,
@@ -258,6 +279,30 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             report.flops_per_token / 1e9,
             report.achieved_gflops,
             report.peak_rss_mib.map_or("n/a".into(), |m| format!("{m:.0} MiB")),
+        );
+    }
+    Ok(())
+}
+
+fn bench_tokenizer(a: &TokenizerBenchArgs) -> Result<()> {
+    let bytes = std::fs::read(&a.texts).with_context(|| format!("cannot read {}", a.texts.display()))?;
+    let texts: Vec<String> = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{}: not a JSON array of strings", a.texts.display()))?;
+    let m = aerie_data::tokenizer::measure(&a.tokenizer, &texts, a.repeats)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&m)?);
+    } else {
+        println!(
+            "{} ({}): load {:.3} s; {} texts, {} chars, {} tokens in {:.3} s: {:.0} tokens/s; ids sha256 {}",
+            m.file.display(),
+            m.kind,
+            m.load_seconds,
+            m.texts,
+            m.chars,
+            m.tokens,
+            m.encode_seconds,
+            m.tokens_per_second,
+            m.ids_sha256
         );
     }
     Ok(())
@@ -362,12 +407,14 @@ fn bench<B: AutodiffBackend>(spec: &Spec, run: &RunArgs, device: &B::Device) -> 
     let mut cpu = Vec::new();
     for i in 0..run.warmup + run.steps {
         let (start, cpu0) = (Instant::now(), cpu_seconds());
-        let out = ttt_forward(&drafter, &batch, &spec.ttt)?;
+        let out = aerie_model::autodiff::record(|| ttt_forward(&drafter, &batch, &spec.ttt))?;
         if run.forward_only {
             let _ = out.loss.into_data();
         } else {
-            let loss = micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights);
-            let grads = loss.backward();
+            let loss = aerie_model::autodiff::record(|| {
+                micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights)
+            });
+            let grads = aerie_model::autodiff::backward(loss);
             let g = drafter.lm_head.weight.grad(&grads).expect("lm_head gradient");
             let _ = g.sum().into_data();
         }

@@ -1,14 +1,18 @@
-//! `aerie capture`: run the native target over a prepared dataset and write aerie-shard/1.
+//! `aerie capture`: run the target over a prepared dataset and write aerie-shard/1, with aerie's
+//! native engine (the default) or, for targets only Python runs, the in-process Python worker of
+//! `python/aerie_capture` (engine `transformers`, or `sglang` under torchrun with `--tp` ranks).
+//! Whatever the engine, the dataset is verified by aerie's own reader before the report.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
-use aerie_capture::{CaptureOptions, capture};
+use aerie_capture::{CaptureOptions, PythonCapture, PythonEngine, capture};
 use aerie_data::prepare::PreparedDataset;
 use aerie_data::shard::{HiddenDtype, Teacher};
 use aerie_model::TargetModel;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use crate::device::{DeviceArg, with_backend};
 use crate::progress;
@@ -24,8 +28,8 @@ pub struct CaptureArgs {
     #[arg(long)]
     pub data: PathBuf,
     /// Output shard directory; an interrupted capture there is resumed.
-    #[arg(long)]
-    pub out: PathBuf,
+    #[arg(long, required_unless_present = "self_test")]
+    pub out: Option<PathBuf>,
     /// Aux layers, output-of-layer convention (default EAGLE-3's [1, N/2-1, N-4]).
     #[arg(long, value_delimiter = ',')]
     pub aux_layers: Option<Vec<usize>>,
@@ -52,6 +56,39 @@ pub struct CaptureArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Capture engine: aerie's own (`native`), or the Python worker (`python/aerie_capture`)
+    /// with transformers (any HF causal LM, CPU or GPU) or SGLang (tensor parallel, GPUs).
+    #[arg(long, value_enum, default_value = "native")]
+    pub engine: Engine,
+    /// Python interpreter for the `transformers` and `sglang` engines (one whose environment
+    /// holds torch and the engine); default `$AERIE_PYTHON`, else `python3`.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// `sglang`: tensor-parallel ranks (one per GPU), started with `torchrun`.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// Python engines: token budget of one forward batch (`sglang` packs samples unpadded
+    /// under it; `transformers` runs one sample per forward whatever it is).
+    #[arg(long, default_value_t = 32_768)]
+    pub max_batch_tokens: usize,
+    /// Python engines: run the pre-flight self-test (a tiny random DeepSeek-V3 through both
+    /// Python engines, then 8 real samples of `--data` checked) instead of a capture.
+    #[arg(long)]
+    pub self_test: bool,
+    /// Further arguments for the Python worker, after `--` (`python -m aerie_capture --help`).
+    #[arg(last = true)]
+    pub engine_args: Vec<String>,
+}
+
+/// `--engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// aerie's Rust target (Llama family), on `--device`.
+    Native,
+    /// The Python worker on transformers.
+    Transformers,
+    /// The Python worker on SGLang, `--tp` ranks.
+    Sglang,
 }
 
 fn parse_dtype(s: &str) -> Result<HiddenDtype, String> {
@@ -64,10 +101,103 @@ fn parse_teacher(s: &str) -> Result<Teacher, String> {
 
 /// Run `aerie capture`.
 pub fn run(args: CaptureArgs) -> Result<()> {
-    with_backend!(args.device, |B, dev| run_on::<B>(&args, &dev))
+    match args.engine {
+        Engine::Native => {
+            if args.self_test || !args.engine_args.is_empty() {
+                bail!("--self-test and worker arguments after `--` need --engine transformers or sglang");
+            }
+            with_backend!(args.device, |B, dev| run_on::<B>(&args, &dev))
+        }
+        Engine::Transformers | Engine::Sglang => run_python(&args),
+    }
+}
+
+/// The Python worker's options, from the native capture's flags. The worker writes the plain
+/// float encodings only (format 1); a compact dataset is one `aerie shards convert` away.
+fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
+    let Some(dtype) = args.dtype.float() else {
+        bail!(
+            "--engine {}: the Python worker writes bf16, f16 or f32; capture in bf16, then `aerie shards convert SRC --dtype {} --out DST`",
+            if args.engine == Engine::Sglang { "sglang" } else { "transformers" },
+            args.dtype.as_str()
+        );
+    };
+    Ok(PythonCapture {
+        python: args
+            .python
+            .clone()
+            .or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from))
+            .unwrap_or_else(|| "python3".into()),
+        engine: if args.engine == Engine::Sglang { PythonEngine::Sglang } else { PythonEngine::Transformers },
+        target: args.target.clone(),
+        target_name: args.target.display().to_string(),
+        data: args.data.clone(),
+        out: args.out.clone(),
+        split: args.split.clone(),
+        aux_layers: args.aux_layers.clone(),
+        dtype,
+        teacher: args.teacher,
+        shard_tokens: args.shard_tokens,
+        max_batch_tokens: args.max_batch_tokens,
+        max_samples: args.max_samples,
+        device: args.device.to_string(),
+        tp: args.tp,
+        extra_args: args.engine_args.clone(),
+    })
+}
+
+/// Run the Python worker (it verifies through aerie's reader) and report like the native
+/// engine, plus the worker's own fields.
+fn run_python(args: &CaptureArgs) -> Result<()> {
+    let job = python_capture(args)?;
+    if args.self_test {
+        return Ok(job.self_test()?);
+    }
+    let t0 = Instant::now();
+    let report = job.run()?;
+    let (worker, verify) = (&report.worker, &report.verify);
+    let dir = args.out.as_ref().expect("--out is required without --self-test");
+    let number = |key: &str| worker[key].as_f64().unwrap_or(0.0);
+    if args.json {
+        let v = serde_json::json!({
+            "out": dir,
+            "engine": worker["engine"],
+            "created_by": worker["created_by"],
+            "resumed_samples": worker["resumed_samples"],
+            "captured_samples": worker["captured_samples"],
+            "captured_tokens": worker["captured_tokens"],
+            "seconds": worker["seconds"],
+            "tokens_per_second": worker["tokens_per_second"],
+            "wall_seconds": t0.elapsed().as_secs_f64(),
+            "bytes_per_token": report.bytes_per_token,
+            "verified": {
+                "shards": verify.shards,
+                "samples": verify.samples,
+                "tokens": verify.tokens,
+                "masked_tokens": verify.masked_tokens,
+            },
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "captured {} samples ({} tokens, {:.0} tokens/s; {} resumed) into {} with {}; verified {} samples / {} tokens in {} shards, {:.0} bytes per token",
+            number("captured_samples"),
+            number("captured_tokens"),
+            number("tokens_per_second"),
+            number("resumed_samples"),
+            dir.display(),
+            worker["created_by"].as_str().unwrap_or("the Python worker"),
+            verify.samples,
+            verify.tokens,
+            verify.shards,
+            report.bytes_per_token
+        );
+    }
+    Ok(())
 }
 
 fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
+    let out = args.out.as_ref().expect("--out is required without --self-test");
     let target = TargetModel::<B>::load(&args.target, device)
         .with_context(|| format!("loading target {}", args.target.display()))?;
     let data = PreparedDataset::open(&args.data)?;
@@ -81,7 +211,7 @@ fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
         max_samples: args.max_samples,
     };
     let pb = progress::bar(0, "capture", "samples");
-    let report = capture(&target, &args.target, &data, &args.out, &opts, &mut |p| {
+    let report = capture(&target, &args.target, &data, out, &opts, &mut |p| {
         pb.set_length(p.total);
         pb.set_position(p.samples);
         pb.set_message(format!("{} tokens", p.tokens));
@@ -90,7 +220,7 @@ fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
     let tps = report.captured_tokens as f64 / report.seconds.max(1e-9);
     if args.json {
         let v = serde_json::json!({
-            "out": args.out,
+            "out": out,
             "resumed_samples": report.resumed_samples,
             "captured_samples": report.captured_samples,
             "captured_tokens": report.captured_tokens,
@@ -112,7 +242,7 @@ fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
             report.captured_tokens,
             tps,
             report.resumed_samples,
-            args.out.display(),
+            out.display(),
             report.verify.samples,
             report.verify.tokens,
             report.verify.shards,

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use aerie_data::conversation::{NormalizeOptions, SameRolePolicy};
 use aerie_data::readers::{InputFormat, ReadOptions};
 use aerie_eval::accept::AcceptRule;
-use aerie_eval::decode::DraftShape;
-use aerie_eval::verify::{AcceptOptions, TreeShape};
+use aerie_eval::verify::AcceptOptions;
+use aerie_model::drafter::shape::{DraftShape, TreeShape};
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
@@ -105,22 +105,14 @@ pub struct DraftShapeArgs {
 }
 
 impl DraftShapeArgs {
-    /// The layout as decoding takes it.
+    /// The layout these flags describe.
     pub fn shape(&self) -> Result<DraftShape> {
         Ok(match (self.topk, self.tree_tokens) {
             (1, None) => DraftShape::Chain { k: self.k },
-            (topk, Some(tokens)) => DraftShape::Tree { depth: self.k, topk, tokens },
+            (topk, Some(verify_tokens)) => DraftShape::Tree(TreeShape { depth: self.k, topk, verify_tokens }),
             (topk, None) => {
                 bail!("--topk {topk} drafts a tree: give --tree-tokens N (tokens verified per pass, root included)")
             }
-        })
-    }
-
-    /// The tree of offline acceptance; `None` for a chain.
-    pub fn tree(&self) -> Result<Option<TreeShape>> {
-        Ok(match self.shape()? {
-            DraftShape::Chain { .. } => None,
-            DraftShape::Tree { topk, tokens, .. } => Some(TreeShape { topk, verify_tokens: tokens }),
         })
     }
 }
@@ -161,8 +153,7 @@ impl AcceptCommon {
     /// The library options these flags describe.
     pub fn options(&self) -> Result<AcceptOptions> {
         let opts = AcceptOptions {
-            steps: self.draft.k,
-            tree: self.draft.tree()?,
+            shape: self.draft.shape()?,
             temperature: self.temperature,
             seed: self.seed,
             rule: self.rule,

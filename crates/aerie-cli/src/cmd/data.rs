@@ -17,6 +17,31 @@ use crate::cmd::common::ChatInputArgs;
 pub enum DataCommand {
     /// Tokenise chat data with the model's chat template and loss masks over assistant turns.
     Prepare(PrepareArgs),
+    /// Print prepared samples with the trained (loss-masked) tokens marked: colour on a
+    /// terminal, `[[...]]` otherwise.
+    Show(ShowArgs),
+}
+
+/// Arguments of `aerie data show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A prepared dataset directory (`aerie data prepare --out`).
+    pub prepared: PathBuf,
+    /// Only the sample with this `sample_id` (turn-chain samples: record index × 65,536 + chain).
+    #[arg(long)]
+    pub sample: Option<i64>,
+    /// At most this many samples.
+    #[arg(long, default_value_t = 3)]
+    pub limit: usize,
+    /// Split to read (`train` or `eval`).
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// Tokenizer to decode with (default: the one recorded in the report).
+    #[arg(long, value_parser = crate::model_ref::parse)]
+    pub tokenizer: Option<PathBuf>,
+    /// Mark with brackets even on a terminal.
+    #[arg(long)]
+    pub no_colour: bool,
 }
 
 /// Arguments of `aerie data prepare`.
@@ -25,7 +50,8 @@ pub struct PrepareArgs {
     /// Chat data: ShareGPT JSON array, JSONL, or parquet (file or HF dataset directory).
     #[arg(long)]
     pub data: PathBuf,
-    /// Tokenizer directory (tokenizer.json, tokenizer_config.json, optionally config.json) or hub
+    /// Tokenizer directory (tokenizer.json, or tiktoken.model of the Kimi family; tokenizer_config.json,
+    /// optionally config.json) or hub
     /// id `org/name[@revision]`.
     #[arg(long, value_parser = crate::model_ref::parse)]
     pub tokenizer: PathBuf,
@@ -54,6 +80,11 @@ pub struct PrepareArgs {
     /// With --system-prompt: replace existing system prompts too.
     #[arg(long, requires = "system_prompt")]
     pub replace_system_prompt: bool,
+    /// A template variable, `NAME=VALUE` (repeatable): VALUE is read as JSON when it parses
+    /// (`thinking=false`, `n=3`, `x={"a":1}`), else as a string. K2.5's thinking switch is
+    /// `thinking`, Qwen3's `enable_thinking`.
+    #[arg(long = "template-kwarg", value_name = "NAME=VALUE")]
+    pub template_kwargs: Vec<String>,
     /// Target vocabulary size to record (default: config.json's vocab_size, else the tokenizer's).
     #[arg(long)]
     pub vocab_size: Option<usize>,
@@ -63,6 +94,23 @@ pub struct PrepareArgs {
     /// Print the report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `NAME=VALUE` pairs as template variables (VALUE as JSON, else a string).
+fn parse_template_kwargs(items: &[String]) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    let mut out = std::collections::BTreeMap::new();
+    for item in items {
+        let Some((name, value)) = item.split_once('=') else {
+            bail!("--template-kwarg {item}: expected NAME=VALUE");
+        };
+        let name = name.trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("--template-kwarg {item}: `{name}` is not a template variable name");
+        }
+        let v = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+        out.insert(name.to_owned(), v);
+    }
+    Ok(out)
 }
 
 /// Parse `eval=0.02` (or a bare `0.02`) into the eval fraction.
@@ -90,7 +138,7 @@ impl PrepareArgs {
             max_length: (self.max_length > 0).then_some(self.max_length),
             system_prompt: self.system_prompt.clone(),
             replace_system_prompt: self.replace_system_prompt,
-            ..EncodeOptions::default()
+            template_kwargs: parse_template_kwargs(&self.template_kwargs)?,
         };
         opts.max_samples = self.max_samples;
         opts.eval_fraction = self.split.as_deref().map(parse_split).transpose()?.unwrap_or(0.0);
@@ -104,7 +152,59 @@ impl PrepareArgs {
 pub fn run(cmd: DataCommand) -> Result<()> {
     match cmd {
         DataCommand::Prepare(args) => run_prepare(&args),
+        DataCommand::Show(args) => run_show(&args),
     }
+}
+
+fn run_show(args: &ShowArgs) -> Result<()> {
+    use std::io::IsTerminal;
+
+    use aerie_data::prepare::PreparedDataset;
+    use aerie_data::prepare::show::{Marking, marked_text};
+    use aerie_data::tokenizer::TokenizerFiles;
+
+    let ds = PreparedDataset::open(&args.prepared)?;
+    let tok_dir = args.tokenizer.clone().unwrap_or_else(|| ds.report().tokenizer.clone());
+    let tok = TokenizerFiles::load(&tok_dir)
+        .with_context(|| format!("the tokenizer of {} (give another with --tokenizer)", args.prepared.display()))?;
+    if tok.digest != ds.report().tokenizer_digest {
+        bail!(
+            "{}: tokenizer digest {} is not the prepared dataset's {}: the ids would decode wrongly",
+            tok.file().display(),
+            tok.digest,
+            ds.report().tokenizer_digest
+        );
+    }
+    let marking = if !args.no_colour && std::io::stdout().is_terminal() { Marking::Colour } else { Marking::Brackets };
+    let mut shown = 0;
+    for sample in ds.samples(&args.split)? {
+        let s = sample?;
+        if args.sample.is_some_and(|id| id != s.sample_id) {
+            continue;
+        }
+        let trained = s.loss_mask.iter().filter(|&&m| m != 0).count();
+        println!(
+            "== sample {} (source {}): {} tokens, {} trained",
+            s.sample_id,
+            s.source_id,
+            s.input_ids.len(),
+            trained
+        );
+        println!("{}", marked_text(&tok.tokenizer, &s.input_ids, &s.loss_mask, marking));
+        shown += 1;
+        if shown >= args.limit {
+            break;
+        }
+    }
+    if shown == 0 {
+        bail!(
+            "{}: no sample{} in split `{}`",
+            args.prepared.display(),
+            args.sample.map(|i| format!(" {i}")).unwrap_or_default(),
+            args.split
+        );
+    }
+    Ok(())
 }
 
 fn run_prepare(args: &PrepareArgs) -> Result<()> {
@@ -151,6 +251,9 @@ fn print_report(r: &PrepareReport, secs: f64) {
     println!("data        {} ({} records read)", r.data.display(), r.read.records);
     println!("template    {}", r.template);
     println!("kept        {} of {} conversations", c.kept, c.conversations);
+    for (mode, n) in &r.samples_per_mode {
+        println!("  samples   {n:>8}  {mode}");
+    }
     for (reason, n) in &c.dropped {
         println!("  dropped   {n:>8}  {}", reason.as_str());
     }

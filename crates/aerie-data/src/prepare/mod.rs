@@ -19,6 +19,7 @@
 //! the input.
 
 mod dataset;
+pub mod show;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -56,7 +57,7 @@ const MAX_EXAMPLES: usize = 10;
 pub struct PrepareOptions {
     /// Chat data: ShareGPT JSON, JSONL, or parquet (file or directory).
     pub data: PathBuf,
-    /// Tokenizer directory (or its `tokenizer.json`).
+    /// Tokenizer directory (or its `tokenizer.json` / `tiktoken.model`).
     pub tokenizer: PathBuf,
     /// Output directory.
     pub out: PathBuf,
@@ -133,7 +134,7 @@ pub struct PrepareReport {
     pub data: PathBuf,
     /// The tokenizer directory.
     pub tokenizer: PathBuf,
-    /// sha256 of `tokenizer.json`.
+    /// The tokenizer digest ([`crate::tokenizer::TokenizerFiles::digest`]).
     pub tokenizer_digest: String,
     /// Target vocabulary size V.
     pub vocab_size: usize,
@@ -157,6 +158,13 @@ pub struct PrepareReport {
     pub splits: BTreeMap<String, SplitStats>,
     /// Samples written.
     pub samples: u64,
+    /// Samples per mask mode: `conversation` (one per conversation, the prefix-render method)
+    /// or `turn_chain` (one per assistant turn chain, for reasoning templates).
+    #[serde(default)]
+    pub samples_per_mode: BTreeMap<String, u64>,
+    /// The template variables given (`--template-kwarg`).
+    #[serde(default)]
+    pub template_kwargs: BTreeMap<String, serde_json::Value>,
     /// Tokens written.
     pub tokens: u64,
     /// Tokens under the loss mask.
@@ -248,6 +256,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     let mut conversations = NormalizeReport::default();
     let mut examples = Vec::new();
     let mut histogram: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut samples_per_mode: BTreeMap<String, u64> = BTreeMap::new();
     let mut samples = 0u64;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
@@ -274,13 +283,14 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
                 Err(reason) => conversations.drop(reason),
             }
         }
-        let encoded: Vec<_> = pool.install(|| chunk.par_iter().map(|(_, n)| encoder.encode(&n.conversation)).collect());
+        let encoded: Vec<_> =
+            pool.install(|| chunk.par_iter().map(|(_, n)| encoder.encode_all(&n.conversation)).collect());
         for ((index, normalized), result) in chunk.drain(..).zip(encoded) {
             if opts.max_samples.is_some_and(|m| samples >= m) {
                 break;
             }
             let conv = normalized.conversation;
-            let sample = match result? {
+            let chain_samples = match result? {
                 Ok(s) => s,
                 Err(rejected) => {
                     conversations.drop(rejected.reason);
@@ -291,13 +301,32 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
                 }
             };
             let mut trims = normalized.trims;
-            trims.extend(sample.trims.iter().copied());
+            for s in &chain_samples {
+                for t in &s.trims {
+                    if !trims.contains(t) {
+                        trims.push(*t);
+                    }
+                }
+            }
             conversations.keep(&trims);
+            // All chains of a conversation go to the split of its source id.
             let split = split_of(&conv.id, opts.eval_fraction);
-            let w = writers.get_mut(split).expect("split writer exists");
-            w.push(&sample.input_ids, &sample.loss_mask, &conv.id, index as i64)?;
-            *histogram.entry(bucket_of(sample.input_ids.len() as u64)).or_default() += 1;
-            samples += 1;
+            for sample in chain_samples {
+                if opts.max_samples.is_some_and(|m| samples >= m) {
+                    break;
+                }
+                let w = writers.get_mut(split).expect("split writer exists");
+                // One sample per conversation: the record's position. Per turn chain: the
+                // position × 65,536 + the chain's index, so the id says which chain it is.
+                let (sample_id, mode) = match sample.chain {
+                    None => (index as i64, MODE_CONVERSATION),
+                    Some(k) => (((index as i64) << 16) | i64::from(k.min(0xffff)), MODE_TURN_CHAIN),
+                };
+                w.push(&sample.input_ids, &sample.loss_mask, &conv.id, sample_id)?;
+                *histogram.entry(bucket_of(sample.input_ids.len() as u64)).or_default() += 1;
+                *samples_per_mode.entry(mode.to_owned()).or_default() += 1;
+                samples += 1;
+            }
         }
         let (done, total, unit) = reader.progress();
         progress(&PrepareProgress { done, total, unit, records: reader.report().records, samples });
@@ -351,6 +380,8 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
         conversations,
         rejection_examples: examples,
         samples,
+        samples_per_mode,
+        template_kwargs: opts.encode.template_kwargs.clone(),
         tokens: splits.values().map(|s| s.tokens).sum(),
         masked_tokens: splits.values().map(|s| s.masked_tokens).sum(),
         splits,
@@ -360,6 +391,11 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     crate::atomic::write_bytes(&opts.out.join(REPORT_FILE), &json)?;
     Ok(report)
 }
+
+/// [`PrepareReport::samples_per_mode`] key of one sample per conversation.
+pub const MODE_CONVERSATION: &str = "conversation";
+/// [`PrepareReport::samples_per_mode`] key of one sample per assistant turn chain.
+pub const MODE_TURN_CHAIN: &str = "turn_chain";
 
 /// Whether `dir` holds a prepared dataset (a `report.json`).
 pub fn is_prepared_dir(dir: &Path) -> bool {

@@ -146,17 +146,28 @@ fn row_to_raw(batch: &RecordBatch, layout: Layout, row: usize, index: u64) -> Ra
     let field = |a: &str, b: &str| structs.column_by_name(a).or_else(|| structs.column_by_name(b)).cloned();
     let roles = field("from", "role");
     let contents = field("value", "content");
+    // Optional string fields of the turn structs (OpenAI messages with reasoning).
+    let reasoning = field("reasoning_content", "reasoning");
+    let call_ids = field("tool_call_id", "tool_call_id");
+    let names = field("name", "name");
     let roles = roles.as_deref().and_then(StrColumn::new);
     let contents = contents.as_deref().and_then(StrColumn::new);
+    let reasoning = reasoning.as_deref().and_then(StrColumn::new);
+    let call_ids = call_ids.as_deref().and_then(StrColumn::new);
+    let names = names.as_deref().and_then(StrColumn::new);
     let turns = lists
         .range(row)
         .filter(|&j| structs.is_valid(j))
         .map(|j| RawTurn {
             role: roles.as_ref().and_then(|c| c.get(j)).unwrap_or_default().to_owned(),
             content: contents.as_ref().and_then(|c| c.get(j)).unwrap_or_default().to_owned(),
+            reasoning_content: reasoning.as_ref().and_then(|c| c.get(j)).map(str::to_owned),
+            tool_call_id: call_ids.as_ref().and_then(|c| c.get(j)).map(str::to_owned),
+            name: names.as_ref().and_then(|c| c.get(j)).map(str::to_owned),
+            ..RawTurn::default()
         })
         .collect();
-    RawConversation { id: layout.id.and_then(|c| id_at(batch.column(c).as_ref(), row)), index, turns }
+    RawConversation { id: layout.id.and_then(|c| id_at(batch.column(c).as_ref(), row)), index, turns, tools: None }
 }
 
 impl Source for ParquetSource {

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::conversation::{RawConversation, RawTurn};
+use crate::conversation::{RawConversation, RawTurn, ToolCall};
 
 #[derive(Deserialize)]
 struct RecordDe {
@@ -19,6 +19,8 @@ struct RecordDe {
     conversations: Option<Vec<TurnDe>>,
     #[serde(default)]
     messages: Option<Vec<TurnDe>>,
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -31,6 +33,45 @@ struct TurnDe {
     value: Option<Content>,
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default, alias = "reasoning")]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCallDe>>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}`; a flat
+/// `{"id", "name", "arguments"}` is accepted too.
+#[derive(Deserialize)]
+struct ToolCallDe {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDe>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDe {
+    name: String,
+    #[serde(default)]
+    arguments: Option<serde_json::Value>,
+}
+
+impl ToolCallDe {
+    fn into_call(self) -> ToolCall {
+        let (name, arguments) = match self.function {
+            Some(f) => (f.name, f.arguments),
+            None => (self.name.unwrap_or_default(), self.arguments),
+        };
+        ToolCall { id: self.id.unwrap_or_default(), name, arguments: arguments.unwrap_or(serde_json::Value::Null) }
+    }
 }
 
 /// Why a record could not be parsed.
@@ -71,11 +112,20 @@ pub(crate) fn parse_record(bytes: &[u8], index: u64) -> Result<RawConversation, 
         index,
         turns: turns
             .into_iter()
-            .map(|t| RawTurn {
-                role: t.from.or(t.role).unwrap_or_default(),
-                content: t.value.or(t.content).map(|c| c.0).unwrap_or_default(),
+            .map(|t| {
+                let content = t.value.or(t.content).unwrap_or_default();
+                RawTurn {
+                    role: t.from.or(t.role).unwrap_or_default(),
+                    content: content.0,
+                    has_media: content.1,
+                    reasoning_content: t.reasoning_content,
+                    tool_calls: t.tool_calls.unwrap_or_default().into_iter().map(ToolCallDe::into_call).collect(),
+                    tool_call_id: t.tool_call_id,
+                    name: t.name,
+                }
             })
             .collect(),
+        tools: rec.tools.filter(|t| !t.is_null()),
     })
 }
 
@@ -112,7 +162,8 @@ impl<'de> Deserialize<'de> for Id {
 
 /// Turn content: a string, `null`, or a list of content parts (`{"type": "text", "text": ..}`
 /// or plain strings), concatenated.
-struct Content(String);
+#[derive(Default)]
+struct Content(String, bool);
 
 impl<'de> Deserialize<'de> for Content {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -123,31 +174,34 @@ impl<'de> Deserialize<'de> for Content {
                 f.write_str("a string, null, or a list of content parts")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
-                Ok(Content(v.to_owned()))
+                Ok(Content(v.to_owned(), false))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<Content, E> {
-                Ok(Content(v))
+                Ok(Content(v, false))
             }
             fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
-                Ok(Content(String::new()))
+                Ok(Content(String::new(), false))
             }
             fn visit_none<E: de::Error>(self) -> Result<Content, E> {
-                Ok(Content(String::new()))
+                Ok(Content(String::new(), false))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
                 let mut text = String::new();
+                let mut media = false;
                 while let Some(part) = seq.next_element::<Part>()? {
                     text.push_str(&part.0);
+                    media |= part.1;
                 }
-                Ok(Content(text))
+                Ok(Content(text, media))
             }
         }
         d.deserialize_any(V)
     }
 }
 
-/// One content part: its text, or nothing for non-text parts (images, audio).
-struct Part(String);
+/// One content part: its text (nothing for other parts), and whether it is media (`type`
+/// image, image_url, video, video_url, audio, input_audio).
+struct Part(String, bool);
 
 impl<'de> Deserialize<'de> for Part {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -158,18 +212,25 @@ impl<'de> Deserialize<'de> for Part {
                 f.write_str("a content part")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Part, E> {
-                Ok(Part(v.to_owned()))
+                Ok(Part(v.to_owned(), false))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Part, A::Error> {
                 let mut text = None;
+                let mut media = false;
                 while let Some(key) = map.next_key::<String>()? {
                     if key == "text" {
                         text = map.next_value::<Option<String>>()?;
+                    } else if key == "type" {
+                        let t = map.next_value::<Option<String>>()?.unwrap_or_default();
+                        media |= matches!(
+                            t.as_str(),
+                            "image" | "image_url" | "video" | "video_url" | "audio" | "input_audio"
+                        );
                     } else {
                         map.next_value::<IgnoredAny>()?;
                     }
                 }
-                Ok(Part(text.unwrap_or_default()))
+                Ok(Part(text.unwrap_or_default(), media))
             }
         }
         d.deserialize_any(V)
@@ -195,5 +256,28 @@ mod tests {
         assert!(parse_record(br#"{"id": "x"}"#, 0).unwrap_err().to_string().contains("conversations"));
         assert!(parse_record(br#"{"conversations": [{"#, 0).unwrap_err().is_eof());
         assert!(parse_record(br#"{"conversations": 5}"#, 0).is_err());
+    }
+
+    #[test]
+    fn openai_messages_with_reasoning_tool_calls_tools_and_media() {
+        let r = parse_record(
+            br#"{"tools": [{"type": "function"}], "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "q"}]},
+                {"role": "assistant", "content": null, "reasoning_content": "r",
+                 "tool_calls": [{"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "functions.f:0", "name": "f", "content": "ok"}]}"#,
+            0,
+        )
+        .unwrap();
+        assert_eq!(r.tools, Some(serde_json::json!([{"type": "function"}])));
+        assert!(r.turns[0].has_media && r.turns[0].content == "q");
+        assert_eq!(r.turns[1].reasoning_content.as_deref(), Some("r"));
+        assert_eq!(r.turns[1].tool_calls[0].id, "functions.f:0");
+        assert_eq!(r.turns[1].tool_calls[0].name, "f");
+        assert_eq!(r.turns[1].tool_calls[0].arguments, serde_json::json!("{}"));
+        assert_eq!(
+            (r.turns[2].tool_call_id.as_deref(), r.turns[2].name.as_deref()),
+            (Some("functions.f:0"), Some("f"))
+        );
     }
 }

@@ -43,7 +43,8 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
 }
 
 /// sha256 of a file as lowercase hex: shard checksums in the manifest, and the
-/// `tokenizer_digest` a capture engine computes from `tokenizer.json`.
+/// `tokenizer_digest` a capture engine computes from `tokenizer.json` (tiktoken tokenizers:
+/// [`crate::tokenizer::tiktoken_digest`]).
 pub fn sha256_file(path: impl AsRef<Path>) -> Result<String> {
     let path = path.as_ref();
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;

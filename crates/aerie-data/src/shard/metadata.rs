@@ -254,7 +254,8 @@ pub struct ShardMetadata {
     /// Storage of `aux_hidden` and `final_hidden`: a plain float, or a scaled encoding that
     /// makes the dataset format 2.
     pub dtype: HiddenDtype,
-    /// sha256 (lowercase hex) of the target's `tokenizer.json`: token ids mean nothing without it.
+    /// sha256 (lowercase hex) of the target's `tokenizer.json` (or `tiktoken.model` with its
+    /// special-token table, [`crate::tokenizer::tiktoken_digest`]): token ids mean nothing without it.
     pub tokenizer_digest: String,
     /// Name or digest of the chat template applied before tokenising (`none` for raw text).
     pub chat_template: String,

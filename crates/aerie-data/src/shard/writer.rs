@@ -418,7 +418,8 @@ impl ShardWriter {
         let info: HashMap<String, String> = m.to_map().into_iter().collect();
         fsutil::write_atomic(&path, |tmp| {
             safetensors::serialize_to_file(tensors, Some(info), tmp)
-                .map_err(|e| Error::Safetensors { path: tmp.into(), message: e.to_string() })
+                .map_err(|e| Error::Safetensors { path: tmp.into(), message: e.to_string() })?;
+            crate::st_header::sort_metadata_in_file(tmp)
         })?;
         let sha256 = if self.options.checksums { Some(fsutil::sha256_file(&path)?) } else { None };
 

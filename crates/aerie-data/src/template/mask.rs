@@ -28,10 +28,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use tokenizers::Tokenizer;
-
 use super::ChatTemplate;
 use crate::conversation::{Conversation, DropReason, Role, TrimReason};
+use crate::tokenizer::{Encoded, TextTokenizer};
 use crate::{Error, Result};
 
 /// Options of [`ChatEncoder`].
@@ -58,6 +57,9 @@ pub struct EncodedSample {
     pub trims: Vec<TrimReason>,
     /// Assistant turns whose span was located (before truncation).
     pub assistant_turns: usize,
+    /// In turn-chain mode ([`ChatEncoder::chain_mode`]): which chain of the conversation this
+    /// sample trains (0-based); `None` for one sample per conversation.
+    pub chain: Option<u32>,
 }
 
 impl EncodedSample {
@@ -79,12 +81,13 @@ pub struct Rejected {
 /// Renders conversations with a template and tokenises them with their loss mask.
 pub struct ChatEncoder<'a> {
     template: &'a ChatTemplate,
-    tokenizer: &'a Tokenizer,
+    tokenizer: &'a TextTokenizer,
     special_ids: HashSet<u32>,
     /// Special tokens that split text cleanly (no whitespace stripping), for head-only
     /// tokenisation: (content, id).
     cut_tokens: Vec<(String, u32)>,
     opts: EncodeOptions,
+    chain_mode: bool,
 }
 
 impl std::fmt::Debug for ChatEncoder<'_> {
@@ -109,27 +112,49 @@ enum Spans {
 impl<'a> ChatEncoder<'a> {
     /// An encoder; `tokenizer` should have truncation and padding off (as
     /// [`crate::tokenizer::TokenizerFiles`] loads it).
-    pub fn new(template: &'a ChatTemplate, tokenizer: &'a Tokenizer, opts: EncodeOptions) -> Result<Self> {
+    pub fn new(template: &'a ChatTemplate, tokenizer: &'a TextTokenizer, opts: EncodeOptions) -> Result<Self> {
         if opts.max_length == Some(0) {
             return Err(Error::InvalidOption("max_length must be at least 1".into()));
         }
-        let added = tokenizer.get_added_tokens_decoder();
-        let special_ids = added.iter().filter(|(_, t)| t.special).map(|(&id, _)| id).collect();
-        let mut cut_tokens: Vec<(String, u32)> = added
-            .into_iter()
-            .filter(|(_, t)| t.special && !t.lstrip && !t.rstrip && !t.normalized && !t.content.is_empty())
-            .map(|(id, t)| (t.content, id))
-            .collect();
-        cut_tokens.sort_unstable_by_key(|(_, id)| *id);
-        Ok(Self { template, tokenizer, special_ids, cut_tokens, opts })
+        let added = tokenizer.added_tokens();
+        let special_ids = added.iter().filter(|t| t.special).map(|t| t.id).collect();
+        let cut_tokens: Vec<(String, u32)> =
+            added.into_iter().filter(|t| t.splits_cleanly).map(|t| (t.content, t.id)).collect();
+        let mut enc = Self { template, tokenizer, special_ids, cut_tokens, opts, chain_mode: false };
+        enc.chain_mode = enc.probe_chain_mode();
+        Ok(enc)
     }
 
-    fn render(
+    /// Whether conversations become one sample per assistant turn chain (a reasoning
+    /// template: [`super::chain`]) rather than one per conversation.
+    pub fn chain_mode(&self) -> bool {
+        self.chain_mode
+    }
+
+    pub(super) fn tokenizer_ref(&self) -> &TextTokenizer {
+        self.tokenizer
+    }
+
+    pub(super) fn options(&self) -> &EncodeOptions {
+        &self.opts
+    }
+
+    pub(super) fn render(
         &self,
         messages: &[crate::conversation::Message],
         generation_prompt: bool,
     ) -> std::result::Result<String, Rejected> {
-        self.template.render_with(messages, generation_prompt, &self.opts.template_kwargs).map_err(|e| Rejected {
+        self.render_tools(messages, None, generation_prompt)
+    }
+
+    pub(super) fn render_tools(
+        &self,
+        messages: &[crate::conversation::Message],
+        tools: Option<&serde_json::Value>,
+        generation_prompt: bool,
+    ) -> std::result::Result<String, Rejected> {
+        let kwargs = &self.opts.template_kwargs;
+        self.template.render_conversation(messages, tools, generation_prompt, kwargs).map_err(|e| Rejected {
             reason: DropReason::TemplateError,
             message: match e {
                 Error::Template { message, .. } => message,
@@ -140,16 +165,19 @@ impl<'a> ChatEncoder<'a> {
 
     /// Render and tokenise `conv`. `Ok(Err(_))` is a conversation that yields no sample (counted
     /// by its reason); `Err(_)` is a tokenizer failure.
+    ///
+    /// This is the one-sample-per-conversation method; [`Self::encode_all`] picks the method
+    /// the template needs.
     pub fn encode(&self, conv: &Conversation) -> Result<std::result::Result<EncodedSample, Rejected>> {
-        let mut messages = conv.messages.clone();
-        if let Some(prompt) = &self.opts.system_prompt {
-            let mut c = Conversation { id: String::new(), messages };
-            c.inject_system_prompt(prompt, self.opts.replace_system_prompt);
-            messages = c.messages;
-        }
+        let messages = match self.prepared_messages(conv) {
+            Ok(m) => m,
+            Err(r) => return Ok(Err(r)),
+        };
+        let tools = conv.tools.as_ref();
+        let mut messages = messages;
         let mut trims = Vec::new();
         loop {
-            let full = match self.render(&messages, false) {
+            let full = match self.render_tools(&messages, tools, false) {
                 Ok(s) => s,
                 Err(r) => return Ok(Err(r)),
             };
@@ -160,7 +188,7 @@ impl<'a> ChatEncoder<'a> {
             let offsets = enc.get_offsets();
             let limit = self.opts.max_length.unwrap_or(usize::MAX);
             let cut_byte = if enc.len() > limit { offsets[limit].0 } else { full.len() };
-            let spans = match self.assistant_spans(&messages, &full, cut_byte) {
+            let spans = match self.assistant_spans(&messages, tools, &full, cut_byte) {
                 Ok(s) => s,
                 Err(r) => return Ok(Err(r)),
             };
@@ -197,7 +225,7 @@ impl<'a> ChatEncoder<'a> {
                 mask.truncate(limit);
                 trims.push(TrimReason::TruncatedToMaxLength);
             }
-            let sample = EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns: spans.len() };
+            let sample = EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns: spans.len(), chain: None };
             if sample.masked_tokens() == 0 {
                 return Ok(Err(Rejected {
                     reason: DropReason::NoMaskedTokens,
@@ -206,6 +234,32 @@ impl<'a> ChatEncoder<'a> {
             }
             return Ok(Ok(sample));
         }
+    }
+
+    /// The messages to render: the system prompt injected, and conversations the template
+    /// cannot render as the checkpoint's tokenizer would refused.
+    pub(super) fn prepared_messages(
+        &self,
+        conv: &Conversation,
+    ) -> std::result::Result<Vec<crate::conversation::Message>, Rejected> {
+        if conv.tools.as_ref().is_some_and(|t| !t.is_null())
+            && self.template.needs_tools_ts_str()
+            && !self.opts.template_kwargs.contains_key("tools_ts_str")
+        {
+            return Err(Rejected {
+                reason: DropReason::ToolsNeedTypescript,
+                message: "the template declares tools as `tools_ts_str` (TypeScript made by the model's \
+                          tokenizer code), which aerie does not compute"
+                    .into(),
+            });
+        }
+        let mut messages = conv.messages.clone();
+        if let Some(prompt) = &self.opts.system_prompt {
+            let mut c = Conversation { id: String::new(), messages, tools: None };
+            c.inject_system_prompt(prompt, self.opts.replace_system_prompt);
+            messages = c.messages;
+        }
+        Ok(messages)
     }
 
     /// Tokenise `full`, or with a maximum length only a head of it that is certain to hold the
@@ -217,7 +271,7 @@ impl<'a> ChatEncoder<'a> {
     /// head's last token must be that special token at that offset); anything unexpected falls
     /// back to tokenising everything. The head starts at 4 bytes per wanted token and doubles
     /// until it holds enough tokens.
-    fn tokenize_head(&self, full: &str) -> tokenizers::Result<tokenizers::Encoding> {
+    fn tokenize_head(&self, full: &str) -> tokenizers::Result<Encoded> {
         let Some(limit) = self.opts.max_length else {
             return self.tokenizer.encode(full, false);
         };
@@ -250,6 +304,7 @@ impl<'a> ChatEncoder<'a> {
     fn assistant_spans(
         &self,
         messages: &[crate::conversation::Message],
+        tools: Option<&serde_json::Value>,
         full: &str,
         cut_byte: usize,
     ) -> std::result::Result<Spans, Rejected> {
@@ -258,14 +313,14 @@ impl<'a> ChatEncoder<'a> {
             if m.role != Role::Assistant {
                 continue;
             }
-            let prompt = self.render(&messages[..i], true)?;
+            let prompt = self.render_tools(&messages[..i], tools, true)?;
             if !full.starts_with(&prompt) {
                 return Ok(Spans::Unstable { index: i });
             }
             if prompt.len() >= cut_byte {
                 break;
             }
-            let upto = self.render(&messages[..=i], false)?;
+            let upto = self.render_tools(&messages[..=i], tools, false)?;
             if !full.starts_with(&upto) || upto.len() < prompt.len() {
                 return Ok(Spans::Unstable { index: i });
             }
@@ -276,7 +331,7 @@ impl<'a> ChatEncoder<'a> {
 
     /// Set `mask` on the tokens of each span, up to its last special token (or its last
     /// non-whitespace token when it has none).
-    fn mask_spans(
+    pub(super) fn mask_spans(
         &self,
         spans: &[(usize, usize)],
         ids: &[u32],

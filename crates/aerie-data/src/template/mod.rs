@@ -12,6 +12,7 @@
 //! markers are accepted and ignored.
 
 mod builtins;
+mod chain;
 mod mask;
 mod python;
 
@@ -72,6 +73,7 @@ pub struct ChatTemplate {
     source: String,
     env: minijinja::Environment<'static>,
     special_tokens: BTreeMap<String, Value>,
+    sort_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -126,7 +128,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", python::strftime_now);
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(&source))
             .map_err(|e| Error::Template { template: name.clone(), message: format!("does not compile: {e:#}") })?;
-        Ok(Self { name, source, env, special_tokens: BTreeMap::new() })
+        Ok(Self { name, source, env, special_tokens: BTreeMap::new(), sort_tools: false })
     }
 
     /// A built-in template with its own special-token strings.
@@ -174,6 +176,7 @@ impl ChatTemplate {
         for (k, v) in tokenizer.special_tokens() {
             t.special_tokens.insert(k, v);
         }
+        t.sort_tools = matches!(tokenizer.tokenizer, crate::tokenizer::TextTokenizer::Tiktoken(_));
         Ok(t)
     }
 
@@ -207,18 +210,27 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &BTreeMap<String, serde_json::Value>,
     ) -> Result<String> {
-        let msgs: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        self.render_conversation(messages, None, add_generation_prompt, extra)
+    }
+
+    /// Render `messages` with the conversation's `tools` list (declared before the turns by
+    /// templates that support tools; `extra` may also set `tools`, which then wins). Each
+    /// message carries what the templates read: `role`, `content`, and when present
+    /// `reasoning_content`, `tool_calls` (`[{id, type: "function", function: {name,
+    /// arguments}}]`), `tool_call_id` and `name`; absent ones are absent keys, as in OpenAI
+    /// messages, so `message.get('reasoning_content', '')` sees its default.
+    pub fn render_conversation(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<String> {
+        let msgs: Vec<Value> = messages.iter().map(message_value).collect();
         let mut ctx: Vec<(&str, Value)> = self.special_tokens.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         ctx.push(("messages", Value::from(msgs)));
-        ctx.push(("tools", Value::from(())));
+        let tools = tools.map(|t| if self.sort_tools { deep_sorted(t) } else { t.clone() });
+        ctx.push(("tools", tools.as_ref().map_or(Value::from(()), python::json_to_value)));
         ctx.push(("documents", Value::from(())));
         ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
         for (k, v) in extra {
@@ -227,6 +239,65 @@ impl ChatTemplate {
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("the template was added at construction");
         tmpl.render(Value::from_pairs(ctx))
             .map_err(|e| Error::Template { template: self.name.clone(), message: render_error_message(&e) })
+    }
+
+    /// Whether the template declares tools through a variable only the model's Python
+    /// tokenizer computes (Kimi-K2.5's TypeScript `tools_ts_str`).
+    pub fn needs_tools_ts_str(&self) -> bool {
+        self.source.contains("tools_ts_str")
+    }
+
+    /// Sort `tools` keys recursively before rendering, as the Kimi family's
+    /// `apply_chat_template` does (`deep_sort_dict`); on for Kimi tokenizers.
+    pub fn set_sort_tools(&mut self, on: bool) {
+        self.sort_tools = on;
+    }
+}
+
+/// A message as the templates see it (see [`ChatTemplate::render_conversation`]).
+fn message_value(m: &Message) -> Value {
+    let mut pairs: Vec<(&str, Value)> =
+        vec![("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))];
+    if let Some(r) = &m.reasoning_content {
+        pairs.push(("reasoning_content", Value::from(r.as_str())));
+    }
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<Value> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let function = Value::from_pairs([
+                    ("name", Value::from(c.name.as_str())),
+                    ("arguments", python::json_to_value(&c.arguments)),
+                ]);
+                Value::from_pairs([
+                    ("id", Value::from(c.id.as_str())),
+                    ("type", Value::from("function")),
+                    ("function", function),
+                ])
+            })
+            .collect();
+        pairs.push(("tool_calls", Value::from(calls)));
+    }
+    if let Some(id) = &m.tool_call_id {
+        pairs.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(n) = &m.name {
+        pairs.push(("name", Value::from(n.as_str())));
+    }
+    Value::from_pairs(pairs)
+}
+
+/// `deep_sort_dict` of Kimi's tokenizer: every object's keys sorted, recursively.
+fn deep_sorted(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), deep_sorted(&m[k]))).collect())
+        }
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(deep_sorted).collect()),
+        other => other.clone(),
     }
 }
 

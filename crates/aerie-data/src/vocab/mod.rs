@@ -87,7 +87,8 @@ impl DraftVocab {
         meta.insert("format".into(), VOCAB_FORMAT.into());
         meta.insert("draft_vocab_size".into(), self.draft_vocab_size().to_string());
         meta.insert("vocab_size".into(), self.vocab_size().to_string());
-        let bytes = safetensors::serialize(tensors, Some(meta)).map_err(|e| verr(path, e.to_string()))?;
+        let mut bytes = safetensors::serialize(tensors, Some(meta)).map_err(|e| verr(path, e.to_string()))?;
+        crate::st_header::sort_metadata(&mut bytes).map_err(|m| verr(path, m))?;
         crate::atomic::write_bytes(path, &bytes)
     }
 

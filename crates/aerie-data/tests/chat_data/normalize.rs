@@ -9,7 +9,11 @@ fn raw(turns: &[(&str, &str)]) -> RawConversation {
     RawConversation {
         id: None,
         index: 7,
-        turns: turns.iter().map(|(r, c)| RawTurn { role: (*r).into(), content: (*c).into() }).collect(),
+        turns: turns
+            .iter()
+            .map(|(r, c)| RawTurn { role: (*r).into(), content: (*c).into(), ..RawTurn::default() })
+            .collect(),
+        tools: None,
     }
 }
 
@@ -135,4 +139,27 @@ fn drop_reasons() {
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["dropped"]["no_assistant_turn"], 3);
     assert_eq!(json["dropped"]["unknown_role"], 1);
+}
+
+#[test]
+fn inline_think_is_split_media_is_dropped_and_tool_call_turns_are_not_empty() {
+    let out = roles_of(&[("user", "q"), ("assistant", "  <think>step 1\nstep 2</think>\n\nanswer")]);
+    assert_eq!(out.unwrap().0[1], (Role::Assistant, "answer".to_string()));
+    let n = normalize(raw(&[("user", "q"), ("assistant", "<think>r</think>a")]), &NormalizeOptions::default()).unwrap();
+    assert_eq!(n.conversation.messages[1].reasoning_content.as_deref(), Some("r"));
+
+    let mut media = raw(&[("user", "q"), ("assistant", "a")]);
+    media.turns[0].has_media = true;
+    assert_eq!(normalize(media, &NormalizeOptions::default()).unwrap_err(), DropReason::MediaContent);
+
+    // An assistant turn with only tool calls is kept (its content is empty by nature).
+    let mut calls = raw(&[("user", "q"), ("assistant", ""), ("tool", "result"), ("assistant", "done")]);
+    calls.turns[1].tool_calls = vec![aerie_data::conversation::ToolCall {
+        id: "functions.f:0".into(),
+        name: "f".into(),
+        arguments: serde_json::json!("{}"),
+    }];
+    let n = normalize(calls, &NormalizeOptions::default()).unwrap();
+    assert_eq!(n.conversation.messages.len(), 4);
+    assert_eq!(n.conversation.messages[1].tool_calls.len(), 1);
 }

@@ -14,7 +14,9 @@ use aerie_model::{Drafter, TargetCache};
 use burn::tensor::{Bool, Int, Tensor, TensorData, backend::Backend};
 
 use super::verdict::{argmax, probs_at, sample_weights};
-use super::{DecodeOptions, DecodeTimings, DraftShape, Verdict, verify_draft};
+use aerie_model::drafter::shape::{DraftShape, TreeShape};
+
+use super::{DecodeOptions, DecodeTimings, Verdict, verify_draft};
 use crate::accept::AcceptRule;
 use crate::{Error, Result};
 use aerie_model::precision::host_f32;
@@ -205,7 +207,7 @@ impl<'a, B: Backend> SpecDecoder<'a, B> {
                 }
                 Ok(Draft { nodes, q })
             }
-            DraftShape::Tree { depth, topk, tokens } => {
+            DraftShape::Tree(TreeShape { depth, topk, verify_tokens: tokens }) => {
                 let mut nodes: Vec<TreeNode> = Vec::new();
                 let mut frontier: Vec<usize> = Vec::new();
                 for (lq, d) in top_children(head.logits.clone(), topk).remove(0) {

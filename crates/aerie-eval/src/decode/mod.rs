@@ -25,7 +25,8 @@
 //! forwards (extend and steps: T_s), whole cycles; [`DecodeTimings::costs`] turns them into a
 //! costs file for `aerie project`.
 //!
-//! The modules, one concept each: [`DecodeOptions`] and [`DraftShape`] (what to decode), the
+//! The modules, one concept each: [`DecodeOptions`] (what to decode, with aerie-model's
+//! [`DraftShape`](aerie_model::drafter::shape::DraftShape)), the
 //! [`SpecDecoder`] (prefill, draft, verify, cache updates of one answer), [`verify_draft`] (the
 //! acceptance rules on the target's rows), [`DecodeTimings`] (every timed forward, and the costs
 //! file they make), [`decode_prompts`] (a prompt file decoded both ways, reported) and
@@ -39,7 +40,7 @@ mod timing;
 mod verdict;
 
 pub use decoder::{PlainAnswer, SpecAnswer, SpecDecoder};
-pub use options::{DecodeOptions, DraftShape};
+pub use options::DecodeOptions;
 pub use run::{DecodeReport, MeasuredCosts, PromptReport, Throughput, TurnReport, decode_prompts};
 pub use session::{DecodeSession, measured_costs};
 pub use timing::{DecodeTimings, Timer};

@@ -4,47 +4,10 @@
 
 use serde::Serialize;
 
+use aerie_model::drafter::shape::DraftShape;
+
 use crate::accept::AcceptRule;
 use crate::{Error, Result};
-
-/// How drafts are laid out each cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum DraftShape {
-    /// A chain of `k` drafts (SGLang topk 1, `num_steps` k, k+1 verified tokens).
-    Chain {
-        /// Drafts per cycle.
-        k: usize,
-    },
-    /// An EAGLE-2 tree: `depth` draft steps, `topk` children per node, `tokens` verified per
-    /// pass, root included.
-    Tree {
-        /// Draft steps.
-        depth: usize,
-        /// Children per node and paths kept per step.
-        topk: usize,
-        /// Tokens verified per cycle, root included.
-        tokens: usize,
-    },
-}
-
-impl DraftShape {
-    /// Drafter forwards per cycle (one extend plus depth − 1 steps).
-    pub fn depth(&self) -> usize {
-        match *self {
-            DraftShape::Chain { k } => k,
-            DraftShape::Tree { depth, .. } => depth,
-        }
-    }
-
-    /// Tokens the target verifies per cycle, root included.
-    pub fn verify_tokens(&self) -> usize {
-        match *self {
-            DraftShape::Chain { k } => k + 1,
-            DraftShape::Tree { tokens, .. } => tokens,
-        }
-    }
-}
 
 /// Options of a decoding run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -71,21 +34,11 @@ impl DecodeOptions {
         if self.max_new_tokens == 0 {
             return bad("max new tokens must be at least 1".into());
         }
-        match self.shape {
-            DraftShape::Chain { k: 0 } => return bad("k must be at least 1".into()),
-            DraftShape::Tree { depth, topk, tokens } => {
-                if depth == 0 || topk == 0 || topk > draft_vocab || tokens < 2 {
-                    return bad(format!(
-                        "a draft tree needs depth >= 1, 1 <= topk <= Vd ({draft_vocab}) and >= 2 verified tokens; got depth {depth}, topk {topk}, tokens {tokens}"
-                    ));
-                }
-                if self.rule == AcceptRule::Sampling {
-                    return bad(
-                        "the sampling rule needs drafts sampled from q: use a chain (topk 1) or --rule onehot".into()
-                    );
-                }
-            }
-            DraftShape::Chain { .. } => {}
+        if let Err(m) = self.shape.check(draft_vocab) {
+            return bad(m);
+        }
+        if self.shape.tree().is_some() && self.rule == AcceptRule::Sampling {
+            return bad("the sampling rule needs drafts sampled from q: use a chain (topk 1) or --rule onehot".into());
         }
         match (self.rule, self.temperature == 0.0) {
             (AcceptRule::Greedy, true) | (AcceptRule::Onehot | AcceptRule::Sampling, false) => Ok(()),

@@ -8,7 +8,7 @@ use aerie_data::generation::PromptEncoder;
 use burn::tensor::backend::Backend;
 use serde::Serialize;
 
-use super::{DecodeOptions, DecodeTimings, DraftShape, SpecDecoder};
+use super::{DecodeOptions, DecodeTimings, SpecDecoder};
 use crate::Result;
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, CurvePoint};
 use crate::prompts::Prompt;
@@ -202,10 +202,7 @@ pub fn decode_prompts<B: Backend>(
     }
     plain_tp.finish(answers);
     spec_tp.finish(answers);
-    let tree = match opts.shape {
-        DraftShape::Chain { .. } => None,
-        DraftShape::Tree { topk, tokens, .. } => Some((topk, tokens)),
-    };
+    let tree = opts.shape.tree().map(|t| (t.topk, t.verify_tokens));
     let mut acceptance = AcceptReport::from_counter(&counter, opts.rule, tree, opts.temperature);
     acceptance.samples = answers;
     acceptance.warnings.clear();

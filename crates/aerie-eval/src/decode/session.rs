@@ -11,7 +11,9 @@ use aerie_model::checkpoint::load_drafter;
 use aerie_model::{Drafter, TargetModel};
 use burn::tensor::backend::Backend;
 
-use super::{DecodeOptions, DecodeReport, DecodeTimings, DraftShape, SpecDecoder, decode_prompts};
+use aerie_model::drafter::shape::DraftShape;
+
+use super::{DecodeOptions, DecodeReport, DecodeTimings, SpecDecoder, decode_prompts};
 use crate::cost::Costs;
 use crate::prompts::{Prompt, read_prompts};
 use crate::{Error, Result};

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::DraftShape;
 use crate::cost::{Costs, Provenance, VerifyCost};
+use aerie_model::drafter::shape::DraftShape;
 
 /// Wall time of one kind of forward.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]

@@ -109,7 +109,13 @@ pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<Impor
     fs::create_dir_all(&parent).map_err(io(&parent))?;
     let tmp = tempfile::Builder::new().prefix(".aerie-import-").tempdir_in(&parent).map_err(io(&parent))?;
     let dir = tmp.path();
-    write_json(&dir.join("config.json"), &config_json(&h, &ids, tied, attention_bias))?;
+    // The model's name is where it will live (a GGUF names no Hub repository): drafters trained
+    // on it record it as their target (`target_name_or_path`), which a speculators export needs
+    // as its verifier, and transformers' AutoConfig loads a local path.
+    let mut config = config_json(&h, &ids, tied, attention_bias);
+    let abs = std::path::absolute(out).unwrap_or_else(|_| out.to_path_buf());
+    config["_name_or_path"] = abs.display().to_string().into();
+    write_json(&dir.join("config.json"), &config)?;
     write_json(&dir.join("generation_config.json"), &generation_config_json(&ids))?;
     write_json(&dir.join("tokenizer.json"), &vocab.tokenizer_json())?;
     write_json(&dir.join("tokenizer_config.json"), &vocab.tokenizer_config_json(Some(h.max_position_embeddings)))?;

@@ -44,6 +44,8 @@ fn tied_model_round_trips() {
 
     let c = read_json(&out.join("config.json"));
     assert_eq!(c["architectures"][0], "LlamaForCausalLM");
+    // The import records where the model lives: drafters trained on it name it as their target.
+    assert_eq!(c["_name_or_path"], std::path::absolute(&out).unwrap().display().to_string());
     assert_eq!(c["hidden_size"], HIDDEN);
     assert_eq!(c["intermediate_size"], FFN);
     assert_eq!(c["num_hidden_layers"], LAYERS);

@@ -4,5 +4,6 @@ mod common;
 mod inspect;
 mod kimi;
 mod roundtrip;
+mod speculators_load;
 mod target;
 mod validation;

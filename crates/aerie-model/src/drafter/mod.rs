@@ -14,6 +14,7 @@
 
 pub mod decode;
 pub mod offline;
+pub mod shape;
 pub mod tree;
 
 use burn::module::Module;

@@ -24,6 +24,7 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
+use super::shape::{DraftShape, TreeShape};
 use super::tree::{TreeNode, prune, top_children};
 use super::{Drafter, TttCache, host_ids};
 use crate::precision::{host_f32, upcast};
@@ -69,18 +70,6 @@ pub struct DraftChain<B: Backend> {
     pub target_ids: Vec<Vec<u32>>,
     /// Per step, q `[B, L, Vd]` (empty unless [`ChainOptions::keep_q`]).
     pub q: Vec<Tensor<B, 3>>,
-}
-
-/// Options of [`draft_tree`] (SGLang's `--speculative-num-steps`, `--speculative-eagle-topk`,
-/// `--speculative-num-draft-tokens`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TreeOptions {
-    /// Draft steps (tree depth).
-    pub depth: usize,
-    /// Children expanded per node and paths kept per step.
-    pub topk: usize,
-    /// Tokens the target verifies per cycle, the root included (drafts = this − 1).
-    pub verify_tokens: usize,
 }
 
 /// Pruned draft trees, one per position (`b·L + t`); parents precede children.
@@ -215,16 +204,11 @@ pub fn draft_tree<B: Backend>(
     drafter: &Drafter<B>,
     input_ids: &Tensor<B, 2, Int>,
     aux: &Tensor<B, 3>,
-    opts: &TreeOptions,
+    opts: &TreeShape,
 ) -> Result<DraftTree> {
     let vd = drafter.config().draft_vocab_size;
+    DraftShape::Tree(*opts).check(vd).map_err(Error::Shape)?;
     let (depth, w) = (opts.depth, opts.topk);
-    if depth == 0 || w == 0 || w > vd || opts.verify_tokens < 2 {
-        return Err(Error::Shape(format!(
-            "tree drafting needs depth >= 1, 1 <= topk <= Vd ({vd}) and at least 2 verified tokens; got depth {depth}, topk {w}, tokens {}",
-            opts.verify_tokens
-        )));
-    }
     // Branch w of batch row b lives in expanded row w·B + b.
     let [b, l] = input_ids.dims();
     let ids_x = Tensor::cat(vec![input_ids.clone(); w], 0);

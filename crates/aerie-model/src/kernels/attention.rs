@@ -347,6 +347,7 @@ mod tests {
     type Grads = [Vec<f64>; 3];
 
     fn run(host_path: bool, shape: [usize; 5], dtype: DType) -> (Vec<f64>, Vec<f64>, Grads) {
+        let _alone = crate::autodiff::exclusive();
         let [b, nkv, g, l, d] = shape;
         let q = tensor::<AdFlex, 4>([b, nkv, g * l, d], 1, dtype).require_grad();
         let k = tensor::<AdFlex, 4>([b, nkv, l, d], 2, dtype).require_grad();
@@ -382,6 +383,7 @@ mod tests {
     /// O(h²) ≈ 1e-10 on values of order 1, well inside the 1e-6 tolerance).
     #[test]
     fn gradients_match_finite_differences() {
+        let _alone = crate::autodiff::exclusive();
         let [b, nkv, g, l, d] = [1, 1, 2, 5, 3];
         let shapes = [[b, nkv, g * l, d], [b, nkv, l, d], [b, nkv, l, d]];
         let base: Vec<Vec<f64>> = shapes.iter().zip(1..).map(|(s, seed)| values(s.iter().product(), seed)).collect();

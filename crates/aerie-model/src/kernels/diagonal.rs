@@ -299,6 +299,7 @@ mod tests {
 
     /// Output and the gradient of every input.
     fn run(host_path: bool, shape: [usize; 5], steps: usize, dtype: DType) -> (Vec<f64>, Vec<Vec<f64>>) {
+        let _alone = crate::autodiff::exclusive();
         let t: Vec<Tensor<AdFlex, 4>> =
             shapes(shape, steps).into_iter().zip(1..).map(|(s, seed)| tensor(s, seed, dtype).require_grad()).collect();
         let out = call(&t, host_path);
@@ -326,6 +327,7 @@ mod tests {
     /// causal kernel).
     #[test]
     fn gradients_match_finite_differences() {
+        let _alone = crate::autodiff::exclusive();
         let (shape, steps) = ([1, 1, 2, 3, 2], 2);
         let shapes = shapes(shape, steps);
         let base: Vec<Vec<f64>> = shapes.iter().zip(1..).map(|(s, seed)| values(s.iter().product(), seed)).collect();

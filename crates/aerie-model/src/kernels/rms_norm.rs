@@ -138,6 +138,7 @@ mod tests {
 
     /// `Σ c ∘ norm(x)` and its gradients through the fused op or burn's ops.
     fn run<B: AutodiffBackend>(fused: bool, shape: [usize; 3], dtype: DType) -> [Vec<f64>; 3] {
+        let _alone = crate::autodiff::exclusive();
         let x = tensor::<B, 3>(shape, 1, dtype).require_grad();
         let w = tensor::<B, 1>([shape[2]], 2, dtype).require_grad();
         let y = if fused { rms_norm(&x, &w, EPS).expect("host op") } else { reference(x.clone(), w.clone()) };

@@ -95,6 +95,7 @@ mod tests {
 
     /// `Σ w ∘ swiglu(gate, up)` and its gradients through the fused op or burn's ops.
     fn run<B: burn::tensor::backend::AutodiffBackend>(fused: bool, dtype: DType) -> [Vec<f64>; 3] {
+        let _alone = crate::autodiff::exclusive();
         let shape = [3, 7, 1000];
         let g = tensor::<B, 3>(shape, 1, dtype).mul_scalar(3.0).require_grad();
         let u = tensor::<B, 3>(shape, 2, dtype).require_grad();

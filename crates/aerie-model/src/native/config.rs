@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::config::{RopeConfig, RopeScaling};
+use crate::config::RopeConfig;
 use crate::{Error, Result};
 
 fn default_rms_norm_eps() -> f64 {
@@ -322,65 +322,19 @@ impl TargetConfig {
         })
     }
 
-    /// RoPE from `rope_parameters` when present, else `rope_theta`/`rope_scaling`.
+    /// RoPE from `rope_parameters` when present, else `rope_theta`/`rope_scaling` (the
+    /// checkpoint reader's rules: [`crate::checkpoint::config`]).
     pub fn rope(&self, path: &Path) -> Result<RopeConfig> {
-        let object = |key: &str, v: &Option<Value>| -> Result<Option<Map<String, Value>>> {
-            match v {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Object(m)) => Ok(Some(m.clone())),
-                Some(other) => Err(config_err(path, format!("`{key}` must be an object, found {other}"))),
+        let mut keys = Map::new();
+        if let Some(t) = self.rope_theta {
+            keys.insert("rope_theta".into(), t.into());
+        }
+        for (k, v) in [("rope_scaling", &self.rope_scaling), ("rope_parameters", &self.rope_parameters)] {
+            if let Some(v) = v {
+                keys.insert(k.into(), v.clone());
             }
-        };
-        let params = object("rope_parameters", &self.rope_parameters)?;
-        let legacy = object("rope_scaling", &self.rope_scaling)?;
-        let ctx = if params.is_some() { "rope_parameters" } else { "rope_scaling" };
-        let num = |m: &Map<String, Value>, key: &str| -> Result<Option<f64>> {
-            match m.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| config_err(path, format!("`{ctx}.{key}` must be a number, found {v}"))),
-            }
-        };
-        let theta = match params.as_ref().map(|p| num(p, "rope_theta")).transpose()?.flatten() {
-            Some(t) => t,
-            None => self.rope_theta.unwrap_or(10000.0),
-        };
-        let Some(s) = params.or(legacy) else {
-            return Ok(RopeConfig { theta, scaling: RopeScaling::Default });
-        };
-        let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
-        let required = |key: &str| -> Result<f64> {
-            num(&s, key)?.ok_or_else(|| config_err(path, format!("`{ctx}.{key}` is required for rope type {kind}")))
-        };
-        let scaling = match kind {
-            "default" => RopeScaling::Default,
-            "linear" => RopeScaling::Linear { factor: required("factor")? },
-            "llama3" => RopeScaling::Llama3 {
-                factor: required("factor")?,
-                low_freq_factor: num(&s, "low_freq_factor")?.unwrap_or(1.0),
-                high_freq_factor: num(&s, "high_freq_factor")?.unwrap_or(4.0),
-                original_max_position_embeddings: required("original_max_position_embeddings")? as usize,
-            },
-            "yarn" => RopeScaling::Yarn {
-                factor: required("factor")?,
-                original_max_position_embeddings: num(&s, "original_max_position_embeddings")?
-                    .map_or(self.max_position_embeddings, |v| v as usize),
-                beta_fast: num(&s, "beta_fast")?.unwrap_or(32.0),
-                beta_slow: num(&s, "beta_slow")?.unwrap_or(1.0),
-                attention_factor: num(&s, "attention_factor")?,
-                mscale: num(&s, "mscale")?,
-                mscale_all_dim: num(&s, "mscale_all_dim")?,
-            },
-            other => {
-                return Err(Error::Unsupported {
-                    path: path.to_path_buf(),
-                    message: format!("rope type `{other}`: aerie supports default, linear, llama3 and yarn"),
-                });
-            }
-        };
-        Ok(RopeConfig { theta, scaling })
+        }
+        crate::checkpoint::config::read_rope(&Value::Object(keys), path, self.max_position_embeddings)
     }
 }
 
@@ -389,6 +343,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::config::RopeScaling;
 
     fn p() -> &'static Path {
         Path::new("t/config.json")

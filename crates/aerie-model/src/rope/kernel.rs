@@ -194,6 +194,7 @@ mod tests {
     }
 
     fn run(host_path: bool, shape: [usize; 4], dtype: DType) -> (Vec<f64>, Vec<f64>) {
+        let _alone = crate::autodiff::exclusive();
         let [_, _, l, d] = shape;
         let x = tensor::<AdFlex, 4>([shape[0], l, shape[1], d], 1, dtype).require_grad();
         let xh = x.clone().swap_dims(1, 2);
@@ -218,6 +219,7 @@ mod tests {
     /// Central differences in f64 (step 1e-5; the op is linear in x, so only rounding remains).
     #[test]
     fn gradients_match_finite_differences() {
+        let _alone = crate::autodiff::exclusive();
         let [b, h, l, d] = [1, 2, 3, 4];
         let base = values(b * l * h * d, 1);
         let (cos, sin) = (tensor::<AdFlex, 2>([l, d], 2, DType::F64), tensor::<AdFlex, 2>([l, d], 3, DType::F64));

@@ -90,6 +90,13 @@ fn config_err(path: &Path, message: impl Into<String>) -> Error {
     Error::Config { path: path.to_path_buf(), message: message.into() }
 }
 
+/// The RoPE settings of any `config.json` object (a drafter's, or a target's text config):
+/// `rope_parameters` (transformers 5) when present, else the legacy `rope_theta`/`rope_scaling`.
+/// One reader, so the drafter and the native target can never disagree on a file's RoPE.
+pub(crate) fn read_rope(value: &Value, path: &Path, max_position_embeddings: usize) -> Result<crate::RopeConfig> {
+    parse_rope(&Obj::new(path, value, "")?, max_position_embeddings)
+}
+
 /// Read and parse `path` (a `config.json`). `target_layers` is the target's decoder layer count,
 /// used only to default missing aux ids.
 pub fn read_config(path: &Path, target_layers: Option<usize>) -> Result<ParsedConfig> {

@@ -1,0 +1,192 @@
+//! The Python capture worker (`python/aerie_capture`): `aerie capture --engine transformers`
+//! (any HF causal LM, CPU or GPU) and `--engine sglang` (SGLang's `ModelRunner` on every
+//! tensor-parallel rank, under torchrun). The worker writes aerie-shard/1 itself; this module
+//! builds its command line from the native capture's options, runs it, and then opens the
+//! dataset with aerie's own reader and verifies every value, so a dataset that aerie refuses is
+//! a failed capture whatever the worker said. docs/capture-python.md has the details.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use aerie_data::shard::{FloatDtype, ShardDataset, Teacher, VerifyReport};
+
+use crate::{Error, Result};
+
+/// Which engine the worker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonEngine {
+    /// transformers, one process, on `device`.
+    Transformers,
+    /// SGLang, `tp` processes started by torchrun.
+    Sglang,
+}
+
+/// A Python capture: the native capture's options plus the worker's own.
+#[derive(Debug, Clone)]
+pub struct PythonCapture {
+    /// The interpreter whose environment holds torch and the engine.
+    pub python: PathBuf,
+    /// The engine.
+    pub engine: PythonEngine,
+    /// Target model directory (HF layout).
+    pub target: PathBuf,
+    /// Target name recorded in the shards (as the native engine records it).
+    pub target_name: String,
+    /// Prepared dataset.
+    pub data: PathBuf,
+    /// Output shard directory (`None` only for the self-test).
+    pub out: Option<PathBuf>,
+    /// Split of the prepared dataset.
+    pub split: String,
+    /// Aux layers, output-of-layer; `None` = EAGLE-3's default.
+    pub aux_layers: Option<Vec<usize>>,
+    /// Storage of the hidden states.
+    pub dtype: FloatDtype,
+    /// Teacher to store.
+    pub teacher: Teacher,
+    /// Tokens per shard.
+    pub shard_tokens: usize,
+    /// Token budget of one forward batch.
+    pub max_batch_tokens: usize,
+    /// Capture only the first N samples.
+    pub max_samples: Option<usize>,
+    /// transformers: `cpu` or `cuda:N`.
+    pub device: String,
+    /// SGLang: tensor-parallel ranks.
+    pub tp: usize,
+    /// Further worker arguments, passed unchanged.
+    pub extra_args: Vec<String>,
+}
+
+/// What a Python capture did: the worker's own JSON report, and aerie's verification.
+#[derive(Debug, Clone)]
+pub struct PythonReport {
+    /// The worker's report (`engine`, `created_by`, `resumed_samples`, `captured_samples`,
+    /// `captured_tokens`, `seconds`, `tokens_per_second`, ...).
+    pub worker: serde_json::Value,
+    /// aerie's full verification of the dataset.
+    pub verify: VerifyReport,
+    /// Bytes per stored token (file sizes over the manifest's tokens).
+    pub bytes_per_token: f64,
+}
+
+/// The directory holding the `aerie_capture` package: `$AERIE_CAPTURE_PYTHONPATH`, else this
+/// checkout's `python/` when it is there (a source build), else none (the package must then be
+/// installed in the interpreter's environment, `pip install ./python`).
+pub fn worker_package_dir() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("AERIE_CAPTURE_PYTHONPATH") {
+        return Some(PathBuf::from(p));
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
+    dir.join("aerie_capture/__init__.py").is_file().then_some(dir)
+}
+
+impl PythonCapture {
+    /// The worker's command line: `python -m aerie_capture ...`, under torchrun (as `python -m
+    /// torch.distributed.run`, so the same interpreter) for SGLang with `tp` > 1. `self_test`
+    /// names a self-test phase (`all`, `tiny`, `real`) instead of a capture.
+    pub fn command(&self, self_test: Option<&str>) -> Command {
+        let mut c = Command::new(&self.python);
+        if self.engine == PythonEngine::Sglang && self.tp > 1 {
+            c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &self.tp.to_string()]);
+        }
+        c.args(["-m", "aerie_capture"]);
+        if let Some(dir) = worker_package_dir() {
+            let mut paths = vec![dir];
+            if let Some(old) = std::env::var_os("PYTHONPATH") {
+                paths.extend(std::env::split_paths(&old));
+            }
+            if let Ok(joined) = std::env::join_paths(paths) {
+                c.env("PYTHONPATH", joined);
+            }
+        }
+        let engine = match self.engine {
+            PythonEngine::Transformers => "transformers",
+            PythonEngine::Sglang => "sglang",
+        };
+        c.args(["--engine", engine]);
+        c.arg("--target").arg(&self.target).args(["--target-name", &self.target_name]);
+        c.arg("--data").arg(&self.data);
+        if let Some(out) = &self.out {
+            c.arg("--out").arg(out);
+        }
+        c.args(["--split", &self.split, "--dtype", self.dtype.as_str(), "--teacher", &self.teacher.to_string()]);
+        c.args([
+            "--shard-tokens",
+            &self.shard_tokens.to_string(),
+            "--max-batch-tokens",
+            &self.max_batch_tokens.to_string(),
+        ]);
+        if let Some(ids) = &self.aux_layers {
+            let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
+            c.args(["--aux-layers", &ids.join(",")]);
+        }
+        if let Some(n) = self.max_samples {
+            c.args(["--max-samples", &n.to_string()]);
+        }
+        match self.engine {
+            PythonEngine::Transformers => c.args(["--device", &self.device]),
+            PythonEngine::Sglang => c.args(["--tp", &self.tp.to_string()]),
+        };
+        if let Some(phase) = self_test {
+            c.args(["--self-test", phase]);
+        }
+        c.args(&self.extra_args);
+        c
+    }
+
+    fn start_error(&self, e: std::io::Error) -> Error {
+        Error::Invalid(format!(
+            "cannot start the Python capture worker with {}: {e} (set --python or AERIE_PYTHON)",
+            self.python.display()
+        ))
+    }
+
+    /// Run the capture, then verify the dataset with aerie's reader.
+    pub fn run(&self) -> Result<PythonReport> {
+        let dir = self.out.as_ref().ok_or_else(|| Error::Invalid("a capture needs --out".into()))?;
+        let mut cmd = self.command(None);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let out = cmd.output().map_err(|e| self.start_error(e))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(Error::Invalid(format!(
+                "the Python capture worker ({}) failed with {} (its stderr is above); its stdout:\n{stdout}",
+                self.python.display(),
+                out.status
+            )));
+        }
+        let worker: serde_json::Value =
+            stdout.lines().rev().find_map(|l| serde_json::from_str(l.trim()).ok()).ok_or_else(|| {
+                Error::Invalid(format!("the Python capture worker printed no JSON report; its stdout:\n{stdout}"))
+            })?;
+        let dataset = ShardDataset::open(dir)?;
+        let verify = dataset.verify()?;
+        let bytes: u64 = dataset
+            .manifest()
+            .shards
+            .iter()
+            .map(|s| std::fs::metadata(dir.join(&s.file)).map(|m| m.len()).unwrap_or(0))
+            .sum();
+        Ok(PythonReport { worker, verify, bytes_per_token: bytes as f64 / dataset.num_tokens().max(1) as f64 })
+    }
+
+    /// Run the self-test: for SGLang its two phases as two process groups (SGLang's
+    /// distributed state is process-global), for transformers both in one process. The
+    /// worker prints one JSON line per phase on stdout (inherited).
+    pub fn self_test(&self) -> Result<()> {
+        let phases: &[&str] = match self.engine {
+            PythonEngine::Sglang => &["tiny", "real"],
+            PythonEngine::Transformers => &["all"],
+        };
+        for phase in phases {
+            let status = self.command(Some(phase)).stdin(Stdio::null()).status().map_err(|e| self.start_error(e))?;
+            if !status.success() {
+                return Err(Error::Invalid(format!(
+                    "self-test phase `{phase}` failed ({status}); its JSON line above says which check"
+                )));
+            }
+        }
+        Ok(())
+    }
+}

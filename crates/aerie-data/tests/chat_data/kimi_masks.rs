@@ -1,0 +1,117 @@
+//! Turn-chain loss masks on Kimi-K2.5's real template and a Kimi-format tokenizer (o200k's first
+//! 163,584 ranks, K2's special names plus K2.5's `<think>`/`</think>` at 163606/163607):
+//! hand-checked spans on a reasoning conversation with a tool call.
+
+use aerie_data::conversation::{Conversation, DropReason};
+use aerie_data::template::{ChatEncoder, ChatTemplate, EncodeOptions, EncodedSample, TemplateChoice};
+use aerie_data::tokenizer::TokenizerFiles;
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::kimi_templates::conversations;
+
+/// A K2.5-like tokenizer directory: the fixture ranks, K2's config with K2.5's think tokens,
+/// and `template` as chat_template.jinja.
+fn k25_dir(py: &std::path::Path, fixtures: &std::path::Path, dir: &std::path::Path, template: &str) {
+    kimi_tokenizer_dir(py, fixtures, dir);
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    cfg["added_tokens_decoder"]["163606"] = json!({"content": "<think>", "special": true});
+    cfg["added_tokens_decoder"]["163607"] = json!({"content": "</think>", "special": true});
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    std::fs::copy(fixtures.join(template), dir.join("chat_template.jinja")).unwrap();
+}
+
+fn runs(tok: &TokenizerFiles, s: &EncodedSample, masked: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    for (&id, &m) in s.input_ids.iter().zip(&s.loss_mask) {
+        if (m == 1) == masked {
+            cur.push(id);
+        } else if !cur.is_empty() {
+            out.push(tok.tokenizer.decode(&cur, false).unwrap());
+            cur.clear();
+        }
+    }
+    if !cur.is_empty() {
+        out.push(tok.tokenizer.decode(&cur, false).unwrap());
+    }
+    out
+}
+
+#[test]
+fn k25_reasoning_chains_are_trained_and_history_is_not() {
+    let what = "the Kimi-K2.5 turn-chain mask check";
+    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    k25_dir(&py, &fixtures, dir.path(), "kimi-k2.5.chat_template.jinja");
+    let tok = TokenizerFiles::load(dir.path()).unwrap();
+    assert_eq!(tok.tokenizer.token_to_id("</think>"), Some(163_607));
+    let template = ChatTemplate::resolve(&TemplateChoice::Auto, &tok).unwrap();
+    let enc = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
+    assert!(enc.chain_mode(), "K2.5 with thinking on is a reasoning template");
+
+    let (messages, tools) = conversations().remove(0);
+    let conv = Conversation { id: "c".into(), messages, tools: None };
+    let samples = enc.encode_all(&conv).unwrap().unwrap();
+    assert_eq!(samples.len(), 2);
+    assert_eq!((samples[0].chain, samples[1].chain), (Some(0), Some(1)));
+    // Chain 0: the first answer, its reasoning put back after the prompt's <think>.
+    assert_eq!(runs(&tok, &samples[0], true), ["A greeting.</think>Hello! How can I help?<|im_end|>"]);
+    assert!(tok.tokenizer.decode(&samples[0].input_ids, false).unwrap().ends_with(
+        "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|><think>A greeting.</think>\
+             Hello! How can I help?<|im_end|>"
+    ));
+    // Chain 1: the tool-call turn and the final answer with their reasoning; the first answer
+    // is history, rendered stripped (`<think></think>`) and not trained.
+    assert_eq!(
+        runs(&tok, &samples[1], true),
+        [
+            "I should call the tool.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0\
+             <|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
+            "The tool says 21.</think>It is 21 °C in Paris.<|im_end|>",
+        ]
+    );
+    let unmasked = runs(&tok, &samples[1], false);
+    assert!(unmasked[0].contains("<think></think>Hello! How can I help?<|im_end|>"), "{unmasked:?}");
+    assert!(
+        unmasked[1].starts_with("<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0"),
+        "{unmasked:?}"
+    );
+    assert!(unmasked[1].ends_with("<|im_assistant|>assistant<|im_middle|><think>"), "{unmasked:?}");
+
+    // With tools, K2.5 declares them as TypeScript made by Python code: dropped with its reason.
+    let with_tools = Conversation { tools, ..conv.clone() };
+    let rejected = enc.encode_all(&with_tools).unwrap().unwrap_err();
+    assert_eq!(rejected.reason, DropReason::ToolsNeedTypescript);
+
+    // thinking=false renders no reasoning anywhere: one sample per conversation, answers only.
+    let opts = EncodeOptions { template_kwargs: [("thinking".into(), json!(false))].into(), ..Default::default() };
+    let off = ChatEncoder::new(&template, &tok.tokenizer, opts).unwrap();
+    assert!(!off.chain_mode());
+    let samples = off.encode_all(&conv).unwrap().unwrap();
+    assert_eq!(samples.len(), 1);
+    assert_eq!(samples[0].chain, None);
+    let trained = runs(&tok, &samples[0], true);
+    assert_eq!(trained[0], "Hello! How can I help?<|im_end|>", "{trained:?}");
+}
+
+#[test]
+fn k2_thinking_puts_the_reasoning_inside_the_turns_own_think_tag() {
+    let what = "the Kimi-K2-Thinking turn-chain mask check";
+    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    k25_dir(&py, &fixtures, dir.path(), "kimi-k2-thinking.chat_template.jinja");
+    let tok = TokenizerFiles::load(dir.path()).unwrap();
+    let template = ChatTemplate::resolve(&TemplateChoice::Auto, &tok).unwrap();
+    let enc = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
+    assert!(enc.chain_mode());
+    let (messages, _) = conversations().remove(1);
+    let samples = enc.encode_all(&Conversation { id: "p".into(), messages, tools: None }).unwrap().unwrap();
+    assert_eq!(samples.len(), 2);
+    assert_eq!(runs(&tok, &samples[0], true), ["<think>Add them.</think>4<|im_end|>"]);
+    assert_eq!(runs(&tok, &samples[1], true), ["<think>Add again.\n\nSure.</think>6<|im_end|>"]);
+    let text = tok.tokenizer.decode(&samples[1].input_ids, false).unwrap();
+    assert!(text.contains("<think></think>4<|im_end|>"), "history stripped: {text}");
+    assert!(text.starts_with("<|im_system|>system<|im_middle|>You are Kimi"), "default system prompt: {text}");
+}

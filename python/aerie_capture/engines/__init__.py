@@ -1,0 +1,49 @@
+"""Capture engines. Each turns a batch of token-id lists into per-sample rows, unshifted
+(docs/shard-format.md §3): `aux` [T, A·H] (output-of-layer ids, concatenated low → high),
+`final` [T, H] after the final norm, and the exact top-k teacher, on whatever device the engine
+runs; the worker moves them to the host and writes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class CaptureOutput:
+    aux: torch.Tensor
+    final: Optional[torch.Tensor]
+    topk_ids: Optional[torch.Tensor]
+    topk_logprobs: Optional[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the shard metadata says about the target."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    architecture: str
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's default, as aerie's native capture (`AuxLayers::default_for_target`)."""
+    return [1, max(num_layers // 2 - 1, 0), max(num_layers - 4, 0)]
+
+
+def check_aux_layers(ids: list[int], num_layers: int) -> None:
+    """Output-of-layer ids must be strictly increasing and below the last layer: the output of
+    layer L-1 is never a pre-norm capture (transformers' last `hidden_states` entry is already
+    normed, SGLang captures at the input of the next layer, which does not exist)."""
+    if not ids:
+        raise ValueError("no aux layers")
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise ValueError(f"aux layers {ids} must be strictly increasing (low → high)")
+    if ids[0] < 0 or ids[-1] >= num_layers - 1:
+        raise ValueError(
+            f"aux layer {ids[-1] if ids[-1] >= 0 else ids[0]} (output-of-layer) cannot be captured from a target with "
+            f"{num_layers} layers (valid: 0..{num_layers - 2}; the last layer's output is only seen after the final norm)"
+        )

@@ -1,0 +1,243 @@
+"""The capture loop and its command line (`python -m aerie_capture`, or under `torchrun` for the
+SGLang engine; `aerie capture --engine transformers|sglang` launches it).
+
+Every rank walks the prepared split in file order (the order `aerie capture` uses), packs
+consecutive samples under a token budget, and runs the engine on each batch; rank 0 alone owns
+the dataset (lock, resume, writes). Its writes run on a thread behind a queue of two batches, so
+the copy to the host and the shard writes overlap the next forward pass. At the end rank 0
+prints one JSON report on stdout; `aerie capture` then verifies the dataset with its own reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import __version__
+from .data import PreparedDataset, token_budget_batches
+from .shards import Metadata, ShardWriter, Teacher
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="aerie_capture", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", choices=["transformers", "sglang"], default="transformers")
+    p.add_argument("--target", required=True, help="target model directory (HF layout)")
+    p.add_argument("--target-name", help="name recorded as `target` (default: --target as given)")
+    p.add_argument("--data", help="prepared dataset directory (`aerie data prepare`)")
+    p.add_argument("--out", help="output shard directory; an interrupted capture there is resumed")
+    p.add_argument("--split", default="train")
+    p.add_argument("--aux-layers", help="comma-separated output-of-layer ids (default EAGLE-3's [1, N/2-1, N-4])")
+    p.add_argument("--dtype", default="bf16", help="storage of the hidden states: bf16, f16 or f32")
+    p.add_argument("--teacher", default="final-hidden", help="final-hidden, topk:K or final-hidden+topk:K")
+    p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per shard (the writer holds one shard in memory)")
+    p.add_argument("--max-samples", type=int, help="capture only the first N samples of the split")
+    p.add_argument("--max-batch-tokens", type=int, default=32768, help="token budget of one forward batch (SGLang: packed, unpadded)")
+    p.add_argument("--max-batch-samples", type=int, default=64)
+    p.add_argument("--device", default="cpu", help="transformers engine: cpu or cuda:N")
+    p.add_argument("--compute-dtype", choices=list(DTYPES), help="transformers engine: weights/activations (default f32 on cpu, bf16 on cuda)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--tp", type=int, default=1, help="sglang engine: tensor-parallel size (= torchrun --nproc-per-node)")
+    p.add_argument("--attention-backend", default="flashinfer", help="sglang engine")
+    p.add_argument("--mem-fraction-static", type=float, default=0.85, help="sglang engine")
+    p.add_argument("--no-checksums", action="store_true", help="skip the sha256 of each shard in the manifest")
+    p.add_argument("--self-test", nargs="?", const="all", choices=["all", "tiny", "real"], help="run the pre-flight self-test (aerie_capture.selftest) instead of a capture: both phases, or one")
+    p.add_argument("--json", action="store_true", help="(accepted for symmetry with aerie; the report is always JSON)")
+    a = p.parse_args(argv)
+    if a.self_test is None and (a.data is None or a.out is None):
+        p.error("--data and --out are required")
+    return a
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_engine(a: argparse.Namespace, aux: Optional[list[int]], teacher: Teacher):
+    if a.engine == "transformers":
+        from .engines.hf import TransformersEngine
+
+        dev = a.device
+        cdt = DTYPES[a.compute_dtype] if a.compute_dtype else (torch.float32 if dev == "cpu" else torch.bfloat16)
+        return TransformersEngine(a.target, aux, teacher.final_hidden, teacher.topk, dev, cdt, a.trust_remote_code)
+    from .engines.sglang import SGLangEngine
+
+    return SGLangEngine(
+        a.target,
+        aux,
+        teacher.final_hidden,
+        teacher.topk,
+        tp_size=a.tp,
+        attention_backend=a.attention_backend,
+        mem_fraction_static=a.mem_fraction_static,
+        max_batch_tokens=a.max_batch_tokens,
+        max_batch_samples=a.max_batch_samples,
+        trust_remote_code=a.trust_remote_code,
+    )
+
+
+class BackgroundWriter:
+    """Rank 0's writer thread: host copies and `ShardWriter.push` behind a bounded queue, so a
+    slow disk stalls the engine only after two batches are waiting. An error on the thread is
+    raised at the next `put` or at `close`."""
+
+    def __init__(self, writer: ShardWriter, depth: int = 2):
+        self.writer = writer
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="aerie-shard-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                samples, outs = item
+                for s, o in zip(samples, outs):
+                    self.writer.push(
+                        s.input_ids,
+                        s.loss_mask,
+                        o.aux.cpu(),
+                        None if o.final is None else o.final.cpu(),
+                        None if o.topk_ids is None else o.topk_ids.cpu(),
+                        None if o.topk_logprobs is None else o.topk_logprobs.cpu(),
+                        s.sample_id,
+                    )
+            except BaseException as e:  # noqa: BLE001 - re-raised on the main thread
+                self.error = e
+
+    def put(self, samples, outs) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put((samples, outs))
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def run(a: argparse.Namespace) -> dict:
+    teacher = Teacher.parse(a.teacher)
+    aux = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None
+    data = PreparedDataset(a.data)
+    engine = build_engine(a, aux, teacher)
+    info = engine.info
+    rank0 = getattr(engine, "is_writer", True)
+    if data.vocab_size != info.vocab_size:
+        raise SystemExit(f"{data.dir}: prepared with a tokenizer of {data.vocab_size} tokens, the target has a vocabulary of {info.vocab_size}")
+    tok = Path(a.target) / "tokenizer.json"
+    if tok.is_file():
+        digest = sha256_file(tok)
+        if digest != data.tokenizer_digest:
+            raise SystemExit(f"{data.dir} was prepared with a different tokenizer than {tok} (sha256 {data.tokenizer_digest} vs {digest})")
+    else:
+        # Targets that ship no tokenizer.json (Kimi: tiktoken.model) are prepared with a
+        # converted one; the prepared dataset names it, and the vocabulary size check above ties
+        # the two together.
+        digest = data.tokenizer_digest
+    md = Metadata(
+        target=a.target_name or a.target,
+        target_num_layers=info.num_layers,
+        target_vocab_size=info.vocab_size,
+        aux_layer_ids=engine.aux_layers,
+        aux_convention="output-of-layer",
+        hidden_size=info.hidden_size,
+        dtype=a.dtype,
+        tokenizer_digest=digest,
+        chat_template=data.template,
+        teacher=teacher,
+        created_by=f"aerie-capture {__version__} ({engine.description})",
+    )
+    resumed = 0
+    writer = None
+    if rank0:
+        writer, info_r = ShardWriter.open_or_create(a.out, md, a.shard_tokens, not a.no_checksums)
+        resumed = info_r.samples if info_r else 0
+        done_ids = info_r.sample_ids if info_r else set()
+    resumed = engine.broadcast(resumed) if hasattr(engine, "broadcast") else resumed
+    available = data.len(a.split)
+    total = min(available, a.max_samples) if a.max_samples is not None else available
+
+    def todo():
+        for i, s in enumerate(data.samples(a.split, limit=total)):
+            if i < resumed:
+                # The deterministic order is what makes resume by count correct; the ids say so.
+                if rank0 and done_ids and s.sample_id not in done_ids:
+                    raise SystemExit(f"{a.out}: resume: input #{i} (id {s.sample_id}) is not in the dataset; was it captured from other data?")
+                continue
+            yield s
+
+    bg = BackgroundWriter(writer) if rank0 else None
+    start = time.monotonic()
+    samples = tokens = 0
+    last = start
+    try:
+        for batch in token_budget_batches(todo(), a.max_batch_tokens, a.max_batch_samples):
+            outs = engine.capture([s.input_ids for s in batch])
+            if bg is not None:
+                bg.put(batch, outs)
+            samples += len(batch)
+            tokens += sum(len(s.input_ids) for s in batch)
+            now = time.monotonic()
+            if rank0 and now - last > 10:
+                last = now
+                print(f"aerie_capture: {resumed + samples}/{total} samples, {tokens / (now - start):.0f} tokens/s", file=sys.stderr, flush=True)
+        if bg is not None:
+            bg.close()
+            bg = None
+            manifest = writer.finish()
+    finally:
+        if bg is not None:
+            bg.close()
+        if writer is not None:
+            writer.close()
+    seconds = time.monotonic() - start
+    report = {
+        "engine": a.engine,
+        "created_by": md.created_by,
+        "out": str(a.out),
+        "resumed_samples": resumed,
+        "captured_samples": samples,
+        "captured_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / max(seconds, 1e-9),
+    }
+    if rank0:
+        report["dataset_samples"] = manifest.samples
+        report["dataset_tokens"] = manifest.tokens
+    if hasattr(engine, "shutdown"):
+        engine.shutdown()
+    return report if rank0 else {}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    a = parse_args(argv)
+    if a.self_test is not None:
+        from .selftest import self_test
+
+        return self_test(a)
+    report = run(a)
+    if report:
+        print(json.dumps(report), flush=True)
+    return 0
