@@ -81,6 +81,28 @@ pub fn worker_package_dir() -> Option<PathBuf> {
     dir.join("aerie_capture/__init__.py").is_file().then_some(dir)
 }
 
+/// Have the worker (or torchrun, which then stops its ranks) receive SIGTERM when aerie dies,
+/// even by SIGKILL: otherwise a killed `aerie capture` leaves a job on the GPUs that keeps
+/// writing and holds the dataset's lock.
+fn stop_with_parent(c: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
+        // is async-signal-safe; the death signal survives exec.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = c;
+}
+
 impl PythonCapture {
     /// The worker's command line: `python -m aerie_capture ...`, under torchrun (as `python -m
     /// torch.distributed.run`, so the same interpreter) for SGLang with `tp` > 1. `self_test`
@@ -132,6 +154,7 @@ impl PythonCapture {
             c.args(["--self-test", phase]);
         }
         c.args(&self.extra_args);
+        stop_with_parent(&mut c);
         c
     }
 

@@ -502,3 +502,43 @@ fn self_test_passes_the_tiny_phase_and_refuses_a_model_that_predicts_nothing() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("self-test phase `all` failed"));
 }
+
+/// `aerie capture --engine` killed with SIGKILL takes its worker with it (PR_SET_PDEATHSIG):
+/// a fake interpreter records its pid and sleeps; after aerie is killed it must be gone within
+/// seconds, not left holding the dataset. Needs no Python.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_worker_dies_with_a_killed_aerie() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (target, prepared) = tiny_setup(dir.path(), 2);
+    let pid_file = dir.path().join("worker.pid");
+    let fake = dir.path().join("fake-python");
+    std::fs::write(&fake, format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 120\n", pid_file.display())).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = dir.path().join("shards");
+    let args = capture_args(&target, &prepared, &out, &["--engine", "transformers", "--python", s(&fake)]);
+    let mut child = aerie_cmd().args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let t0 = Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
+            break pid;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "aerie exited before starting the worker");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the worker never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap(); // SIGKILL: aerie cannot clean up, only the kernel's death signal acts
+    child.wait().unwrap();
+    // Gone, or a zombie waiting for init to reap it.
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| st.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    };
+    let t1 = Instant::now();
+    while alive(pid) {
+        assert!(t1.elapsed() < Duration::from_secs(10), "worker {pid} outlived the killed aerie by 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
