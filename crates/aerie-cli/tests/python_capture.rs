@@ -71,21 +71,17 @@ fn run_ok(mut c: Command) -> String {
 fn tiny_setup(root: &Path, n: usize) -> (PathBuf, PathBuf) {
     let target = root.join("target");
     fixture::write_target(&target, 64, 4, 7);
+    let prepared = prepare(root, &target, n);
+    (target, prepared)
+}
+
+/// `n` fixture conversations prepared with `target`'s tokenizer, in `root/prepared`.
+fn prepare(root: &Path, target: &Path, n: usize) -> PathBuf {
     let data = root.join("chat.jsonl");
     fixture::write_jsonl(&data, &fixture::conversations(n));
     let prepared = root.join("prepared");
-    ok_json(aerie(&[
-        "data",
-        "prepare",
-        "--data",
-        s(&data),
-        "--tokenizer",
-        s(&target),
-        "--out",
-        s(&prepared),
-        "--json",
-    ]));
-    (target, prepared)
+    ok_json(aerie(&["data", "prepare", "--data", s(&data), "--tokenizer", s(target), "--out", s(&prepared), "--json"]));
+    prepared
 }
 
 fn capture_args<'a>(target: &'a Path, prepared: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
@@ -332,20 +328,7 @@ fn tiny_deepseek_v3_capture_verifies_and_feeds_train_and_eval_loss() {
     c.args([s(&python_dir().join("tests/tiny_deepseek.py")), s(&target), &fixture::VOCAB.to_string()]);
     run_ok(c);
     fixture::write_tokenizer(&target, Some(fixture::CHATML));
-    let data = dir.path().join("chat.jsonl");
-    fixture::write_jsonl(&data, &fixture::conversations(6));
-    let prepared = dir.path().join("prepared");
-    ok_json(aerie(&[
-        "data",
-        "prepare",
-        "--data",
-        s(&data),
-        "--tokenizer",
-        s(&target),
-        "--out",
-        s(&prepared),
-        "--json",
-    ]));
+    let prepared = prepare(dir.path(), &target, 6);
     let shards = dir.path().join("shards");
     let mut c = aerie_cmd();
     c.args(capture_args(&target, &prepared, &shards, &["--aux-layers", "1,2,3", "--teacher", "final-hidden+topk:8"]))
@@ -441,20 +424,7 @@ fn real_assets_smollm2_transformers_engine_equals_the_native_capture() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("smollm2");
     ok(aerie(&["import", "gguf", s(&gguf), "--out", s(&target)]));
-    let data = dir.path().join("chat.jsonl");
-    fixture::write_jsonl(&data, &fixture::conversations(6));
-    let prepared = dir.path().join("prepared");
-    ok_json(aerie(&[
-        "data",
-        "prepare",
-        "--data",
-        s(&data),
-        "--tokenizer",
-        s(&target),
-        "--out",
-        s(&prepared),
-        "--json",
-    ]));
+    let prepared = prepare(dir.path(), &target, 6);
     let flags = ["--aux-layers", "1,14,26", "--dtype", "f32", "--teacher", "final-hidden+topk:8"];
     let native = dir.path().join("native");
     let t0 = Instant::now();

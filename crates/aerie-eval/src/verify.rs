@@ -63,8 +63,9 @@ impl AcceptOptions {
     /// Reject combinations that have no meaning.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Incompatible(m));
-        if self.shape.depth() == 0 {
-            return bad("--k must be at least 1".into());
+        // The layout's own rule; topk against the draft vocabulary is checked when drafting.
+        if let Err(m) = self.shape.check(usize::MAX) {
+            return bad(m);
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return bad(format!("temperature must be >= 0, got {}", self.temperature));
@@ -72,13 +73,8 @@ impl AcceptOptions {
         if self.rule == AcceptRule::Sampling && self.temperature == 0.0 {
             return bad("--rule sampling verifies drafts sampled from q: give --temperature > 0 (argmax drafts under sampling verification are --rule onehot)".into());
         }
-        if let Some(t) = self.shape.tree() {
-            if self.rule != AcceptRule::Greedy {
-                return bad(format!("tree drafts are verified greedily only (got --rule {})", self.rule.name()));
-            }
-            if t.topk == 0 || t.verify_tokens < 2 {
-                return bad(format!("a tree needs topk >= 1 and at least 2 verified tokens, got {t:?}"));
-            }
+        if self.shape.tree().is_some() && self.rule != AcceptRule::Greedy {
+            return bad(format!("tree drafts are verified greedily only (got --rule {})", self.rule.name()));
         }
         Ok(())
     }

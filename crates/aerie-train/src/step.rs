@@ -251,7 +251,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 return Err(Error::NonFinite { step, what: "loss", value, samples: p.labels, last_checkpoint: None });
             }
             out.loss += value;
-            autodiff::record(|| out.sums.add(&fwd));
+            out.sums.add(&fwd);
             let mut grads = GradientsParams::from_grads(autodiff::backward(loss), model);
             make_contiguous(model, &mut grads);
             match out.grads.as_mut() {

@@ -56,7 +56,8 @@ impl DraftShape {
         }
     }
 
-    /// Why this layout cannot be drafted with a draft vocabulary of `vd` ids, if it cannot.
+    /// Why this layout cannot be drafted with a draft vocabulary of `vd` ids, if it cannot
+    /// (`usize::MAX` when the vocabulary is not known yet).
     pub fn check(&self, vd: usize) -> std::result::Result<(), String> {
         match *self {
             DraftShape::Chain { k: 0 } => Err("a chain needs k >= 1".into()),
