@@ -294,3 +294,28 @@ fn long_prompts_are_cut_or_dropped() {
         assert_eq!(rec["conversations"].as_array().unwrap().len(), 2);
     }
 }
+
+/// Continuous batching (`batch_size` > 1, conversations of several turns sharing the batch)
+/// writes the bytes batch 1 writes, greedy and sampled: every turn is its own sequence with its
+/// own sampling stream, whatever rows its neighbours occupy.
+#[test]
+fn batched_regeneration_writes_the_batch_one_bytes() {
+    let s = setup(9);
+    for temperature in [0.0, 0.9] {
+        let run = |batch: usize| {
+            let mut o = opts(&s, &format!("b{batch}-t{temperature}.jsonl"), 10);
+            o.temperature = temperature;
+            o.top_p = 0.9;
+            o.seed = 5;
+            o.batch_size = batch;
+            let report = regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
+            assert_eq!(report.batch_size, batch);
+            (std::fs::read(&o.out).unwrap(), report.tokens_generated, report.turns_regenerated)
+        };
+        let one = run(1);
+        assert!(one.2 > 9, "several turns per conversation ({} turns)", one.2);
+        for batch in [3, 8] {
+            assert_eq!(run(batch), one, "batch {batch}, temperature {temperature}");
+        }
+    }
+}

@@ -4,16 +4,14 @@
 //! budget or the context limit, and the conversation ends early where a turn cannot be answered.
 
 use std::path::Path;
-use std::time::Instant;
 
 use aerie_data::conversation::{Message, Role};
 use aerie_data::template::ChatTemplate;
 use aerie_data::tokenizer::TokenizerFiles;
 use aerie_model::TargetModel;
-use burn::tensor::{DType, Tensor, backend::Backend};
+use burn::tensor::backend::Backend;
 use serde_json::{Value, json};
 
-use super::sampling::{Rng, sample};
 use super::{RegenerateOptions, RegenerateReport};
 use crate::{Error, Result};
 
@@ -88,14 +86,22 @@ pub(super) struct Regenerated {
     pub stop_reason: Option<&'static str>,
 }
 
+/// The prompt of one assistant turn.
+pub(super) enum Prompt {
+    /// Its token ids and the new-token budget (`max_new_tokens`, less near `max_length`).
+    Ids { ids: Vec<u32>, budget: usize },
+    /// The conversation ends before this turn (`prompt_too_long`).
+    End(&'static str),
+    /// The template cannot render the prefix: the whole conversation is dropped.
+    Unrenderable,
+}
+
 /// What became of one assistant turn.
-enum Turn {
+pub(super) enum Turn {
     /// The target's answer.
     Answer(String),
     /// The conversation ends before this turn (`prompt_too_long`, `empty_response`).
     End(&'static str),
-    /// The template cannot render the prefix: the whole conversation is dropped.
-    Unrenderable,
 }
 
 /// Everything a turn is generated with.
@@ -115,104 +121,28 @@ pub(super) struct TurnGenerator<'a, B: Backend> {
 }
 
 impl<B: Backend> TurnGenerator<'_, B> {
-    /// Replace every assistant turn of `messages` (record `source_index` of the input) by the
-    /// target's answer, counting tokens and stop reasons in `report`; `on_token(report)` after
-    /// every generated token.
-    pub(super) fn conversation(
-        &self,
-        conv_id: &str,
-        source_index: u64,
-        messages: Vec<Message>,
-        report: &mut RegenerateReport,
-        clock: &mut DecodeClock,
-        on_token: &mut dyn FnMut(&RegenerateReport),
-    ) -> Result<Regenerated> {
-        let mut answered: Vec<Message> = Vec::with_capacity(messages.len());
-        let mut stop_reason: Option<&'static str> = None;
-        let mut turn = 0u64;
-        let mut kept_turns = 0u64;
-        for m in messages {
-            if m.role != Role::Assistant {
-                answered.push(m);
-                continue;
-            }
-            match self.turn(&answered, conv_id, source_index, turn, report, clock, on_token)? {
-                Turn::Answer(text) => {
-                    answered.push(Message::new(Role::Assistant, text));
-                    kept_turns += 1;
-                }
-                Turn::End(reason) => {
-                    stop_reason = Some(reason);
-                    break;
-                }
-                Turn::Unrenderable => {
-                    stop_reason = Some("template_error");
-                    kept_turns = 0;
-                    break;
-                }
-            }
-            turn += 1;
-        }
-        while answered.last().is_some_and(|m| m.role != Role::Assistant) {
-            answered.pop();
-        }
-        Ok(Regenerated { messages: answered, kept_turns, stop_reason })
-    }
-
-    /// Answer the assistant turn that follows `answered` (turn `turn` of the conversation).
-    #[allow(clippy::too_many_arguments)]
-    fn turn(
-        &self,
-        answered: &[Message],
-        conv_id: &str,
-        source_index: u64,
-        turn: u64,
-        report: &mut RegenerateReport,
-        clock: &mut DecodeClock,
-        on_token: &mut dyn FnMut(&RegenerateReport),
-    ) -> Result<Turn> {
-        let opts = self.opts;
-        let limit = opts.max_length.unwrap_or(usize::MAX);
-        let greedy = opts.temperature == 0.0;
-        let Ok(prompt) = self.template.render(answered, true) else { return Ok(Turn::Unrenderable) };
-        let enc = self.tok.tokenizer.encode(prompt.as_str(), false).map_err(|e| {
+    /// The prompt of the assistant turn that follows `answered`: its ids and token budget, or
+    /// why the turn cannot be asked.
+    pub(super) fn prompt(&self, answered: &[Message], conv_id: &str) -> Result<Prompt> {
+        let limit = self.opts.max_length.unwrap_or(usize::MAX);
+        let Ok(text) = self.template.render(answered, true) else { return Ok(Prompt::Unrenderable) };
+        let enc = self.tok.tokenizer.encode(text.as_str(), false).map_err(|e| {
             Error::Invalid(format!("{}: cannot tokenise conversation `{}`: {e}", self.tok_dir.display(), conv_id))
         })?;
         let ids = enc.get_ids();
         if ids.is_empty() || ids.len() >= limit {
-            return Ok(Turn::End("prompt_too_long"));
+            return Ok(Prompt::End("prompt_too_long"));
         }
-        let budget = opts.max_new_tokens.min(limit - ids.len());
-        report.prompt_tokens += ids.len() as u64;
-        let mut rng = Rng::for_turn(opts.seed, source_index, turn);
-        let turn_start = Instant::now();
-        let mut first_token_at: Option<Instant> = None;
-        let generated = {
-            let mut pick = |logits: Tensor<B, 1>| -> u32 {
-                let token = if greedy {
-                    logits.argmax(0).into_data().iter::<i64>().next().expect("one id") as u32
-                } else {
-                    let row: Vec<f32> = logits.cast(DType::F32).into_data().into_vec::<f32>().expect("f32 logits");
-                    sample(&row, opts.temperature, opts.top_p, &mut rng)
-                };
-                if first_token_at.is_none() {
-                    first_token_at = Some(Instant::now());
-                    report.prefill_seconds += turn_start.elapsed().as_secs_f64();
-                }
-                report.tokens_generated += 1;
-                on_token(report);
-                token
-            };
-            self.target.generate_with(ids, budget, self.eos, &mut pick)?
-        };
-        if let Some(t) = first_token_at {
-            clock.seconds += t.elapsed().as_secs_f64();
-            clock.tokens += generated.len() as u64 - 1;
-        }
+        Ok(Prompt::Ids { budget: self.opts.max_new_tokens.min(limit - ids.len()), ids: ids.to_vec() })
+    }
+
+    /// What the generated ids (the stopping eos included) of a turn with `budget` make of it,
+    /// counting its stop reason in `report`.
+    pub(super) fn answer(&self, generated: &[u32], budget: usize, report: &mut RegenerateReport) -> Result<Turn> {
         let (answer_ids, stop) = match generated.last() {
             Some(t) if self.eos.contains(t) => (&generated[..generated.len() - 1], Stop::Eos),
-            _ if budget < opts.max_new_tokens => (&generated[..], Stop::MaxLength),
-            _ => (&generated[..], Stop::MaxNewTokens),
+            _ if budget < self.opts.max_new_tokens => (generated, Stop::MaxLength),
+            _ => (generated, Stop::MaxNewTokens),
         };
         let text = self
             .tok

@@ -41,6 +41,7 @@
 //! generation loop of one conversation), `sampling` (the seeded sampler) and `output` (the
 //! resumable output file protocol); [`regenerate()`] runs them in order.
 
+mod batched;
 mod generate;
 mod options;
 mod output;
@@ -57,6 +58,7 @@ use aerie_model::TargetModel;
 use burn::tensor::backend::Backend;
 
 use crate::{Error, Result};
+use batched::Pending;
 use generate::{DecodeClock, TurnGenerator, cut_at_tool_turn, eos_ids, record_line};
 pub use options::{RegenerateOptions, RegenerateProgress, RegenerateReport};
 use output::{PartialOutput, run_meta};
@@ -105,39 +107,54 @@ pub fn regenerate<B: Backend>(
         input_total: input.1,
         unit: input.2,
     };
-    while opts.max_samples.is_none_or(|m| report.records < m) {
-        let Some(raw) = reader.next() else { break };
-        let raw = raw?;
-        input = reader.progress();
-        let source_index = raw.index;
-        if output.skip_through.is_some_and(|s| source_index <= s) {
-            continue;
-        }
-        report.conversations += 1;
-        let conv = match normalize(raw, &opts.normalize) {
-            Ok(n) => n.conversation,
-            Err(reason) => {
-                *report.dropped.entry(reason.as_str().to_owned()).or_default() += 1;
+    // Conversations are regenerated a chunk at a time (a few batches' worth, so the batch stays
+    // full while conversations end), and written in source order; a crash loses at most the
+    // chunk in flight.
+    let chunk_size = if opts.batch_size == 1 { 1 } else { 4 * opts.batch_size };
+    let mut input_done = false;
+    while !input_done && opts.max_samples.is_none_or(|m| report.records < m) {
+        let want = opts.max_samples.map_or(chunk_size, |m| chunk_size.min((m - report.records) as usize));
+        let mut chunk = Vec::with_capacity(want);
+        while chunk.len() < want {
+            let Some(raw) = reader.next() else {
+                input_done = true;
+                break;
+            };
+            let raw = raw?;
+            let source_index = raw.index;
+            if output.skip_through.is_some_and(|s| source_index <= s) {
                 continue;
             }
-        };
-        let messages = cut_at_tool_turn(conv.messages, &mut report);
-        let done = generator.conversation(&conv.id, source_index, messages, &mut report, &mut clock, &mut |r| {
-            progress(&snapshot(r, input))
-        })?;
-        if done.kept_turns == 0 {
-            let reason = done.stop_reason.unwrap_or("no_assistant_turn");
-            *report.dropped.entry(reason.to_owned()).or_default() += 1;
-            continue;
+            report.conversations += 1;
+            let conv = match normalize(raw, &opts.normalize) {
+                Ok(n) => n.conversation,
+                Err(reason) => {
+                    *report.dropped.entry(reason.as_str().to_owned()).or_default() += 1;
+                    continue;
+                }
+            };
+            let messages = cut_at_tool_turn(conv.messages, &mut report);
+            chunk.push(Pending { conv_id: conv.id, source_index, messages });
         }
-        if let Some(reason) = done.stop_reason {
-            *report.cut.entry(reason.to_owned()).or_default() += 1;
+        input = reader.progress();
+        let keys: Vec<(String, u64)> = chunk.iter().map(|p| (p.conv_id.clone(), p.source_index)).collect();
+        let results =
+            generator.chunk(chunk, opts.batch_size, &mut report, &mut clock, &mut |r| progress(&snapshot(r, input)))?;
+        for ((conv_id, source_index), done) in keys.into_iter().zip(results) {
+            if done.kept_turns == 0 {
+                let reason = done.stop_reason.unwrap_or("no_assistant_turn");
+                *report.dropped.entry(reason.to_owned()).or_default() += 1;
+                continue;
+            }
+            if let Some(reason) = done.stop_reason {
+                *report.cut.entry(reason.to_owned()).or_default() += 1;
+            }
+            output.append(&record_line(&conv_id, source_index, &done.messages))?;
+            report.records += 1;
+            report.written_records += 1;
+            report.turns_regenerated += done.kept_turns;
+            progress(&snapshot(&report, input));
         }
-        output.append(&record_line(&conv.id, source_index, &done.messages))?;
-        report.records += 1;
-        report.written_records += 1;
-        report.turns_regenerated += done.kept_turns;
-        progress(&snapshot(&report, input));
     }
     input = reader.progress();
     progress(&snapshot(&report, input));

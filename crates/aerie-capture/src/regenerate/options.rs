@@ -40,6 +40,8 @@ pub struct RegenerateOptions {
     pub max_length: Option<usize>,
     /// Stop once the output holds this many records.
     pub max_samples: Option<u64>,
+    /// Sequences the native target decodes at once (continuous batching).
+    pub batch_size: usize,
     /// Replace an existing `out`, and start over when `OUT.partial` was made with other options.
     pub overwrite: bool,
 }
@@ -61,6 +63,7 @@ impl RegenerateOptions {
             max_new_tokens: 512,
             max_length: Some(2048),
             max_samples: None,
+            batch_size: 1,
             overwrite: false,
         }
     }
@@ -77,6 +80,9 @@ impl RegenerateOptions {
         }
         if self.max_length == Some(0) {
             return Err(Error::Invalid("max-length must be at least 1 (or unset for no limit)".into()));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::Invalid("batch-size must be at least 1".into()));
         }
         if self.max_samples == Some(0) {
             return Err(Error::Invalid("max-samples must be at least 1".into()));
@@ -127,6 +133,8 @@ pub struct RegenerateReport {
     pub max_length: Option<usize>,
     /// The ids decoding stops at.
     pub eos_token_ids: Vec<u32>,
+    /// Sequences decoded at once.
+    pub batch_size: usize,
     /// Records in the output file.
     pub records: u64,
     /// Records already in `OUT.partial` when this run started.
@@ -181,6 +189,7 @@ impl RegenerateReport {
             max_new_tokens: opts.max_new_tokens,
             max_length: opts.max_length,
             eos_token_ids: eos.to_vec(),
+            batch_size: opts.batch_size,
             records: resumed_records,
             resumed_records,
             written_records: 0,

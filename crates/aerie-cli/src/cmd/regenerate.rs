@@ -55,6 +55,10 @@ pub struct RegenerateArgs {
     /// Stop once the output holds this many records.
     #[arg(long)]
     pub max_samples: Option<u64>,
+    /// Sequences the native target decodes at once (continuous batching; greedy outputs are
+    /// batch 1's, see `aerie bench generate`).
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
     /// How chat records are read.
     #[command(flatten)]
     pub input: ChatInputArgs,
@@ -83,6 +87,7 @@ impl RegenerateArgs {
         o.max_new_tokens = self.max_new_tokens;
         o.max_length = (self.max_length > 0).then_some(self.max_length);
         o.max_samples = self.max_samples;
+        o.batch_size = self.batch_size;
         o.overwrite = self.overwrite;
         Ok(o)
     }

@@ -6,13 +6,14 @@
 //! keeps every intermediate tensor; these kernels do one pass per row and keep only what their
 //! backward needs. [`host`] recognises burn-flex behind a generic backend; the kernels are the
 //! matmul ([`mm`], with [`matvec`] for a few rows), causal attention ([`attention`]) and its merge
-//! with the TTT diagonal keys ([`diagonal`]), RMSNorm ([`rms_norm`]) and the SwiGLU gate
-//! ([`swiglu`]). RoPE's kernel lives with RoPE (`rope/kernel.rs`), the TTT loss's with the TTT
+//! with the TTT diagonal keys ([`diagonal`]), RMSNorm ([`rms_norm`]), the SwiGLU gate
+//! ([`swiglu`]) and the batched KV cache's in-place writes ([`kv_write`]). RoPE's kernel lives with RoPE (`rope/kernel.rs`), the TTT loss's with the TTT
 //! objective (`ttt/fused.rs`).
 
 pub(crate) mod attention;
 pub(crate) mod diagonal;
 pub(crate) mod host;
+pub(crate) mod kv_write;
 mod matvec;
 pub(crate) mod mm;
 pub(crate) mod rms_norm;

@@ -97,6 +97,11 @@ impl<B: Backend> TargetCache<B> {
         Ok(())
     }
 
+    /// Layer `layer`'s keys and values `[B, nKV, T, d]` (`None` while empty).
+    pub(crate) fn layer(&self, layer: usize) -> Option<&(Tensor<B, 4>, Tensor<B, 4>)> {
+        self.layers.get(layer).and_then(Option::as_ref)
+    }
+
     /// Check that a forward of `batch` rows may extend this cache.
     pub(crate) fn check_batch(&self, batch: usize) -> Result<()> {
         if self.len > 0 && self.batch != batch {

@@ -14,6 +14,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, backend::Backend};
 
+use super::batch::BatchCache;
 use super::cache::TargetCache;
 use super::config::TargetSpec;
 use super::{CaptureRequest, LogitsMode, TargetOutput};
@@ -111,6 +112,38 @@ impl<B: Backend> TargetAttention<B> {
     }
 }
 
+impl<B: Backend> TargetAttention<B> {
+    /// One decode step of R independent rows: `x` is `[1, R, H]` (row r's new token at position
+    /// `rope_tables` row r), each row attends to its own cached keys in `cache` plus itself.
+    /// Rows ride the sequence axis through the projections and RoPE (one matmul for all rows),
+    /// then become the batch axis for attention.
+    fn forward_rows(
+        &self,
+        x: Tensor<B, 3>,
+        rope_tables: &RopeTables<B>,
+        mask: Tensor<B, 4, Bool>,
+        layer: usize,
+        cache: &mut BatchCache<B>,
+    ) -> Tensor<B, 3> {
+        let [_, r, _] = x.dims();
+        let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let (cos, sin) = (&rope_tables.cos, &rope_tables.sin);
+        let q = rope::apply(self.heads(self.q_proj.forward(x.clone()), nh, self.q_norm.as_ref()), cos, sin);
+        let k = rope::apply(self.heads(self.k_proj.forward(x.clone()), nkv, self.k_norm.as_ref()), cos, sin);
+        let v = self.heads(self.v_proj.forward(x), nkv, None);
+        // [1, n, R, d] → [R, n, 1, d]
+        let (q, k, v) = (q.swap_dims(0, 2), k.swap_dims(0, 2), v.swap_dims(0, 2));
+        let (k, v) = cache.write(layer, k, v);
+        let g = nh / nkv;
+        let q = q.reshape([r, nkv, g, d]);
+        let v = v.cast(q.dtype());
+        let k = k.cast(q.dtype());
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+        let out = attention(q, k, v, Some(mask), None, options);
+        self.o_proj.forward(out.reshape([1, r, nh * d]))
+    }
+}
+
 /// `LlamaDecoderLayer`: pre-norm attention and SwiGLU MLP, each with a residual.
 #[derive(Module, Debug)]
 pub struct TargetLayer<B: Backend> {
@@ -134,6 +167,20 @@ impl<B: Backend> TargetLayer<B> {
         cache: &mut TargetCache<B>,
     ) -> Tensor<B, 3> {
         let h = h.clone() + self.self_attn.forward(self.input_layernorm.forward(h), tables, mask, layer, cache);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+impl<B: Backend> TargetLayer<B> {
+    fn forward_rows(
+        &self,
+        h: Tensor<B, 3>,
+        tables: &RopeTables<B>,
+        mask: Tensor<B, 4, Bool>,
+        layer: usize,
+        cache: &mut BatchCache<B>,
+    ) -> Tensor<B, 3> {
+        let h = h.clone() + self.self_attn.forward_rows(self.input_layernorm.forward(h), tables, mask, layer, cache);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
 }
@@ -338,6 +385,32 @@ impl<B: Backend> TargetModel<B> {
             aux: captured.into_iter().map(|c| c.expect("every requested id is <= N and captured")).collect(),
             final_hidden,
         })
+    }
+
+    /// One decode step of a batch of sequences of different lengths: row r of `cache` gets
+    /// `tokens[r]` at position `cache.lens()[r]`. Returns the logits `[R, V]` of the new tokens.
+    /// The rows are independent: each sees exactly its own cached prefix.
+    pub(super) fn decode_rows(&self, tokens: &[u32], cache: &mut BatchCache<B>) -> Result<Tensor<B, 2>> {
+        let r = tokens.len();
+        if r == 0 || r != cache.rows() {
+            return Err(Error::Shape(format!("decode step of {r} tokens over {} cached rows", cache.rows())));
+        }
+        let vocab = self.spec.vocab_size;
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Shape(format!("token id {t} is outside the vocabulary 0..{vocab}")));
+        }
+        let device = self.device();
+        cache.reserve_next();
+        let mask = cache.step_mask(self.spec.kv_groups(), &device);
+        let tables = RopeTables::at(&self.spec, cache.lens(), &device);
+        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [r]), &device);
+        let mut h = self.model.embed_tokens.weight.val().select(0, ids).reshape([1, r, self.spec.hidden_size]);
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            h = layer.forward_rows(h, &tables, mask.clone(), i, cache);
+        }
+        cache.advance();
+        Ok(self.head(self.model.norm.forward(h)).reshape([r, vocab]))
     }
 
     /// `lm_head(x)` (or the tied embedding) on post-norm states `[B, S, H]` → `[B, S, V]`.

@@ -5,6 +5,7 @@
 //! - [`TargetConfig`] (HF `config.json`) resolves into a [`TargetSpec`] ([`config`]).
 //! - [`TargetModel`] is loaded from an HF directory ([`load`]) and run by [`llama`].
 //! - [`TargetCache`] holds keys/values ([`cache`]).
+//! - [`BatchGenerator`] decodes many sequences at once, continuously batched ([`batch`]).
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -23,6 +24,7 @@
 //! # Ok::<(), aerie_model::Error>(())
 //! ```
 
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod llama;
@@ -30,6 +32,7 @@ pub mod load;
 
 use burn::tensor::{Tensor, backend::Backend};
 
+pub use batch::{BatchGenerator, Generated, GenerationRequest};
 pub use cache::TargetCache;
 pub use config::{TargetArch, TargetConfig, TargetSpec, TokenIds};
 pub use llama::TargetModel;

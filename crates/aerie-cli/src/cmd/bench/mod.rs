@@ -1,3 +1,5 @@
+//! `aerie bench generate`: batched generation of the native target ([`generate`]).
+//!
 //! `aerie bench shards`: read and decode rate of a shard dataset against the disk (see
 //! `aerie_data::shard::bench`).
 //!
@@ -9,6 +11,8 @@
 //! vocabulary. The frozen target embedding is only looked up, so for very large vocabularies
 //! (V·H above 2^28 values) it is cut to fewer rows, which changes no FLOP count (`embed_rows` in
 //! the report says so).
+
+mod generate;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -47,6 +51,9 @@ pub enum BenchCommand {
     /// Tokenizer load time and single-threaded encode throughput on a JSON list of texts, with
     /// a digest of the ids (compare with `scripts/bench_tokenizer.py` for python tiktoken).
     Tokenizer(TokenizerBenchArgs),
+    /// Tokens/s of the native target's batched greedy generation at several batch sizes, beside
+    /// the machine's bandwidth and matmul limits.
+    Generate(generate::GenerateBenchArgs),
 }
 
 /// Arguments of `aerie bench shards`.
@@ -245,6 +252,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Train(a) => (train_spec(&a)?, a.run),
         BenchCommand::Shards(a) => return bench_shards(&a),
         BenchCommand::Tokenizer(a) => return bench_tokenizer(&a),
+        BenchCommand::Generate(a) => return generate::run(&a),
     };
     let report = match (run.device, run.backend) {
         (DeviceArg::Cpu, CpuBackend::Flex) => bench::<Autodiff<burn::backend::Flex>>(&spec, &run, &Default::default())?,
