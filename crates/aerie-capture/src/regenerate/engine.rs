@@ -13,6 +13,7 @@ use aerie_data::conversation::Message;
 use aerie_model::TargetModel;
 use burn::tensor::{DType, Tensor, backend::Backend};
 
+use super::RegenerateReport;
 use super::sampling::{Rng, sample};
 use crate::Result;
 
@@ -98,6 +99,8 @@ pub(super) trait TurnEngine {
     /// Block until one submitted job finishes. `on_tokens(n)` may be called while waiting
     /// with `n` newly generated tokens (progress only; the totals are in [`TurnDone`]).
     fn next_done(&mut self, on_tokens: &mut dyn FnMut(u64)) -> Result<TurnDone>;
+    /// Add what only the engine knows to the run's report, before it is written.
+    fn finish_report(&self, _report: &mut RegenerateReport) {}
 }
 
 /// The native target, one sequence at a time: a job is decoded when [`TurnEngine::next_done`]

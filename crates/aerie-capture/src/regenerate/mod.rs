@@ -16,6 +16,9 @@
 //! `max_length`. The answer is the generated ids without the stopping eos, decoded with special
 //! tokens skipped.
 //!
+//! Prompt-only records (MT-Bench's `{"turns": [...]}`, or user turns without answers) are
+//! answered prompt by prompt, each prompt holding the target's answers to the earlier ones.
+//!
 //! Rules on top of normalisation, each counted in the report:
 //! - a conversation is cut before its first tool turn (the tool answered the ORIGINAL
 //!   assistant's call, which is gone) — `cut.tool_turn`;
@@ -64,7 +67,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use aerie_data::conversation::normalize;
+use aerie_data::conversation::{RawConversation, RawTurn, Role, normalize};
 use aerie_data::readers::{ConversationReader, ProgressUnit};
 use aerie_data::template::ChatTemplate;
 use aerie_data::tokenizer::TokenizerFiles;
@@ -126,9 +129,7 @@ pub fn regenerate_server(
     let meta = run_meta(opts, generator, &tok, &template, &eos)?;
     let mut engine = server::ServerEngine::start(server, resolved, api_source, &eos);
     let run = Run { opts, turns: Turns::new(&tok, &tok_dir, &template, opts), eos: &eos };
-    let mut report = run.drive(&mut engine, &meta, progress)?;
-    report.server = Some(engine.report());
-    Ok(report)
+    run.drive(&mut engine, &meta, progress)
 }
 
 /// Validate the options and refuse a finished output or a missing input before anything runs.
@@ -211,7 +212,7 @@ impl Run<'_> {
                 }
                 report.conversations += 1;
                 pending.order.push_back(source_index);
-                let conv = match normalize(raw, &opts.normalize) {
+                let conv = match normalize(with_answer_slots(raw), &opts.normalize) {
                     Ok(n) => n.conversation,
                     Err(reason) => {
                         pending.finished.insert(source_index, Outcome::Drop(reason.as_str().to_owned()));
@@ -272,6 +273,7 @@ impl Run<'_> {
         for _ in 0..report.read.malformed {
             count(&mut report.dropped, "malformed");
         }
+        engine.finish_report(&mut report);
         let closed = output.close()?;
         if report.records == 0 {
             closed.abandon();
@@ -307,6 +309,33 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// A prompt-only record (MT-Bench's `turns`, or user turns with no answer at all) gets an
+/// assistant slot after each user turn, so that every prompt is answered in turn; the slots'
+/// text is never used (every assistant turn is replaced). Records with answers are unchanged.
+fn with_answer_slots(mut raw: RawConversation) -> RawConversation {
+    let role = |t: &RawTurn| Role::from_source(&t.role);
+    if raw.turns.iter().any(|t| role(t) == Some(Role::Assistant)) {
+        return raw;
+    }
+    let turns = std::mem::take(&mut raw.turns);
+    for t in turns {
+        let user = role(&t) == Some(Role::User);
+        raw.turns.push(t);
+        if user {
+            raw.turns.push(RawTurn {
+                role: "assistant".into(),
+                content: "(to be regenerated)".into(),
+                reasoning_content: None,
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                name: None,
+                has_media: false,
+            });
+        }
+    }
+    raw
 }
 
 /// Refuse a tokenizer that does not belong to the target (more tokens than the target's

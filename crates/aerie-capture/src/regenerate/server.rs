@@ -510,7 +510,7 @@ impl ServerEngine {
     }
 
     /// The counters so far.
-    pub(super) fn report(&self) -> ServerReport {
+    fn report(&self) -> ServerReport {
         let mut r = self.report.clone();
         r.mean_request_seconds = self.request_seconds / (r.requests.max(1) as f64);
         r.request_tokens_per_second = self.request_tokens as f64 / self.request_seconds.max(1e-9);
@@ -548,6 +548,10 @@ impl TurnEngine for ServerEngine {
         self.request_seconds += o.seconds;
         self.request_tokens += done.tokens;
         Ok(done)
+    }
+
+    fn finish_report(&self, report: &mut super::RegenerateReport) {
+        report.server = Some(self.report());
     }
 }
 

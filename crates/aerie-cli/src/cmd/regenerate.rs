@@ -230,10 +230,12 @@ fn print_report(r: &RegenerateReport) {
         "turns        {} regenerated, {} tokens in {:.1} s ({:.1} tokens/s), {} prompt tokens",
         r.turns_regenerated, r.tokens_generated, r.seconds, r.tokens_per_second, r.prompt_tokens
     );
-    println!(
-        "speed        prefill {:.1} tokens/s ({:.1} s), decode {:.1} tokens/s",
-        r.prefill_tokens_per_second, r.prefill_seconds, r.decode_tokens_per_second
-    );
+    if r.server.is_none() {
+        println!(
+            "speed        prefill {:.1} tokens/s ({:.1} s), decode {:.1} tokens/s",
+            r.prefill_tokens_per_second, r.prefill_seconds, r.decode_tokens_per_second
+        );
+    }
     println!(
         "stopped by   eos {}, max-new-tokens {}, max-length {}",
         r.stopped_by_eos, r.stopped_by_max_new_tokens, r.stopped_by_max_length
