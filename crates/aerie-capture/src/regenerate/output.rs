@@ -52,8 +52,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 pub(super) enum Generator<'a> {
     /// The native target in this directory (its `config.json` digest is kept).
     Native { target_dir: &'a Path },
-    /// A serving engine: URL, dialect and chat model.
-    Server { url: &'a str, api: &'a str, model: Option<&'a str> },
+    /// A serving engine: its dialect and model (not its URL: the same model served elsewhere,
+    /// or restarted on another port, resumes the same output).
+    Server { api: &'a str, model: Option<&'a str> },
 }
 
 /// The options a partial output depends on; a resume must find the same.
@@ -79,8 +80,7 @@ pub(super) fn run_meta(
             let config = target_dir.join("config.json");
             meta["target_config_sha256"] = json!(sha256_hex(&std::fs::read(&config).map_err(|e| io(&config, e))?));
         }
-        Generator::Server { url, api, model } => {
-            meta["server"] = json!(url.trim_end_matches('/'));
+        Generator::Server { api, model } => {
             meta["api"] = json!(api);
             meta["model"] = json!(model);
         }

@@ -137,7 +137,7 @@ pub struct ServerReport {
     pub api: String,
     /// How the dialect was chosen: `given` or `detected`.
     pub api_source: String,
-    /// Chat model name (OpenAI dialect).
+    /// The model: `--model`, else the first `/v1/models` id (OpenAI) or SGLang's `model_path`.
     pub model: Option<String>,
     /// Requests in flight at most.
     pub concurrency: usize,
@@ -172,32 +172,41 @@ fn get(agent: &ureq::Agent, url: &str) -> std::result::Result<(u16, String), Str
     Ok((status, body))
 }
 
-/// Resolve `--api auto` and the chat model: SGLang answers `GET /get_model_info` (200); an
-/// OpenAI-compatible server answers `GET /v1/models` with `{"data": [{"id"}, ...]}`.
+/// Resolve `--api auto` and the model: SGLang answers `GET /get_model_info` (200, with its
+/// `model_path`); an OpenAI-compatible server answers `GET /v1/models` with
+/// `{"data": [{"id"}, ...]}` (the first id is the chat model unless `--model` names one).
 pub(super) fn detect(opts: &ServerOptions) -> Result<(Resolved, &'static str)> {
     let agent = agent(opts.timeout.min(Duration::from_secs(30)));
     let base = opts.base();
     let mut source = "given";
-    let api = match opts.api {
-        Api::Auto => {
+    let info_url = format!("{base}/get_model_info");
+    let info = get(&agent, &info_url);
+    let api = match (opts.api, &info) {
+        (Api::Auto, Ok((200, _))) => {
             source = "detected";
-            let info = format!("{base}/get_model_info");
-            match get(&agent, &info) {
-                Ok((200, _)) => Api::Sglang,
-                Ok(_) => Api::Openai,
-                Err(e) => {
-                    return Err(Error::Invalid(format!(
-                        "--server {}: GET {info} failed ({e}): is the server running and listening there?",
-                        opts.url
-                    )));
-                }
-            }
+            Api::Sglang
         }
-        a => a,
+        (Api::Auto, Ok(_)) => {
+            source = "detected";
+            Api::Openai
+        }
+        (Api::Auto, Err(e)) => {
+            return Err(Error::Invalid(format!(
+                "--server {}: GET {info_url} failed ({e}): is the server running and listening there?",
+                opts.url
+            )));
+        }
+        (a, _) => a,
     };
     let model = match (api, &opts.model) {
-        (Api::Openai, Some(m)) => Some(m.clone()),
-        (Api::Openai, None) => {
+        (_, Some(m)) => Some(m.clone()),
+        // SGLang names its model in /get_model_info (`model_path`).
+        (Api::Sglang, None) => info
+            .ok()
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .and_then(|v| v.get("model_path")?.as_str().map(str::to_owned)),
+        (_, None) => {
             let url = format!("{base}/v1/models");
             let (status, body) = get(&agent, &url).map_err(|e| {
                 Error::Invalid(format!("--server {}: GET {url} failed ({e}): is the server running?", opts.url))
@@ -215,7 +224,6 @@ pub(super) fn detect(opts: &ServerOptions) -> Result<(Resolved, &'static str)> {
                 ))
             })?)
         }
-        _ => None,
     };
     Ok((Resolved { api, model }, source))
 }
