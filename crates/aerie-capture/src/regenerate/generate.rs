@@ -193,7 +193,15 @@ impl<'a> Turns<'a> {
         clock.tokens += done.decode_tokens;
         let (reasoning, content) = match (&done.ids, done.text) {
             (Some(ids), _) => self.answer_of_ids(ids)?,
-            (None, text) => (done.reasoning, text.unwrap_or_default()),
+            // A server without a reasoning parser leaves `<think>…</think>` inline.
+            (None, text) => {
+                let text = text.unwrap_or_default();
+                match (done.reasoning, split_inline_think(&text)) {
+                    (Some(r), _) => (Some(r), text),
+                    (None, Some((r, c))) => (Some(r), c),
+                    (None, None) => (None, text),
+                }
+            }
         };
         let reasoning = reasoning.filter(|r| !r.trim().is_empty());
         if content.trim().is_empty() && reasoning.is_none() {
