@@ -24,8 +24,8 @@
 //!   assistant's call, which is gone) — `cut.tool_turn`;
 //! - a turn whose prompt already has `max_length` tokens ends the conversation before that turn
 //!   — `cut.prompt_too_long`, or `dropped.prompt_too_long` when it is the first one;
-//! - an empty (whitespace-only) answer ends the conversation before that turn —
-//!   `cut.empty_response` / `dropped.empty_response`;
+//! - an empty answer (whitespace-only content and no reasoning) ends the conversation before
+//!   that turn — `cut.empty_response` / `dropped.empty_response`;
 //! - a template error on a prefix drops the conversation — `dropped.template_error`.
 //!
 //! # Output and resume
@@ -50,7 +50,7 @@
 //! # Steps
 //!
 //! One module each: `options` (what is asked and reported), `generate` (one conversation's
-//! turns: prompts, answers, drop and cut rules), `engine` (the [`engine::TurnEngine`] seam and
+//! turns: prompts, answers, drop and cut rules), `engine` (the `TurnEngine` seam and
 //! the native batch-1 engine), `server` (the HTTP engine), `sampling` (the seeded sampler) and
 //! `output` (the resumable output file protocol). The driver here reads and normalises the
 //! input, keeps up to the engine's capacity of conversations in flight, submits each one's next
