@@ -16,4 +16,7 @@ pub enum Error {
     /// Options that cannot work with this target or data.
     #[error("{0}")]
     Invalid(String),
+    /// A serving engine refused or failed a request (the message names the request).
+    #[error("{0}")]
+    Server(String),
 }

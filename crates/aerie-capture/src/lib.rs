@@ -22,5 +22,5 @@ mod run;
 
 pub use error::{Error, Result};
 pub use python::{PythonCapture, PythonEngine, PythonReport};
-pub use regenerate::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate};
+pub use regenerate::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate, regenerate_server};
 pub use run::{CaptureOptions, CaptureProgress, CaptureReport, capture};

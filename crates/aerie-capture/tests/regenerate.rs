@@ -243,13 +243,14 @@ fn bad_input_is_refused_naming_the_file() {
     o.data = s.dir.path().join("missing.jsonl");
     let err = regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("missing.jsonl"), "{err}");
-    // No conversation with an assistant turn.
+    // No conversation with a turn to answer (a lone user turn is a prompt-only record, which
+    // is answered: see `prompt_only_records_are_answered_turn_by_turn`).
     let empty = s.dir.path().join("empty.jsonl");
     fixture::write_jsonl(
         &empty,
         &[
             json!({"id": "a", "conversations": []}),
-            json!({"id": "b", "conversations": [{"from": "human", "value": "hi"}]}),
+            json!({"id": "b", "conversations": [{"from": "system", "value": "hi"}]}),
         ],
     );
     let mut o = opts(&s, "y.jsonl", 4);
@@ -318,4 +319,32 @@ fn batched_regeneration_writes_the_batch_one_bytes() {
             assert_eq!(run(batch), one, "batch {batch}, temperature {temperature}");
         }
     }
+}
+
+#[test]
+fn prompt_only_records_are_answered_turn_by_turn() {
+    // MT-Bench's shape and a ShareGPT record with user turns only: every prompt is answered, the
+    // second one holding the target's first answer; a record with answers is unchanged.
+    let s = setup(2);
+    let data = s.dir.path().join("mt.jsonl");
+    fixture::write_jsonl(
+        &data,
+        &[
+            json!({"question_id": 81, "category": "writing", "turns": ["Say a.", "Now say b."]}),
+            json!({"id": "u", "conversations": [{"from": "human", "value": "Only a question."}]}),
+        ],
+    );
+    let mut o = opts(&s, "mt-out.jsonl", 4);
+    o.data = data;
+    let report = regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
+    assert_eq!((report.records, report.turns_regenerated), (2, 3));
+    let text = std::fs::read_to_string(&o.out).unwrap();
+    let got: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(got[0]["id"], "81");
+    let roles: Vec<&str> =
+        got[0]["conversations"].as_array().unwrap().iter().map(|t| t["from"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["human", "gpt", "human", "gpt"]);
+    assert_eq!(got[0]["conversations"][2]["value"], "Now say b.");
+    assert!(!text.contains("(to be regenerated)"));
+    assert_eq!(got[1]["conversations"].as_array().unwrap().len(), 2);
 }

@@ -25,22 +25,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::{ShardDataset, ShardWriter, ShardWriterOptions};
-use common::{aerie, aerie_cmd, ok, ok_json, s};
+use common::{aerie, aerie_cmd, ok, ok_json, python, s};
 use serde_json::Value;
-
-/// `$AERIE_PYTHON`, or `None` (with a note) when unset; under `CI=true` an unset variable fails.
-fn python(test: &str) -> Option<PathBuf> {
-    match std::env::var_os("AERIE_PYTHON") {
-        Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("{test}: AERIE_PYTHON is unset but CI=true: CI must run the Python checks (.ci/run sets it)")
-        }
-        None => {
-            println!("note: {test} skipped: set AERIE_PYTHON to a Python with python/requirements-test.txt installed");
-            None
-        }
-    }
-}
 
 fn python_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python")

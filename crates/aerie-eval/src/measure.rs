@@ -5,6 +5,11 @@
 //! event stream with `stream`), and the implied cost of one draft+verify cycle. Against a server
 //! without speculation it measures T_d, the plain decode step, and can start a costs file
 //! ([`crate::cost`]); a later speculative run adds its measured cycle to the same file.
+//!
+//! Any OpenAI-compatible server measures T_d the same way through its chat stream (no
+//! `meta_info`: one token per content delta). Tested against llama.cpp's server
+//! (`crates/aerie-cli/tests/regenerate_server.rs`), where the stream's count equals the server's
+//! own `usage.completion_tokens` of the same requests unstreamed.
 
 use std::io::{BufRead, BufReader};
 use std::sync::Mutex;

@@ -16,13 +16,16 @@
 //! `max_length`. The answer is the generated ids without the stopping eos, decoded with special
 //! tokens skipped.
 //!
+//! Prompt-only records (MT-Bench's `{"turns": [...]}`, or user turns without answers) are
+//! answered prompt by prompt, each prompt holding the target's answers to the earlier ones.
+//!
 //! Rules on top of normalisation, each counted in the report:
 //! - a conversation is cut before its first tool turn (the tool answered the ORIGINAL
 //!   assistant's call, which is gone) — `cut.tool_turn`;
 //! - a turn whose prompt already has `max_length` tokens ends the conversation before that turn
 //!   — `cut.prompt_too_long`, or `dropped.prompt_too_long` when it is the first one;
-//! - an empty (whitespace-only) answer ends the conversation before that turn —
-//!   `cut.empty_response` / `dropped.empty_response`;
+//! - an empty answer (whitespace-only content and no reasoning) ends the conversation before
+//!   that turn — `cut.empty_response` / `dropped.empty_response`;
 //! - a template error on a prefix drops the conversation — `dropped.template_error`.
 //!
 //! # Output and resume
@@ -37,20 +40,34 @@
 //! end the report is written to `OUT`'s `.report.json` sibling and `OUT.partial` is renamed to
 //! `OUT`.
 //!
-//! The steps, one module each: `options` (what is asked and reported), `generate` (the
-//! generation loop of one conversation), `sampling` (the seeded sampler) and `output` (the
-//! resumable output file protocol); [`regenerate()`] runs them in order.
+//! # Through a serving engine
+//!
+//! [`regenerate_server`] sends the same turns to a running server (SGLang `/generate` with
+//! aerie's own token ids, or an OpenAI-compatible `/v1/chat/completions`), `--concurrency`
+//! requests in flight; see [`server`]. Conversations finish out of order and are written in
+//! source order.
+//!
+//! # Steps
+//!
+//! One module each: `options` (what is asked and reported), `generate` (one conversation's
+//! turns: prompts, answers, drop and cut rules), `engine` (the `TurnEngine` seam and
+//! the native batch-1 engine), `server` (the HTTP engine), `sampling` (the seeded sampler) and
+//! `output` (the resumable output file protocol). The driver here reads and normalises the
+//! input, keeps up to the engine's capacity of conversations in flight, submits each one's next
+//! turn when its previous one is answered, and writes finished conversations in source order.
 
-mod batched;
+mod engine;
 mod generate;
 mod options;
 mod output;
 mod sampling;
+pub mod server;
 
-use std::path::Path;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use aerie_data::conversation::normalize;
+use aerie_data::conversation::{RawConversation, RawTurn, Role, normalize};
 use aerie_data::readers::{ConversationReader, ProgressUnit};
 use aerie_data::template::ChatTemplate;
 use aerie_data::tokenizer::TokenizerFiles;
@@ -58,11 +75,12 @@ use aerie_model::TargetModel;
 use burn::tensor::backend::Backend;
 
 use crate::{Error, Result};
-use batched::Pending;
-use generate::{DecodeClock, TurnGenerator, cut_at_tool_turn, eos_ids, record_line};
+use engine::{NativeEngine, TurnEngine};
+use generate::{DecodeClock, InFlight, Outcome, Step, Turns, config_eos, count, cut_at_tool_turn, eos_ids};
 pub use options::{RegenerateOptions, RegenerateProgress, RegenerateReport};
-use output::{PartialOutput, run_meta};
+use output::{Generator, PartialOutput, run_meta};
 pub use output::{REGENERATE_FORMAT, meta_path, partial_path, report_path};
+pub use server::{Api, ServerOptions, ServerReport};
 
 /// Regenerate the assistant turns of `opts.data` with `target` (loaded from `target_dir`,
 /// which also holds `generation_config.json` when there is one) into `opts.out`.
@@ -72,112 +90,252 @@ pub fn regenerate<B: Backend>(
     opts: &RegenerateOptions,
     progress: &mut dyn FnMut(&RegenerateProgress),
 ) -> Result<RegenerateReport> {
+    check_paths(opts)?;
+    let tok_dir = opts.tokenizer.clone().unwrap_or_else(|| target_dir.to_owned());
+    let tok = TokenizerFiles::load(&tok_dir)?;
+    check_tokenizer(&tok, target, target_dir)?;
+    let template = ChatTemplate::resolve(&opts.template, &tok)?;
+    let eos = eos_ids(&target.spec().eos_token_ids, target_dir, &tok)?;
+    let meta = run_meta(opts, Generator::Native { target_dir }, &tok, &template, &eos)?;
+    let mut engine = NativeEngine::new(target, &eos, opts.batch_size)?;
+    let run = Run { opts, turns: Turns::new(&tok, &tok_dir, &template, opts), eos: &eos };
+    run.drive(&mut engine, &meta, progress)
+}
+
+/// Regenerate the assistant turns of `opts.data` through the serving engine `server` into
+/// `opts.out`. `opts.tokenizer` is required: prompts are rendered and measured (and SGLang's
+/// `output_ids` decoded) with it, and its directory's `config.json` / `generation_config.json`
+/// add eos ids when present.
+pub fn regenerate_server(
+    server: &ServerOptions,
+    opts: &RegenerateOptions,
+    progress: &mut dyn FnMut(&RegenerateProgress),
+) -> Result<RegenerateReport> {
+    server.validate()?;
+    check_paths(opts)?;
+    let tok_dir: PathBuf = opts.tokenizer.clone().ok_or_else(|| {
+        Error::Invalid(
+            "--server needs --tokenizer (the served model's tokenizer directory or hub id): aerie renders and \
+             measures every prompt with it"
+                .into(),
+        )
+    })?;
+    let tok = TokenizerFiles::load(&tok_dir)?;
+    let template = ChatTemplate::resolve(&opts.template, &tok)?;
+    let eos = eos_ids(&config_eos(&tok_dir)?, &tok_dir, &tok)?;
+    let (resolved, api_source) = server::detect(server)?;
+    let api = if resolved.api == Api::Sglang { "sglang" } else { "openai" };
+    let generator = Generator::Server { api, model: resolved.model.as_deref() };
+    let meta = run_meta(opts, generator, &tok, &template, &eos)?;
+    let mut engine = server::ServerEngine::start(server, resolved, api_source, &eos);
+    let run = Run { opts, turns: Turns::new(&tok, &tok_dir, &template, opts), eos: &eos };
+    run.drive(&mut engine, &meta, progress)
+}
+
+/// Validate the options and refuse a finished output or a missing input before anything runs.
+fn check_paths(opts: &RegenerateOptions) -> Result<()> {
     opts.validate()?;
-    let out = &opts.out;
-    if out.exists() && !opts.overwrite {
+    if opts.out.exists() && !opts.overwrite {
         return Err(Error::Invalid(format!(
             "{} already exists (a finished regeneration); pass --overwrite to replace it",
-            out.display()
+            opts.out.display()
         )));
     }
     if !opts.data.exists() {
         return Err(Error::Invalid(format!("{}: no such file or directory (--data)", opts.data.display())));
     }
-    let tok_dir = opts.tokenizer.clone().unwrap_or_else(|| target_dir.to_owned());
-    let tok = TokenizerFiles::load(&tok_dir)?;
-    check_tokenizer(&tok, target, target_dir)?;
-    let template = ChatTemplate::resolve(&opts.template, &tok)?;
-    let eos = eos_ids(target, target_dir, &tok)?;
-    let meta = run_meta(opts, target_dir, &tok, &template, &eos)?;
-    let mut output = PartialOutput::resume_or_start(out, &meta, opts.overwrite)?;
-    let resumed_records = output.resumed_records;
+    Ok(())
+}
 
-    let mut reader = ConversationReader::open(&opts.data, &opts.read)?;
-    let mut report = RegenerateReport::start(opts, &template, &eos, resumed_records);
-    let generator = TurnGenerator { target, tok: &tok, tok_dir: &tok_dir, template: &template, eos: &eos, opts };
-    let start = Instant::now();
-    let mut clock = DecodeClock::default();
-    let mut input: (u64, u64, ProgressUnit);
-    let snapshot = |report: &RegenerateReport, input: (u64, u64, ProgressUnit)| RegenerateProgress {
-        records: report.records,
-        resumed_records,
-        max_samples: opts.max_samples,
-        tokens: report.tokens_generated,
-        input_done: input.0,
-        input_total: input.1,
-        unit: input.2,
-    };
-    // Conversations are regenerated a chunk at a time (a few batches' worth, so the batch stays
-    // full while conversations end), and written in source order; a crash loses at most the
-    // chunk in flight.
-    let chunk_size = if opts.batch_size == 1 { 1 } else { 4 * opts.batch_size };
-    let mut input_done = false;
-    while !input_done && opts.max_samples.is_none_or(|m| report.records < m) {
-        let want = opts.max_samples.map_or(chunk_size, |m| chunk_size.min((m - report.records) as usize));
-        let mut chunk = Vec::with_capacity(want);
-        while chunk.len() < want {
-            let Some(raw) = reader.next() else {
-                input_done = true;
-                break;
-            };
-            let raw = raw?;
-            let source_index = raw.index;
-            if output.skip_through.is_some_and(|s| source_index <= s) {
-                continue;
-            }
-            report.conversations += 1;
-            let conv = match normalize(raw, &opts.normalize) {
-                Ok(n) => n.conversation,
-                Err(reason) => {
-                    *report.dropped.entry(reason.as_str().to_owned()).or_default() += 1;
+/// One run: the options, the turn builder and the eos ids.
+struct Run<'a> {
+    opts: &'a RegenerateOptions,
+    turns: Turns<'a>,
+    eos: &'a [u32],
+}
+
+/// Conversations admitted but not yet written, in source order, and the finished ones waiting
+/// for the earlier ones (the reorder buffer).
+#[derive(Default)]
+struct Pending {
+    order: VecDeque<u64>,
+    finished: HashMap<u64, Outcome>,
+}
+
+impl Run<'_> {
+    /// Read, normalise and regenerate every conversation through `engine`, appending finished
+    /// ones in source order to the resumable output made with `meta`; then publish it.
+    fn drive(
+        &self,
+        engine: &mut dyn TurnEngine,
+        meta: &serde_json::Value,
+        progress: &mut dyn FnMut(&RegenerateProgress),
+    ) -> Result<RegenerateReport> {
+        let opts = self.opts;
+        let mut output = PartialOutput::resume_or_start(&opts.out, meta, opts.overwrite)?;
+        let resumed_records = output.resumed_records;
+        let mut reader = ConversationReader::open(&opts.data, &opts.read)?;
+        let mut report = RegenerateReport::start(opts, self.turns.template, self.eos, resumed_records);
+        let start = Instant::now();
+        let mut clock = DecodeClock::default();
+        let capacity = engine.capacity().max(1);
+        let mut slots: Vec<Option<InFlight>> = (0..capacity).map(|_| None).collect();
+        let mut pending = Pending::default();
+        let mut outstanding = 0usize;
+        let mut exhausted = false;
+        let mut ticked = 0u64;
+        let mut input = reader.progress();
+        let snapshot = |report: &RegenerateReport, input: (u64, u64, ProgressUnit), ticked: u64| RegenerateProgress {
+            records: report.records,
+            resumed_records,
+            max_samples: opts.max_samples,
+            tokens: report.tokens_generated.max(ticked),
+            input_done: input.0,
+            input_total: input.1,
+            unit: input.2,
+        };
+        let room = |report: &RegenerateReport, pending: &Pending| {
+            opts.max_samples.is_none_or(|m| report.records + (pending.order.len() as u64) < m)
+        };
+        loop {
+            // Admit conversations while the engine has room and the output may still grow.
+            while !exhausted && outstanding < capacity && room(&report, &pending) {
+                let Some(raw) = reader.next() else {
+                    exhausted = true;
+                    break;
+                };
+                let raw = raw?;
+                input = reader.progress();
+                let source_index = raw.index;
+                if output.skip_through.is_some_and(|s| source_index <= s) {
                     continue;
                 }
-            };
-            let messages = cut_at_tool_turn(conv.messages, &mut report);
-            chunk.push(Pending { conv_id: conv.id, source_index, messages });
-        }
-        input = reader.progress();
-        let keys: Vec<(String, u64)> = chunk.iter().map(|p| (p.conv_id.clone(), p.source_index)).collect();
-        let results =
-            generator.chunk(chunk, opts.batch_size, &mut report, &mut clock, &mut |r| progress(&snapshot(r, input)))?;
-        for ((conv_id, source_index), done) in keys.into_iter().zip(results) {
-            if done.kept_turns == 0 {
-                let reason = done.stop_reason.unwrap_or("no_assistant_turn");
-                *report.dropped.entry(reason.to_owned()).or_default() += 1;
+                report.conversations += 1;
+                pending.order.push_back(source_index);
+                let conv = match normalize(with_answer_slots(raw), &opts.normalize) {
+                    Ok(n) => n.conversation,
+                    Err(reason) => {
+                        pending.finished.insert(source_index, Outcome::Drop(reason.as_str().to_owned()));
+                        self.flush(&mut pending, &mut output, &mut report)?;
+                        continue;
+                    }
+                };
+                let messages = cut_at_tool_turn(conv.messages, &mut report);
+                let slot = slots.iter().position(Option::is_none).expect("a free slot below capacity");
+                let mut f = InFlight::new(conv.id, source_index, messages);
+                match self.turns.advance(slot, &mut f)? {
+                    Step::Job(job) => {
+                        engine.submit(job)?;
+                        outstanding += 1;
+                        slots[slot] = Some(f);
+                    }
+                    Step::Finished(o) => {
+                        pending.finished.insert(source_index, o);
+                        self.flush(&mut pending, &mut output, &mut report)?;
+                    }
+                }
+            }
+            if outstanding == 0 {
+                // Everything admitted is written; stop when nothing more may be admitted.
+                if exhausted || !room(&report, &pending) {
+                    break;
+                }
                 continue;
             }
-            if let Some(reason) = done.stop_reason {
-                *report.cut.entry(reason.to_owned()).or_default() += 1;
+            let done = engine.next_done(&mut |n| {
+                ticked += n;
+                progress(&snapshot(&report, input, ticked));
+            })?;
+            outstanding -= 1;
+            let slot = done.key;
+            let mut conv = slots[slot].take().expect("an answer for a conversation in flight");
+            match self.turns.answered(&mut conv, done, &mut report, &mut clock)? {
+                Step::Job(job) => {
+                    engine.submit(job)?;
+                    outstanding += 1;
+                    slots[slot] = Some(conv);
+                }
+                Step::Finished(o) => {
+                    pending.finished.insert(conv.source_index, o);
+                    self.flush(&mut pending, &mut output, &mut report)?;
+                }
             }
-            output.append(&record_line(&conv_id, source_index, &done.messages))?;
-            report.records += 1;
-            report.written_records += 1;
-            report.turns_regenerated += done.kept_turns;
-            progress(&snapshot(&report, input));
+            progress(&snapshot(&report, input, ticked));
+        }
+        input = reader.progress();
+        progress(&snapshot(&report, input, ticked));
+        report.read = reader.into_report();
+        report.seconds = start.elapsed().as_secs_f64();
+        report.tokens_per_second = report.tokens_generated as f64 / report.seconds.max(1e-9);
+        let per_second = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        report.prefill_tokens_per_second = per_second(report.prompt_tokens, report.prefill_seconds);
+        report.decode_tokens_per_second = per_second(clock.tokens, clock.seconds);
+        for _ in 0..report.read.malformed {
+            count(&mut report.dropped, "malformed");
+        }
+        engine.finish_report(&mut report);
+        let closed = output.close()?;
+        if report.records == 0 {
+            closed.abandon();
+            return Err(Error::Invalid(format!(
+                "{}: no conversation could be regenerated ({} records read; dropped per reason: {})",
+                opts.data.display(),
+                report.read.records,
+                serde_json::to_string(&report.dropped).unwrap_or_default()
+            )));
+        }
+        closed.publish(&opts.out, &report)?;
+        Ok(report)
+    }
+
+    /// Write (or count as dropped) the finished conversations at the front of the source order.
+    fn flush(&self, pending: &mut Pending, output: &mut PartialOutput, report: &mut RegenerateReport) -> Result<()> {
+        while let Some(front) = pending.order.front().copied()
+            && let Some(outcome) = pending.finished.remove(&front)
+        {
+            pending.order.pop_front();
+            match outcome {
+                Outcome::Drop(reason) => count(&mut report.dropped, &reason),
+                Outcome::Write { line, kept_turns, cut } => {
+                    output.append(&line)?;
+                    report.records += 1;
+                    report.written_records += 1;
+                    report.turns_regenerated += kept_turns;
+                    if let Some(reason) = cut {
+                        count(&mut report.cut, reason);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A prompt-only record (MT-Bench's `turns`, or user turns with no answer at all) gets an
+/// assistant slot after each user turn, so that every prompt is answered in turn; the slots'
+/// text is never used (every assistant turn is replaced). Records with answers are unchanged.
+fn with_answer_slots(mut raw: RawConversation) -> RawConversation {
+    let role = |t: &RawTurn| Role::from_source(&t.role);
+    if raw.turns.iter().any(|t| role(t) == Some(Role::Assistant)) {
+        return raw;
+    }
+    let turns = std::mem::take(&mut raw.turns);
+    for t in turns {
+        let user = role(&t) == Some(Role::User);
+        raw.turns.push(t);
+        if user {
+            raw.turns.push(RawTurn {
+                role: "assistant".into(),
+                content: "(to be regenerated)".into(),
+                reasoning_content: None,
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                name: None,
+                has_media: false,
+            });
         }
     }
-    input = reader.progress();
-    progress(&snapshot(&report, input));
-    report.read = reader.into_report();
-    report.seconds = start.elapsed().as_secs_f64();
-    report.tokens_per_second = report.tokens_generated as f64 / report.seconds.max(1e-9);
-    report.prefill_tokens_per_second = report.prompt_tokens as f64 / report.prefill_seconds.max(1e-9);
-    report.decode_tokens_per_second = clock.tokens as f64 / clock.seconds.max(1e-9);
-    for _ in 0..report.read.malformed {
-        *report.dropped.entry("malformed".into()).or_default() += 1;
-    }
-    let closed = output.close()?;
-    if report.records == 0 {
-        closed.abandon();
-        return Err(Error::Invalid(format!(
-            "{}: no conversation could be regenerated ({} records read; dropped per reason: {})",
-            opts.data.display(),
-            report.read.records,
-            serde_json::to_string(&report.dropped).unwrap_or_default()
-        )));
-    }
-    closed.publish(out, &report)?;
-    Ok(report)
+    raw
 }
 
 /// Refuse a tokenizer that does not belong to the target (more tokens than the target's

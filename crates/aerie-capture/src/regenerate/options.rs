@@ -9,6 +9,8 @@ use aerie_data::readers::{ProgressUnit, ReadOptions, ReadReport};
 use aerie_data::template::{ChatTemplate, TemplateChoice};
 use serde::Serialize;
 
+use super::server::ServerReport;
+
 use crate::{Error, Result};
 
 /// What to regenerate and how.
@@ -28,6 +30,8 @@ pub struct RegenerateOptions {
     pub normalize: NormalizeOptions,
     /// Chat template.
     pub template: TemplateChoice,
+    /// Extra template variables (`--template-kwarg`, e.g. K2.5's `thinking`), as JSON.
+    pub template_kwargs: BTreeMap<String, serde_json::Value>,
     /// 0 = greedy; otherwise softmax temperature.
     pub temperature: f32,
     /// Nucleus mass in (0, 1]; 1 = no nucleus cut. Ignored when greedy.
@@ -57,6 +61,7 @@ impl RegenerateOptions {
             read: ReadOptions::default(),
             normalize: NormalizeOptions::default(),
             template: TemplateChoice::Auto,
+            template_kwargs: BTreeMap::new(),
             temperature: 0.0,
             top_p: 1.0,
             seed: 0,
@@ -153,7 +158,8 @@ pub struct RegenerateReport {
     pub seconds: f64,
     /// `tokens_generated / seconds`.
     pub tokens_per_second: f64,
-    /// Time spent in prompt prefills (up to each turn's first token).
+    /// Time spent in prompt prefills (up to each turn's first token; 0 through a server,
+    /// which does not say).
     pub prefill_seconds: f64,
     /// Prompt tokens per second of prefill.
     pub prefill_tokens_per_second: f64,
@@ -172,6 +178,9 @@ pub struct RegenerateReport {
     pub cut: BTreeMap<String, u64>,
     /// What the reader met (malformed records, truncation).
     pub read: ReadReport,
+    /// The serving engine's side (`--server` runs only): requests, retries per cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerReport>,
 }
 
 impl RegenerateReport {
@@ -208,6 +217,7 @@ impl RegenerateReport {
             dropped: BTreeMap::new(),
             cut: BTreeMap::new(),
             read: ReadReport::default(),
+            server: None,
         }
     }
 }

@@ -48,26 +48,44 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What answers the turns, as far as it decides the output.
+pub(super) enum Generator<'a> {
+    /// The native target in this directory (its `config.json` digest is kept).
+    Native { target_dir: &'a Path },
+    /// A serving engine: its dialect and model (not its URL: the same model served elsewhere,
+    /// or restarted on another port, resumes the same output).
+    Server { api: &'a str, model: Option<&'a str> },
+}
+
 /// The options a partial output depends on; a resume must find the same.
 pub(super) fn run_meta(
     opts: &RegenerateOptions,
-    target_dir: &Path,
+    generator: Generator<'_>,
     tok: &TokenizerFiles,
     template: &ChatTemplate,
     eos: &[u32],
 ) -> Result<Value> {
     let data_abs = std::fs::canonicalize(&opts.data).unwrap_or_else(|_| opts.data.clone());
     let data_bytes = std::fs::metadata(&opts.data).ok().filter(|m| m.is_file()).map(|m| m.len());
-    let config = target_dir.join("config.json");
-    let config_sha = sha256_hex(&std::fs::read(&config).map_err(|e| io(&config, e))?);
-    Ok(json!({
+    let mut meta = json!({
         "format": REGENERATE_FORMAT,
         "data": data_abs.display().to_string(),
         "data_bytes": data_bytes,
         "read": serde_json::to_value(opts.read).expect("plain options serialise"),
         "normalize": serde_json::to_value(&opts.normalize).expect("plain options serialise"),
         "target": opts.target_name,
-        "target_config_sha256": config_sha,
+    });
+    match generator {
+        Generator::Native { target_dir } => {
+            let config = target_dir.join("config.json");
+            meta["target_config_sha256"] = json!(sha256_hex(&std::fs::read(&config).map_err(|e| io(&config, e))?));
+        }
+        Generator::Server { api, model } => {
+            meta["api"] = json!(api);
+            meta["model"] = json!(model);
+        }
+    }
+    let rest = json!({
         "tokenizer_sha256": tok.digest,
         "template": template.name(),
         "template_sha256": sha256_hex(template.source().as_bytes()),
@@ -77,7 +95,14 @@ pub(super) fn run_meta(
         "seed": if opts.temperature > 0.0 { opts.seed } else { 0 },
         "max_new_tokens": opts.max_new_tokens,
         "max_length": opts.max_length,
-    }))
+    });
+    let obj = meta.as_object_mut().expect("an object");
+    obj.extend(rest.as_object().expect("an object").clone());
+    // Only when set, so partial outputs of runs without template variables still resume.
+    if !opts.template_kwargs.is_empty() {
+        obj.insert("template_kwargs".into(), json!(opts.template_kwargs));
+    }
+    Ok(meta)
 }
 
 fn meta_differences(found: &Value, want: &Value) -> Vec<String> {

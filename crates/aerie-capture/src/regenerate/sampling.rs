@@ -9,10 +9,21 @@ pub(super) struct Rng(SplitMix);
 
 impl Rng {
     pub(super) fn for_turn(seed: u64, source_index: u64, turn: u64) -> Self {
-        let a = SplitMix(seed).next_u64() ^ source_index.wrapping_mul(0xD1B5_4A32_D192_ED03);
-        let b = SplitMix(a).next_u64() ^ turn.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7);
-        Rng(SplitMix(b))
+        Rng(SplitMix(stream_state(seed, source_index, turn)))
     }
+}
+
+/// The splitmix64 state of the (seed, record, turn) stream.
+fn stream_state(seed: u64, source_index: u64, turn: u64) -> u64 {
+    let a = SplitMix(seed).next_u64() ^ source_index.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    SplitMix(a).next_u64() ^ turn.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7)
+}
+
+/// The seed a serving engine gets for one (seed, record, turn): the stream's first draw, cut to
+/// 31 bits because servers parse seeds as (signed) 32-bit integers (llama.cpp's `seed` is a
+/// uint32, SGLang's `sampling_seed` an int64 hashed on the GPU). A resumed run sends the same.
+pub(super) fn turn_seed(seed: u64, source_index: u64, turn: u64) -> u64 {
+    SplitMix(stream_state(seed, source_index, turn)).next_u64() & 0x7fff_ffff
 }
 
 /// Draw a token from `logits` at `temperature` with nucleus `top_p`, in f64 on the host.

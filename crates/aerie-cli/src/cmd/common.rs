@@ -13,6 +13,23 @@ use clap::{Args, ValueEnum};
 
 use crate::device::DeviceArg;
 
+/// `NAME=VALUE` pairs as template variables (VALUE as JSON, else a string).
+pub fn parse_template_kwargs(items: &[String]) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    let mut out = std::collections::BTreeMap::new();
+    for item in items {
+        let Some((name, value)) = item.split_once('=') else {
+            bail!("--template-kwarg {item}: expected NAME=VALUE");
+        };
+        let name = name.trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("--template-kwarg {item}: `{name}` is not a template variable name");
+        }
+        let v = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+        out.insert(name.to_owned(), v);
+    }
+    Ok(out)
+}
+
 /// Parse `--set KEY=VALUE` items (keys and values trimmed) as `aerie train` and `aerie bench
 /// train` take them.
 pub fn parse_set(items: &[String]) -> Result<Vec<(String, String)>> {

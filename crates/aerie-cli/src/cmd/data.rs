@@ -96,23 +96,6 @@ pub struct PrepareArgs {
     pub json: bool,
 }
 
-/// `NAME=VALUE` pairs as template variables (VALUE as JSON, else a string).
-fn parse_template_kwargs(items: &[String]) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
-    let mut out = std::collections::BTreeMap::new();
-    for item in items {
-        let Some((name, value)) = item.split_once('=') else {
-            bail!("--template-kwarg {item}: expected NAME=VALUE");
-        };
-        let name = name.trim();
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            bail!("--template-kwarg {item}: `{name}` is not a template variable name");
-        }
-        let v = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
-        out.insert(name.to_owned(), v);
-    }
-    Ok(out)
-}
-
 /// Parse `eval=0.02` (or a bare `0.02`) into the eval fraction.
 fn parse_split(s: &str) -> Result<f64> {
     let value = match s.split_once('=') {
@@ -138,7 +121,7 @@ impl PrepareArgs {
             max_length: (self.max_length > 0).then_some(self.max_length),
             system_prompt: self.system_prompt.clone(),
             replace_system_prompt: self.replace_system_prompt,
-            template_kwargs: parse_template_kwargs(&self.template_kwargs)?,
+            template_kwargs: crate::cmd::common::parse_template_kwargs(&self.template_kwargs)?,
         };
         opts.max_samples = self.max_samples;
         opts.eval_fraction = self.split.as_deref().map(parse_split).transpose()?.unwrap_or(0.0);

@@ -1,7 +1,8 @@
 //! `aerie quickstart`: the README's main job. From nothing to a trained, evaluated drafter
-//! exported for SGLang, on a CPU: fetch the pinned assets, import SmolLM2 from GGUF, prepare a
-//! ShareGPT subset, build the draft vocabulary, capture, train, evaluate, export, and decode
-//! MT-Bench prompts speculatively against plain decoding.
+//! exported for SGLang, on a CPU: fetch the pinned assets, import SmolLM2 from GGUF, regenerate
+//! ShareGPT conversations with SmolLM2's own answers (batched; `--answers dataset` keeps
+//! ShareGPT's GPT-3.5 answers instead), prepare them, build the draft vocabulary, capture, train,
+//! evaluate, export, and decode MT-Bench prompts speculatively against plain decoding.
 //!
 //! Each stage runs the same `aerie` subcommand a user would type (so the quickstart exercises
 //! exactly the public interface) and is skipped when its output already exists, which also makes
@@ -24,15 +25,37 @@ const RECIPE: &str = include_str!("../../../../configs/quickstart-smollm2.toml")
 /// (SGLang's `--speculative-num-steps 3`).
 const EVAL_K: usize = 3;
 
+/// Whose answers the drafter is trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Answers {
+    /// SmolLM2's own greedy answers to ShareGPT's prompts (`aerie regenerate`): what the
+    /// drafter must predict at decode time.
+    Target,
+    /// ShareGPT's own (GPT-3.5) answers.
+    Dataset,
+}
+
 /// Arguments of `aerie quickstart`.
 #[derive(Debug, Args)]
 pub struct QuickstartArgs {
     /// Work directory for every intermediate and final output.
     #[arg(long, default_value = "aerie-quickstart")]
     pub workdir: PathBuf,
-    /// ShareGPT conversations to prepare.
-    #[arg(long, default_value_t = 2000)]
-    pub conversations: u64,
+    /// Train on the target's own answers (`target`, regenerated first) or on the dataset's.
+    #[arg(long, value_enum, default_value = "target")]
+    pub answers: Answers,
+    /// ShareGPT conversations to prepare (`--answers dataset`; 2000) or to regenerate
+    /// (`--answers target`; default: enough for the captured samples).
+    #[arg(long)]
+    pub conversations: Option<u64>,
+    /// Sequences SmolLM2 decodes at once while regenerating.
+    #[arg(long, default_value_t = 16)]
+    pub regenerate_batch: usize,
+    /// New tokens per regenerated answer at most (prompt plus answer stay within
+    /// `--max-length`).
+    #[arg(long, default_value_t = 256)]
+    pub regenerate_max_new_tokens: usize,
     /// Maximum tokens per sample.
     #[arg(long, default_value_t = 384)]
     pub max_length: usize,
@@ -72,6 +95,10 @@ struct StageTime {
 #[derive(Debug, Serialize)]
 struct Report {
     workdir: PathBuf,
+    /// Whose answers the drafter was trained on.
+    answers: Answers,
+    /// `aerie regenerate`'s report (`--answers target`).
+    regenerate: Option<serde_json::Value>,
     /// Wall time of the whole quickstart (stages skipped because their output existed cost ~0).
     total_seconds: f64,
     stages: Vec<StageTime>,
@@ -150,6 +177,46 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         &os([OsString::from("import"), "gguf".into(), gguf.into(), "--out".into(), target.clone().into()]),
         false,
     )?;
+    // The chat data the drafter learns from: SmolLM2's own answers to ShareGPT prompts, or
+    // ShareGPT's. Regeneration is bounded by --max-length like the samples, so no answer token
+    // is generated that prepare would cut.
+    let (chat, conversations, regenerate) = match args.answers {
+        Answers::Dataset => (sharegpt.clone(), args.conversations.unwrap_or(2000), None),
+        Answers::Target => {
+            let want = args.conversations.unwrap_or(((args.train_samples + args.eval_samples) as u64) * 21 / 20 + 8);
+            let regen = work.join("regenerated.jsonl");
+            r.stage(
+                "regenerate",
+                &regen,
+                &os([
+                    OsString::from("regenerate"),
+                    "--target".into(),
+                    target.clone().into(),
+                    "--data".into(),
+                    sharegpt.clone().into(),
+                    "--out".into(),
+                    regen.clone().into(),
+                    "--max-samples".into(),
+                    want.to_string().into(),
+                    "--max-length".into(),
+                    args.max_length.to_string().into(),
+                    "--max-new-tokens".into(),
+                    args.regenerate_max_new_tokens.to_string().into(),
+                    "--batch-size".into(),
+                    args.regenerate_batch.to_string().into(),
+                ]),
+                false,
+            )?;
+            let report = aerie_capture::regenerate::report_path(&regen);
+            let report = std::fs::read_to_string(&report)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+            (regen, want, report)
+        }
+    };
+    // Enough held-out samples for --eval-samples whatever the data size (at least 5%).
+    let total = (args.train_samples + args.eval_samples) as f64;
+    let eval_fraction = (args.eval_samples as f64 * 1.25 / total.min(conversations as f64)).clamp(0.05, 0.5);
     let prepared = work.join("prepared");
     r.stage(
         "prepare",
@@ -158,7 +225,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
             OsString::from("data"),
             "prepare".into(),
             "--data".into(),
-            sharegpt.into(),
+            chat.into(),
             "--tokenizer".into(),
             target.clone().into(),
             "--out".into(),
@@ -166,9 +233,9 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
             "--max-length".into(),
             args.max_length.to_string().into(),
             "--max-samples".into(),
-            args.conversations.to_string().into(),
+            conversations.to_string().into(),
             "--split".into(),
-            "eval=0.05".into(),
+            format!("eval={eval_fraction:.3}").into(),
         ]),
         false,
     )?;
@@ -321,6 +388,8 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
 
     let report = Report {
         workdir: work,
+        answers: args.answers,
+        regenerate,
         total_seconds: start.elapsed().as_secs_f64(),
         stages: r.stages,
         eval_k: EVAL_K,
@@ -350,6 +419,13 @@ fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
 
 fn print_report(r: &Report) {
     println!("\naerie quickstart: {}", r.workdir.display());
+    match &r.regenerate {
+        Some(g) => println!(
+            "  trained on SmolLM2's own answers: {} conversations regenerated, {} tokens at {:.1} tokens/s (batch {})",
+            g["records"], g["tokens_generated"], g["tokens_per_second"].as_f64().unwrap_or(f64::NAN), g["batch_size"]
+        ),
+        None => println!("  trained on the dataset's answers (ShareGPT)"),
+    }
     for s in &r.stages {
         println!(
             "  {:<16} {}",

@@ -1,11 +1,13 @@
 //! `aerie regenerate`: replace every assistant turn of a chat dataset by the target's own answer
-//! (self-distillation data), via `aerie_capture::regenerate`. Resumable after `kill -9`.
+//! (self-distillation data), via `aerie_capture::regenerate` (the native target) or
+//! `aerie_capture::regenerate_server` (`--server URL`: SGLang or any OpenAI-compatible server).
+//! Resumable after `kill -9`.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use aerie_capture::regenerate::report_path;
-use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate};
+use aerie_capture::regenerate::{Api, ServerOptions, report_path};
+use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate, regenerate_server};
 use aerie_data::readers::ProgressUnit;
 use aerie_data::template::TemplateChoice;
 use aerie_model::TargetModel;
@@ -14,15 +16,37 @@ use burn::tensor::backend::Backend;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cmd::common::ChatInputArgs;
+use crate::cmd::common::{ChatInputArgs, parse_template_kwargs};
 use crate::device::{DeviceArg, with_backend};
 
 /// Arguments of `aerie regenerate`.
 #[derive(Debug, Args)]
 pub struct RegenerateArgs {
-    /// Target model: HF directory or hub id `org/name[@revision]`.
-    #[arg(long, value_parser = crate::model_ref::parse)]
-    pub target: PathBuf,
+    /// Target model: HF directory or hub id `org/name[@revision]` (not with --server).
+    #[arg(long, value_parser = crate::model_ref::parse, required_unless_present = "server", conflicts_with = "server")]
+    pub target: Option<PathBuf>,
+    /// Generate through this running serving engine (`http://host:port`) instead of the native
+    /// target; needs --tokenizer (the served model's).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The server's dialect: `sglang` (`/generate`, token ids in and out), `openai`
+    /// (`/v1/chat/completions`), or `auto` (SGLang when `GET /get_model_info` answers, else
+    /// OpenAI-compatible).
+    #[arg(long, default_value = "auto", requires = "server")]
+    pub api: Api,
+    /// `model` of OpenAI chat requests (default: the first id `GET /v1/models` lists).
+    #[arg(long, requires = "server")]
+    pub model: Option<String>,
+    /// Requests in flight at once (with --server).
+    #[arg(long, default_value_t = 8, requires = "server")]
+    pub concurrency: usize,
+    /// Seconds one request may take (with --server).
+    #[arg(long, default_value_t = 600.0, requires = "server")]
+    pub timeout: f64,
+    /// Retries per request on connection errors, timeouts, 429 and 5xx (with --server);
+    /// backoff from 1 s, doubled per retry.
+    #[arg(long, default_value_t = 3, requires = "server")]
+    pub retries: usize,
     /// Chat data: ShareGPT JSON array, JSONL, or parquet (file or HF dataset directory).
     #[arg(long)]
     pub data: PathBuf,
@@ -36,6 +60,11 @@ pub struct RegenerateArgs {
     /// template of the tokenizer, or a .jinja file.
     #[arg(long, default_value = "auto")]
     pub template: String,
+    /// A template variable, `NAME=VALUE` (repeatable; VALUE as JSON when it parses): K2.5's
+    /// thinking switch is `thinking`, Qwen3's `enable_thinking`. With --api openai it is sent as
+    /// `chat_template_kwargs` (vLLM and SGLang read it).
+    #[arg(long = "template-kwarg", value_name = "NAME=VALUE")]
+    pub template_kwargs: Vec<String>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -77,7 +106,11 @@ impl RegenerateArgs {
     fn to_options(&self) -> Result<RegenerateOptions> {
         let mut o = RegenerateOptions::new(&self.data, &self.out);
         o.tokenizer = self.tokenizer.clone();
-        o.target_name = self.target.display().to_string();
+        o.target_name = match (&self.target, &self.server) {
+            (Some(t), _) => t.display().to_string(),
+            (None, _) => self.tokenizer.as_ref().map(|t| t.display().to_string()).unwrap_or_default(),
+        };
+        o.template_kwargs = parse_template_kwargs(&self.template_kwargs)?;
         o.read = self.input.read_options()?;
         o.normalize = self.input.normalize_options();
         o.template = self.template.parse::<TemplateChoice>()?;
@@ -91,21 +124,59 @@ impl RegenerateArgs {
         o.overwrite = self.overwrite;
         Ok(o)
     }
+
+    fn server_options(&self, url: &str, opts: &RegenerateOptions) -> Result<ServerOptions> {
+        if !(self.timeout.is_finite() && self.timeout > 0.0) {
+            anyhow::bail!("--timeout {} must be a positive number of seconds", self.timeout);
+        }
+        let mut s = ServerOptions::new(url);
+        s.api = self.api;
+        s.model = self.model.clone();
+        s.concurrency = self.concurrency;
+        s.timeout = Duration::from_secs_f64(self.timeout);
+        s.retries = self.retries;
+        s.template_kwargs = opts.template_kwargs.clone();
+        Ok(s)
+    }
 }
 
 /// Run `aerie regenerate`.
 pub fn run(args: RegenerateArgs) -> Result<()> {
     let opts = args.to_options()?;
-    with_backend!(args.device, |B, dev| run_on::<B>(&args, &opts, &dev))
+    match (&args.server, &args.target) {
+        (Some(url), _) => {
+            let server = args.server_options(url, &opts)?;
+            let report = with_progress(|p| regenerate_server(&server, &opts, p)).with_context(|| {
+                format!("regenerating {} through {url} into {}", args.data.display(), args.out.display())
+            })?;
+            finish(&args, &report)
+        }
+        (None, Some(target)) => with_backend!(args.device, |B, dev| run_on::<B>(&args, target, &opts, &dev)),
+        (None, None) => anyhow::bail!("give --target DIR (native) or --server URL"),
+    }
 }
 
-fn run_on<B: Backend>(args: &RegenerateArgs, opts: &RegenerateOptions, device: &B::Device) -> Result<()> {
-    let target = TargetModel::<B>::load(&args.target, device)
-        .with_context(|| format!("loading target {}", args.target.display()))?;
+fn run_on<B: Backend>(
+    args: &RegenerateArgs,
+    target_dir: &std::path::Path,
+    opts: &RegenerateOptions,
+    device: &B::Device,
+) -> Result<()> {
+    let target = TargetModel::<B>::load(target_dir, device)
+        .with_context(|| format!("loading target {}", target_dir.display()))?;
+    let report = with_progress(|p| regenerate(&target, target_dir, opts, p))
+        .with_context(|| format!("regenerating {} into {}", args.data.display(), args.out.display()))?;
+    finish(args, &report)
+}
+
+/// Run `job` with a progress bar fed by its progress callback.
+fn with_progress<E>(
+    job: impl FnOnce(&mut dyn FnMut(&RegenerateProgress)) -> std::result::Result<RegenerateReport, E>,
+) -> std::result::Result<RegenerateReport, E> {
     let pb = ProgressBar::new(0);
     let mut styled = false;
     let start = Instant::now();
-    let report = regenerate(&target, &args.target, opts, &mut |p: &RegenerateProgress| {
+    let report = job(&mut |p: &RegenerateProgress| {
         if !styled {
             let tmpl = match (p.max_samples, p.unit) {
                 (Some(_), _) => "regenerate [{elapsed_precise}] {wide_bar} {pos}/{len} records (ETA {eta}) {msg}",
@@ -131,9 +202,12 @@ fn run_on<B: Backend>(args: &RegenerateArgs, opts: &RegenerateOptions, device: &
         }
         let tps = p.tokens as f64 / start.elapsed().as_secs_f64().max(1e-9);
         pb.set_message(format!("{} records, {} tokens, {tps:.1} tokens/s", p.records, p.tokens));
-    })
-    .with_context(|| format!("regenerating {} into {}", args.data.display(), args.out.display()))?;
+    });
     pb.finish_and_clear();
+    report
+}
+
+fn finish(args: &RegenerateArgs, report: &RegenerateReport) -> Result<()> {
     for w in &report.read.warnings {
         eprintln!("warning: {w}");
     }
@@ -141,9 +215,9 @@ fn run_on<B: Backend>(args: &RegenerateArgs, opts: &RegenerateOptions, device: &
         eprintln!("warning: ... and {} more", report.read.warnings_omitted);
     }
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        println!("{}", serde_json::to_string(report)?);
     } else {
-        print_report(&report);
+        print_report(report);
     }
     Ok(())
 }
@@ -161,14 +235,30 @@ fn print_report(r: &RegenerateReport) {
         "turns        {} regenerated, {} tokens in {:.1} s ({:.1} tokens/s), {} prompt tokens",
         r.turns_regenerated, r.tokens_generated, r.seconds, r.tokens_per_second, r.prompt_tokens
     );
-    println!(
-        "speed        prefill {:.1} tokens/s ({:.1} s), decode {:.1} tokens/s",
-        r.prefill_tokens_per_second, r.prefill_seconds, r.decode_tokens_per_second
-    );
+    if r.server.is_none() {
+        println!(
+            "speed        prefill {:.1} tokens/s ({:.1} s), decode {:.1} tokens/s",
+            r.prefill_tokens_per_second, r.prefill_seconds, r.decode_tokens_per_second
+        );
+    }
     println!(
         "stopped by   eos {}, max-new-tokens {}, max-length {}",
         r.stopped_by_eos, r.stopped_by_max_new_tokens, r.stopped_by_max_length
     );
+    if let Some(s) = &r.server {
+        println!(
+            "server       {} ({}, {}{}), {} requests, {} retried {:?}, concurrency {}, {:.2} s per request",
+            s.url,
+            s.api,
+            s.api_source,
+            s.model.as_deref().map(|m| format!(", model {m}")).unwrap_or_default(),
+            s.requests,
+            s.retries,
+            s.retried,
+            s.concurrency,
+            s.mean_request_seconds
+        );
+    }
     for (reason, n) in &r.dropped {
         println!("  dropped    {n:>8}  {reason}");
     }

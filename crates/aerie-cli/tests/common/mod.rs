@@ -2,7 +2,7 @@
 //! reductions, and fair to the other tests running beside it), failures with the binary's stderr.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -33,4 +33,18 @@ pub fn ok_json(out: Output) -> Value {
 /// A path as a command-line argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 path")
+}
+
+/// `$AERIE_PYTHON`, or `None` (with a note) when unset; under `CI=true` an unset variable fails.
+pub fn python(test: &str) -> Option<PathBuf> {
+    match std::env::var_os("AERIE_PYTHON") {
+        Some(p) => Some(PathBuf::from(p)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: AERIE_PYTHON is unset but CI=true: CI must run the Python checks (.ci/run sets it)")
+        }
+        None => {
+            println!("note: {test} skipped: set AERIE_PYTHON to a Python with python/requirements-test.txt installed");
+            None
+        }
+    }
 }

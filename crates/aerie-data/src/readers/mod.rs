@@ -7,7 +7,7 @@
 //!   directory of files.
 //!
 //! JSON records hold a `conversations` or `messages` list of `{from, value}` or
-//! `{role, content}` turns; see `record.rs`. Readers yield [`RawConversation`]s exactly as
+//! `{role, content}` turns, or MT-Bench's prompt-only `turns` (user turns); see `record.rs`. Readers yield [`RawConversation`]s exactly as
 //! found; [`crate::conversation::normalize`] applies the training rules.
 //!
 //! Bad input is handled by one policy. A malformed record (not a conversation) is skipped and

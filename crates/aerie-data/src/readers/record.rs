@@ -1,6 +1,9 @@
 //! The JSON shape of one conversation record, shared by the ShareGPT-array and JSONL readers:
 //! a `conversations` (ShareGPT) or `messages` (OpenAI) list of `{from, value}` or
-//! `{role, content}` turns, and an optional `id` (string or number). Unknown keys are ignored.
+//! `{role, content}` turns, and an optional `id` (string or number); or MT-Bench's prompt-only
+//! `{"question_id", "turns": ["...", ...]}`, read as user turns with no answers (which
+//! `aerie data prepare` drops as `no_assistant_turn` and `aerie regenerate` answers). Unknown keys
+//! are ignored.
 //! Content may be a string, `null` (empty) or a list of OpenAI content parts, whose `text`
 //! parts are concatenated.
 
@@ -21,6 +24,12 @@ struct RecordDe {
     messages: Option<Vec<TurnDe>>,
     #[serde(default)]
     tools: Option<serde_json::Value>,
+    /// MT-Bench: the user turns of a prompt-only record.
+    #[serde(default)]
+    turns: Option<Vec<String>>,
+    /// MT-Bench's id.
+    #[serde(default)]
+    question_id: Option<Id>,
 }
 
 #[derive(Deserialize)]
@@ -95,7 +104,7 @@ impl fmt::Display for RecordError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecordError::Json(e) => write!(f, "{e}"),
-            RecordError::NoTurns => f.write_str("no `conversations` or `messages` list"),
+            RecordError::NoTurns => f.write_str("no `conversations`, `messages` or `turns` list"),
         }
     }
 }
@@ -103,12 +112,25 @@ impl fmt::Display for RecordError {
 /// Parse one record from JSON bytes.
 pub(crate) fn parse_record(bytes: &[u8], index: u64) -> Result<RawConversation, RecordError> {
     let rec: RecordDe = serde_json::from_slice(bytes).map_err(RecordError::Json)?;
-    let turns = match (rec.conversations, rec.messages) {
-        (Some(t), _) | (None, Some(t)) => t,
-        (None, None) => return Err(RecordError::NoTurns),
+    let turns = match (rec.conversations, rec.messages, rec.turns) {
+        (Some(t), _, _) | (None, Some(t), _) => t,
+        (None, None, Some(prompts)) => prompts
+            .into_iter()
+            .map(|p| TurnDe {
+                from: None,
+                role: Some("user".into()),
+                value: None,
+                content: Some(Content(p, false)),
+                reasoning_content: None,
+                tool_calls: None,
+                tool_call_id: None,
+                name: None,
+            })
+            .collect(),
+        (None, None, None) => return Err(RecordError::NoTurns),
     };
     Ok(RawConversation {
-        id: rec.id.map(|i| i.0),
+        id: rec.id.or(rec.question_id).map(|i| i.0),
         index,
         turns: turns
             .into_iter()
@@ -256,6 +278,17 @@ mod tests {
         assert!(parse_record(br#"{"id": "x"}"#, 0).unwrap_err().to_string().contains("conversations"));
         assert!(parse_record(br#"{"conversations": [{"#, 0).unwrap_err().is_eof());
         assert!(parse_record(br#"{"conversations": 5}"#, 0).is_err());
+    }
+
+    #[test]
+    fn mt_bench_prompts_are_user_turns() {
+        let r = parse_record(br#"{"question_id": 81, "category": "writing", "turns": ["a", "b"]}"#, 3).unwrap();
+        assert_eq!(r.id.as_deref(), Some("81"));
+        assert_eq!(
+            r.turns.iter().map(|t| (t.role.as_str(), t.content.as_str())).collect::<Vec<_>>(),
+            [("user", "a"), ("user", "b")]
+        );
+        assert!(matches!(parse_record(br#"{"x": 1}"#, 0), Err(RecordError::NoTurns)));
     }
 
     #[test]

@@ -233,6 +233,8 @@ pub struct BatchGenerator<'a, B: Backend> {
     /// One slot per cache row; `None` is a finished row waiting for the next sequence.
     slots: Vec<Option<Row>>,
     cache: BatchCache<B>,
+    /// Seconds spent in prompt prefills so far.
+    prefill_seconds: f64,
 }
 
 impl<'a, B: Backend> BatchGenerator<'a, B> {
@@ -248,6 +250,7 @@ impl<'a, B: Backend> BatchGenerator<'a, B> {
             waiting: VecDeque::new(),
             slots: Vec::new(),
             cache: BatchCache::new(target.num_layers()),
+            prefill_seconds: 0.0,
         })
     }
 
@@ -271,6 +274,12 @@ impl<'a, B: Backend> BatchGenerator<'a, B> {
     /// Rows decoding now.
     pub fn active(&self) -> usize {
         self.slots.iter().flatten().count()
+    }
+
+    /// Seconds spent in prompt prefills so far (their first tokens included): a step's wall
+    /// time less this one's growth is its decode time.
+    pub fn prefill_seconds(&self) -> f64 {
+        self.prefill_seconds
     }
 
     /// Sequences waiting for a row.
@@ -361,6 +370,7 @@ impl<'a, B: Backend> BatchGenerator<'a, B> {
         self.check_picks(&token, 1)?;
         let t = token[0];
         let prefill_seconds = start.elapsed().as_secs_f64();
+        self.prefill_seconds += prefill_seconds;
         if self.eos.contains(&t) || req.max_new_tokens == 1 {
             done.push(Generated { id: req.id, tokens: vec![t], prefill_seconds });
             return Ok(None);
