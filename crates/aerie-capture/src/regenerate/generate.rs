@@ -274,6 +274,25 @@ pub(super) fn cut_at_tool_turn(mut messages: Vec<Message>, report: &mut Regenera
     messages
 }
 
+/// Keep `messages` up to its `max_turns`-th assistant turn (`None`: all of them); counted as
+/// `cut.max_turns` when something is cut.
+pub(super) fn cut_at_max_turns(
+    mut messages: Vec<Message>,
+    max_turns: Option<usize>,
+    report: &mut RegenerateReport,
+) -> Vec<Message> {
+    let Some(max) = max_turns else { return messages };
+    let end = messages.iter().enumerate().filter(|(_, m)| m.role == Role::Assistant).nth(max).map(|(i, _)| i);
+    if let Some(end) = end {
+        messages.truncate(end);
+        while messages.last().is_some_and(|m| m.role != Role::Assistant) {
+            messages.pop();
+        }
+        *report.cut.entry("max_turns".into()).or_default() += 1;
+    }
+    messages
+}
+
 /// The output line of a regenerated conversation (newline included), with ShareGPT role names;
 /// an answer's reasoning is kept as the turn's `reasoning_content` (which `aerie data prepare`
 /// reads back).

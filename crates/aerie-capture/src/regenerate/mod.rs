@@ -20,6 +20,8 @@
 //! answered prompt by prompt, each prompt holding the target's answers to the earlier ones.
 //!
 //! Rules on top of normalisation, each counted in the report:
+//! - a conversation is cut after its `max_turns`-th assistant turn, when that is set —
+//!   `cut.max_turns`;
 //! - a conversation is cut before its first tool turn (the tool answered the ORIGINAL
 //!   assistant's call, which is gone) — `cut.tool_turn`;
 //! - a turn whose prompt already has `max_length` tokens ends the conversation before that turn
@@ -76,7 +78,7 @@ use burn::tensor::backend::Backend;
 
 use crate::{Error, Result};
 use engine::{NativeEngine, TurnEngine};
-use generate::{DecodeClock, InFlight, Outcome, Step, Turns, config_eos, count, cut_at_tool_turn, eos_ids};
+use generate::{DecodeClock, InFlight, Outcome, Step, Turns, config_eos, count, cut_at_max_turns, cut_at_tool_turn, eos_ids};
 pub use options::{RegenerateOptions, RegenerateProgress, RegenerateReport};
 use output::{Generator, PartialOutput, run_meta};
 pub use output::{REGENERATE_FORMAT, meta_path, partial_path, report_path};
@@ -221,6 +223,7 @@ impl Run<'_> {
                     }
                 };
                 let messages = cut_at_tool_turn(conv.messages, &mut report);
+                let messages = cut_at_max_turns(messages, opts.max_turns, &mut report);
                 let slot = slots.iter().position(Option::is_none).expect("a free slot below capacity");
                 let mut f = InFlight::new(conv.id, source_index, messages);
                 match self.turns.advance(slot, &mut f)? {

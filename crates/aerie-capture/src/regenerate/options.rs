@@ -44,6 +44,9 @@ pub struct RegenerateOptions {
     pub max_length: Option<usize>,
     /// Stop once the output holds this many records.
     pub max_samples: Option<u64>,
+    /// Assistant turns regenerated per conversation at most (the rest of it is cut); `None`
+    /// = every turn.
+    pub max_turns: Option<usize>,
     /// Sequences the native target decodes at once (continuous batching).
     pub batch_size: usize,
     /// Replace an existing `out`, and start over when `OUT.partial` was made with other options.
@@ -68,6 +71,7 @@ impl RegenerateOptions {
             max_new_tokens: 512,
             max_length: Some(2048),
             max_samples: None,
+            max_turns: None,
             batch_size: 1,
             overwrite: false,
         }
@@ -85,6 +89,9 @@ impl RegenerateOptions {
         }
         if self.max_length == Some(0) {
             return Err(Error::Invalid("max-length must be at least 1 (or unset for no limit)".into()));
+        }
+        if self.max_turns == Some(0) {
+            return Err(Error::Invalid("max-turns must be at least 1 (or unset for every turn)".into()));
         }
         if self.batch_size == 0 {
             return Err(Error::Invalid("batch-size must be at least 1".into()));

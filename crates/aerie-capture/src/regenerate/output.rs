@@ -95,6 +95,7 @@ pub(super) fn run_meta(
         "seed": if opts.temperature > 0.0 { opts.seed } else { 0 },
         "max_new_tokens": opts.max_new_tokens,
         "max_length": opts.max_length,
+        "max_turns": opts.max_turns,
     });
     let obj = meta.as_object_mut().expect("an object");
     obj.extend(rest.as_object().expect("an object").clone());

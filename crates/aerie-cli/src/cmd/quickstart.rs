@@ -50,7 +50,7 @@ pub struct QuickstartArgs {
     #[arg(long)]
     pub conversations: Option<u64>,
     /// Sequences SmolLM2 decodes at once while regenerating.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub regenerate_batch: usize,
     /// New tokens per regenerated answer at most (prompt plus answer stay within
     /// `--max-length`).
@@ -62,11 +62,13 @@ pub struct QuickstartArgs {
     /// Draft vocabulary size.
     #[arg(long, default_value_t = 4096)]
     pub draft_vocab: usize,
-    /// Training samples to capture, ≈ 360 tokens each: the quickstart's budget knob. On 2 cores
-    /// a sample costs ≈ 0.6 s of capture and ≈ 0.6 s per epoch of training (the recipe runs 3);
-    /// 320 samples take 13.8 minutes in all (held-out τ(k=3) 1.43; 160 gave 1.35).
-    #[arg(long, default_value_t = 320)]
-    pub train_samples: usize,
+    /// Training samples to capture, ≈ 360 tokens each with the dataset's answers, ≈ 220 with
+    /// the target's (one regenerated turn): the quickstart's budget knob (default 320 with
+    /// `--answers dataset`, 240 with `--answers target`, whose regeneration also takes time).
+    /// With ShareGPT's answers on 2 cores, 320 samples took 13.8 minutes in all (held-out
+    /// τ(k=3) 1.43; 160 gave 1.35).
+    #[arg(long)]
+    pub train_samples: Option<usize>,
     /// Held-out samples to capture for evaluation.
     #[arg(long, default_value_t = 16)]
     pub eval_samples: usize,
@@ -155,7 +157,12 @@ fn os<I: IntoIterator<Item = S>, S: Into<OsString>>(items: I) -> Vec<OsString> {
 }
 
 /// Run `aerie quickstart`.
-pub fn run(args: QuickstartArgs) -> Result<()> {
+pub fn run(mut args: QuickstartArgs) -> Result<()> {
+    let train_samples = args.train_samples.unwrap_or(match args.answers {
+        Answers::Target => 240,
+        Answers::Dataset => 320,
+    });
+    args.train_samples = Some(train_samples);
     let work = std::path::absolute(&args.workdir)?;
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let mut r = Runner { exe: std::env::current_exe()?, stages: Vec::new() };
@@ -183,7 +190,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     let (chat, conversations, regenerate) = match args.answers {
         Answers::Dataset => (sharegpt.clone(), args.conversations.unwrap_or(2000), None),
         Answers::Target => {
-            let want = args.conversations.unwrap_or(((args.train_samples + args.eval_samples) as u64) * 21 / 20 + 8);
+            let want = args.conversations.unwrap_or(((train_samples + args.eval_samples) as u64) * 21 / 20 + 8);
             let regen = work.join("regenerated.jsonl");
             r.stage(
                 "regenerate",
@@ -204,6 +211,8 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
                     args.regenerate_max_new_tokens.to_string().into(),
                     "--batch-size".into(),
                     args.regenerate_batch.to_string().into(),
+                    "--max-turns".into(),
+                    "1".into(),
                 ]),
                 false,
             )?;
@@ -215,7 +224,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         }
     };
     // Enough held-out samples for --eval-samples whatever the data size (at least 5%).
-    let total = (args.train_samples + args.eval_samples) as f64;
+    let total = (train_samples + args.eval_samples) as f64;
     let eval_fraction = (args.eval_samples as f64 * 1.25 / total.min(conversations as f64)).clamp(0.05, 0.5);
     let prepared = work.join("prepared");
     r.stage(
@@ -254,7 +263,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         ]),
         false,
     )?;
-    for (split, n) in [("train", args.train_samples), ("eval", args.eval_samples)] {
+    for (split, n) in [("train", train_samples), ("eval", args.eval_samples)] {
         let out = work.join("shards").join(split);
         r.stage(
             &format!("capture {split}"),

@@ -84,6 +84,9 @@ pub struct RegenerateArgs {
     /// Stop once the output holds this many records.
     #[arg(long)]
     pub max_samples: Option<u64>,
+    /// Assistant turns regenerated per conversation at most (later turns are cut).
+    #[arg(long)]
+    pub max_turns: Option<usize>,
     /// Sequences the native target decodes at once (continuous batching; greedy outputs are
     /// batch 1's, see `aerie bench generate`).
     #[arg(long, default_value_t = 16)]
@@ -121,6 +124,7 @@ impl RegenerateArgs {
         o.max_length = (self.max_length > 0).then_some(self.max_length);
         o.max_samples = self.max_samples;
         o.batch_size = self.batch_size;
+        o.max_turns = self.max_turns;
         o.overwrite = self.overwrite;
         Ok(o)
     }
