@@ -78,7 +78,9 @@ use burn::tensor::backend::Backend;
 
 use crate::{Error, Result};
 use engine::{NativeEngine, TurnEngine};
-use generate::{DecodeClock, InFlight, Outcome, Step, Turns, config_eos, count, cut_at_max_turns, cut_at_tool_turn, eos_ids};
+use generate::{
+    DecodeClock, InFlight, Outcome, Step, Turns, config_eos, count, cut_at_max_turns, cut_at_tool_turn, eos_ids,
+};
 pub use options::{RegenerateOptions, RegenerateProgress, RegenerateReport};
 use output::{Generator, PartialOutput, run_meta};
 pub use output::{REGENERATE_FORMAT, meta_path, partial_path, report_path};

@@ -217,9 +217,8 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
                 false,
             )?;
             let report = aerie_capture::regenerate::report_path(&regen);
-            let report = std::fs::read_to_string(&report)
-                .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+            let report =
+                std::fs::read_to_string(&report).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
             (regen, want, report)
         }
     };
@@ -431,7 +430,10 @@ fn print_report(r: &Report) {
     match &r.regenerate {
         Some(g) => println!(
             "  trained on SmolLM2's own answers: {} conversations regenerated, {} tokens at {:.1} tokens/s (batch {})",
-            g["records"], g["tokens_generated"], g["tokens_per_second"].as_f64().unwrap_or(f64::NAN), g["batch_size"]
+            g["records"],
+            g["tokens_generated"],
+            g["tokens_per_second"].as_f64().unwrap_or(f64::NAN),
+            g["batch_size"]
         ),
         None => println!("  trained on the dataset's answers (ShareGPT)"),
     }
