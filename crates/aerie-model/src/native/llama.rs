@@ -84,6 +84,17 @@ impl<B: Backend> TargetAttention<B> {
         x.swap_dims(1, 2)
     }
 
+    /// Queries and keys (per-head norm, then RoPE at `rope_tables`' positions) and values of
+    /// `x: [B, S, H]`, as `[B, n, S, d]`.
+    fn qkv(&self, x: Tensor<B, 3>, rope_tables: &RopeTables<B>) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        let (nh, nkv) = (self.num_heads, self.num_kv_heads);
+        let (cos, sin) = (&rope_tables.cos, &rope_tables.sin);
+        let q = rope::apply(self.heads(self.q_proj.forward(x.clone()), nh, self.q_norm.as_ref()), cos, sin);
+        let k = rope::apply(self.heads(self.k_proj.forward(x.clone()), nkv, self.k_norm.as_ref()), cos, sin);
+        let v = self.heads(self.v_proj.forward(x), nkv, None);
+        (q, k, v)
+    }
+
     /// Attend from the new positions to everything cached for `layer` plus themselves.
     /// `mask` is `[1 or B, 1, g·S, T]` (true = masked) or `None` when all keys are visible.
     fn forward(
@@ -96,10 +107,7 @@ impl<B: Backend> TargetAttention<B> {
     ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let (cos, sin) = (&rope_tables.cos, &rope_tables.sin);
-        let q = rope::apply(self.heads(self.q_proj.forward(x.clone()), nh, self.q_norm.as_ref()), cos, sin);
-        let k = rope::apply(self.heads(self.k_proj.forward(x.clone()), nkv, self.k_norm.as_ref()), cos, sin);
-        let v = self.heads(self.v_proj.forward(x), nkv, None);
+        let (q, k, v) = self.qkv(x, rope_tables);
         let (k, v) = cache.append(layer, k, v);
         let g = nh / nkv;
         let q = q.reshape([b, nkv, g * s, d]);
@@ -127,10 +135,7 @@ impl<B: Backend> TargetAttention<B> {
     ) -> Tensor<B, 3> {
         let [_, r, _] = x.dims();
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let (cos, sin) = (&rope_tables.cos, &rope_tables.sin);
-        let q = rope::apply(self.heads(self.q_proj.forward(x.clone()), nh, self.q_norm.as_ref()), cos, sin);
-        let k = rope::apply(self.heads(self.k_proj.forward(x.clone()), nkv, self.k_norm.as_ref()), cos, sin);
-        let v = self.heads(self.v_proj.forward(x), nkv, None);
+        let (q, k, v) = self.qkv(x, rope_tables);
         // [1, n, R, d] → [R, n, 1, d]
         let (q, k, v) = (q.swap_dims(0, 2), k.swap_dims(0, 2), v.swap_dims(0, 2));
         let (k, v) = cache.write(layer, k, v);
