@@ -1,18 +1,33 @@
 """Storage encodings of `aux_hidden` and `final_hidden` (the `dtype` metadata key).
 
 One table, so a new encoding is one entry: its metadata spelling, the safetensors element type
-it is stored as, and how a float tensor becomes that storage (and back, for readers and tests).
-Today's encodings are the plain float types of docs/shard-format.md §3; every one rounds from
-f32 with round-to-nearest-even (as the Rust writer's `half` conversions do), and a value that is
-not finite after conversion (a NaN from the engine, an overflow of the f16 range) is refused.
+it is stored as, and how float rows become that storage (and back, for readers and tests).
+
+- The plain float types of docs/shard-format.md §3 (format 1) round from f32 with
+  round-to-nearest-even, as the Rust writer's `half` conversions do.
+- The scaled encodings of §3.1 (format 2) store small codes and one f32 scale per group of a
+  row's values (`<tensor>_scales` [T, G]); they are computed exactly as the Rust writer
+  computes them (`crates/aerie-data/src/shard/encoding.rs`), in f32, so the same rows give the
+  same bytes in either language (tested against `aerie shards convert`).
+
+A value that is not finite (a NaN from the engine, an overflow of the f16 range) is refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+
+FP8_E4M3_MAX = 448.0
+"""The largest finite E4M3FN value."""
+INT4_MAX = 7.0
+"""Codes are −7..7 (nibble 0, code −8, is never written)."""
+INT4_GROUP = 32
+"""Values per scale of `int4`."""
+_MIN_SCALE = 2.0**-126
+"""f32's smallest normal: an all-zero group's scale (a stored 0 always means damage)."""
 
 
 @dataclass(frozen=True)
@@ -20,32 +35,95 @@ class Encoding:
     """How hidden states are stored under one `dtype` metadata value."""
 
     name: str
-    """The `dtype` metadata spelling (`bf16`)."""
+    """The `dtype` metadata spelling (`bf16`, `fp8-e4m3`)."""
     storage: torch.dtype
     """The tensor dtype handed to safetensors (it names the file's element type)."""
-    encode: Callable[[torch.Tensor], torch.Tensor]
-    """Float rows [T, W] (any float dtype) → storage tensor [T, W] (contiguous, CPU)."""
-    decode: Callable[[torch.Tensor], torch.Tensor]
-    """Storage tensor → f32 rows."""
+    encode: Callable[[torch.Tensor, int], tuple[torch.Tensor, Optional[torch.Tensor]]]
+    """Finite f32 rows [T, W] and the group size → (codes [T, W / per_element], scales [T, W /
+    group] or None for the plain floats), contiguous, on the CPU."""
+    decode: Callable[[torch.Tensor, Optional[torch.Tensor], int], torch.Tensor]
+    """(codes, scales, group) → f32 rows [T, W]."""
+    per_element: int = 1
+    """Values per stored element (2 for `int4`: two nibbles per byte)."""
+    scale_group: Optional[Callable[[int], int]] = None
+    """Values per scale for a dataset of hidden size Ht; None for the plain floats."""
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale_group is not None
+
+    @property
+    def format(self) -> str:
+        """`aerie-shard/2` for the scaled encodings (a format-1 reader would misread them)."""
+        return "aerie-shard/2" if self.scaled else "aerie-shard/1"
 
     @property
     def element_size(self) -> int:
         return torch.empty((), dtype=self.storage).element_size()
 
+    def group(self, hidden_size: int) -> int:
+        """Values per scale (the row width for the plain floats, which have none)."""
+        return self.scale_group(hidden_size) if self.scale_group else 0
 
-def _cast(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    def encode(t: torch.Tensor) -> torch.Tensor:
+    def row_bytes(self, width: int, hidden_size: int) -> int:
+        """Bytes of one stored row of `width` values, scales included."""
+        n = width // self.per_element * self.element_size
+        if self.scaled:
+            n += 4 * (width // self.group(hidden_size))
+        return n
+
+
+def _cast(dtype: torch.dtype):
+    def encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, None]:
         # Rounding goes through f32 when the source is wider or differently laid out, so the
         # result equals the Rust writer's f32 → half rounding bit for bit.
         if t.dtype != dtype and t.dtype != torch.float32:
             t = t.float()
-        return t.to(dtype).contiguous()
+        return t.to(dtype).contiguous(), None
 
     return encode
 
 
-def _to_f32(t: torch.Tensor) -> torch.Tensor:
-    return t.float()
+def _to_f32(codes: torch.Tensor, scales: Optional[torch.Tensor], group: int) -> torch.Tensor:
+    return codes.float()
+
+
+def _groups(t: torch.Tensor, group: int) -> torch.Tensor:
+    """f32 rows viewed as [T, G, group]."""
+    rows, width = t.shape
+    if width % group:
+        raise ValueError(f"row width {width} is not a multiple of the group size {group}")
+    return t.float().reshape(rows, width // group, group)
+
+
+def _fp8_encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _groups(t, group)
+    scales = torch.clamp(g.abs().amax(dim=2) / FP8_E4M3_MAX, min=_MIN_SCALE)
+    # torch's f32 → E4M3FN cast rounds to nearest, ties to even, but gives NaN beyond the range
+    # where the Rust encoder saturates: clamp first (|x| / scale can round to just above 448).
+    q = (g / scales.unsqueeze(2)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return q.to(torch.float8_e4m3fn).reshape(t.shape).contiguous(), scales.contiguous()
+
+
+def _fp8_decode(codes: torch.Tensor, scales: Optional[torch.Tensor], group: int) -> torch.Tensor:
+    rows, width = codes.shape
+    return (codes.float().reshape(rows, width // group, group) * scales.unsqueeze(2)).reshape(rows, width)
+
+
+def _int4_encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _groups(t, group)
+    scales = torch.clamp(g.abs().amax(dim=2) / INT4_MAX, min=_MIN_SCALE)
+    # torch.round rounds half to even, as Rust's round_ties_even.
+    q = (torch.round(g / scales.unsqueeze(2)).clamp(-INT4_MAX, INT4_MAX).to(torch.int16) + 8).to(torch.uint8)
+    q = q.reshape(t.shape)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scales.contiguous()
+
+
+def _int4_decode(codes: torch.Tensor, scales: Optional[torch.Tensor], group: int) -> torch.Tensor:
+    rows, half = codes.shape
+    nib = torch.stack(((codes & 15), (codes >> 4)), dim=2).reshape(rows, 2 * half)
+    q = nib.to(torch.int16) - 8
+    return (q.float().reshape(rows, 2 * half // group, group) * scales.unsqueeze(2)).reshape(rows, 2 * half)
 
 
 ENCODINGS: dict[str, Encoding] = {
@@ -54,6 +132,9 @@ ENCODINGS: dict[str, Encoding] = {
         Encoding("bf16", torch.bfloat16, _cast(torch.bfloat16), _to_f32),
         Encoding("f16", torch.float16, _cast(torch.float16), _to_f32),
         Encoding("f32", torch.float32, _cast(torch.float32), _to_f32),
+        # One scale per token and captured layer.
+        Encoding("fp8-e4m3", torch.float8_e4m3fn, _fp8_encode, _fp8_decode, scale_group=lambda ht: ht),
+        Encoding("int4", torch.uint8, _int4_encode, _int4_decode, per_element=2, scale_group=lambda ht: INT4_GROUP),
     )
 }
 
@@ -66,17 +147,33 @@ def encoding(name: str) -> Encoding:
         raise ValueError(f"unknown dtype `{name}` (known: {', '.join(ENCODINGS)})") from None
 
 
-def encode_finite(enc: Encoding, rows: torch.Tensor, tensor: str) -> torch.Tensor:
-    """Encode `rows` and refuse a value that is not finite once stored, naming its position."""
-    out = enc.encode(rows.detach().cpu())
-    if out.numel() == 0:
-        return out
+def _first_not_finite(x: torch.Tensor) -> Optional[tuple[int, int]]:
+    """The position of the first value that is not finite, or None."""
+    if x.numel() == 0:
+        return None
     # Fast path: max and min propagate NaN and are ±inf when any value is, and they run an order
     # of magnitude faster than an elementwise isfinite on a [T, 21504] bf16 block.
-    if bool(torch.isfinite(out.amax())) and bool(torch.isfinite(out.amin())):
-        return out
-    bad = ~torch.isfinite(enc.decode(out))
-    if bool(bad.any()):
-        t, j = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(f"{tensor}[{t}, {j}] is not finite as {enc.name}")
-    return out
+    if bool(torch.isfinite(x.amax())) and bool(torch.isfinite(x.amin())):
+        return None
+    bad = ~torch.isfinite(x)
+    if not bool(bad.any()):
+        return None
+    t, j = (int(v) for v in bad.nonzero()[0])
+    return t, j
+
+
+def encode_finite(enc: Encoding, rows: torch.Tensor, tensor: str, group: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Encode `rows` (groups of `group` values share a scale in the scaled encodings) and refuse
+    a value that is not finite, in the input or once stored, naming its position."""
+    rows = rows.detach().cpu()
+    if enc.scaled:
+        bad = _first_not_finite(rows)
+        if bad:
+            raise ValueError(f"{tensor}[{bad[0]}, {bad[1]}] is not finite")
+        return enc.encode(rows, group)
+    out, _ = enc.encode(rows, group)
+    if _first_not_finite(out) is not None:
+        bad = _first_not_finite(enc.decode(out, None, group))
+        if bad:
+            raise ValueError(f"{tensor}[{bad[0]}, {bad[1]}] is not finite as {enc.name}")
+    return out, None

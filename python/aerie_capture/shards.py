@@ -1,4 +1,4 @@
-"""aerie-shard/1 in Python: the writer a capture engine feeds and a reader that checks what
+"""aerie-shard/1 and /2 in Python: the writer a capture engine feeds and a reader that checks what
 docs/shard-format.md §6 asks, both following the format exactly as the Rust reference
 (`crates/aerie-data/src/shard/`) does, so that either side reads what the other writes.
 
@@ -12,6 +12,8 @@ docs/shard-format.md §6 asks, both following the format exactly as the Rust ref
   lock the Rust writer takes (`File::try_lock` is flock on Linux).
 - Resume: temp files and unlisted shard files are deleted, listed shards are opened and checked,
   and the done sample count and ids are reported.
+- Encodings (§3, §3.1): the plain floats (format 1) and the scaled fp8-e4m3 and int4 (format 2,
+  each hidden tensor with its `_scales`), encoded as the Rust writer encodes them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from safetensors import safe_open
 from .encodings import Encoding, encode_finite, encoding
 
 FORMAT = "aerie-shard/1"
+FORMAT_V2 = "aerie-shard/2"
 MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".aerie-shard.lock"
 TMP_PREFIX = ".tmp-"
@@ -60,6 +63,9 @@ LOSS_MASK = "loss_mask"
 SAMPLE_OFFSETS = "sample_offsets"
 AUX_HIDDEN = "aux_hidden"
 FINAL_HIDDEN = "final_hidden"
+AUX_SCALES = "aux_hidden_scales"
+FINAL_SCALES = "final_hidden_scales"
+SCALES = {AUX_HIDDEN: AUX_SCALES, FINAL_HIDDEN: FINAL_SCALES}
 TOPK_IDS = "teacher_topk_ids"
 TOPK_LOGPROBS = "teacher_topk_logprobs"
 SAMPLE_IDS = "sample_ids"
@@ -84,11 +90,21 @@ def is_shard_file_name(name: str) -> bool:
     return bool(_SHARD_NAME.match(name))
 
 
-def format_is_supported(fmt: str) -> bool:
+def format_major(fmt: str) -> Optional[int]:
     if not fmt.startswith("aerie-shard/"):
-        return False
+        return None
     major = fmt[len("aerie-shard/") :].split(".", 1)[0]
-    return major.isdigit() and int(major) == 1
+    return int(major) if major.isdigit() else None
+
+
+def format_is_supported(fmt: str) -> bool:
+    return format_major(fmt) in (1, 2)
+
+
+def _check_format_holds(fmt: str, enc: Encoding, where: str) -> None:
+    """A scaled encoding under format 1 would be misread by a format-1 reader as plain values."""
+    if enc.scaled and format_major(fmt) == 1:
+        raise ShardError(f"{where}: `format` is {fmt} but the dtype `{enc.name}` needs {enc.format}")
 
 
 def sha256_file(path: os.PathLike | str) -> str:
@@ -158,11 +174,16 @@ class Metadata:
     def encoding(self) -> Encoding:
         return encoding(self.dtype)
 
+    @property
+    def group(self) -> int:
+        """Values per scale of a scaled encoding (0 for the plain floats)."""
+        return self.encoding.group(self.hidden_size)
+
     def bytes_per_token(self) -> int:
-        s = self.encoding.element_size
-        n = 4 + 1 + self.aux_width * s
+        enc = self.encoding
+        n = 4 + 1 + enc.row_bytes(self.aux_width, self.hidden_size)
         if self.teacher.final_hidden:
-            n += self.hidden_size * s
+            n += enc.row_bytes(self.hidden_size, self.hidden_size)
         if self.teacher.topk:
             n += self.teacher.topk * 8
         return n
@@ -189,9 +210,12 @@ class Metadata:
         if self.hidden_size <= 0:
             raise bad("hidden_size", "must be positive")
         try:
-            encoding(self.dtype)
+            enc = encoding(self.dtype)
         except ValueError as e:
             raise bad("dtype", str(e)) from None
+        if enc.scaled and self.hidden_size % enc.group(self.hidden_size):
+            g = enc.group(self.hidden_size)
+            raise bad("dtype", f"{enc.name} stores a scale per {g} values of a layer, so hidden_size must be a multiple of {g} (it is {self.hidden_size})")
         if not re.fullmatch(r"[0-9a-f]{64}", self.tokenizer_digest):
             raise bad("tokenizer_digest", f"`{self.tokenizer_digest}` is not a lowercase hex sha256")
         if not self.chat_template:
@@ -208,7 +232,7 @@ class Metadata:
         m = dict(self.extra)
         m.update(
             {
-                "format": FORMAT,
+                "format": encoding(self.dtype).format,
                 "target": self.target,
                 "target_num_layers": str(self.target_num_layers),
                 "target_vocab_size": str(self.target_vocab_size),
@@ -240,7 +264,7 @@ class Metadata:
 
         fmt = get("format")
         if not format_is_supported(fmt):
-            raise ShardError(f"{where}: metadata `format`: `{fmt}` is not {FORMAT}")
+            raise ShardError(f"{where}: metadata `format`: `{fmt}` is not {FORMAT} or {FORMAT_V2}")
         try:
             ids = json.loads(get("aux_layer_ids"))
             assert isinstance(ids, list) and all(isinstance(i, int) and i >= 0 for i in ids)
@@ -268,6 +292,7 @@ class Metadata:
             md.validate()
         except ShardError as e:
             raise ShardError(f"{where}: {e}") from None
+        _check_format_holds(fmt, md.encoding, f"{where}: metadata")
         return md
 
     def differences(self, other: "Metadata", ignore: tuple[str, ...] = ()) -> list[str]:
@@ -288,11 +313,15 @@ class Metadata:
 _ST_DTYPES = {
     torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32",
     torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+    torch.float8_e4m3fn: "F8_E4M3",
 }
 
-# The safetensors `Dtype` enum's order: the library sorts tensors by it (descending), then by
-# name, which puts every wider element type before every narrower one.
-_ST_ORDER = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"]
+# The safetensors `Dtype` enum's order (Rust crate 0.6): the library sorts tensors by it
+# (descending), then by name, which puts every wider element type before every narrower one.
+_ST_ORDER = [
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+    "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64",
+]
 
 
 def write_safetensors(path: Path, tensors: dict[str, "torch.Tensor | list[torch.Tensor]"], metadata: dict[str, str]) -> None:
@@ -415,7 +444,7 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         doc = {
-            "format": FORMAT,
+            "format": self.metadata.encoding.format,
             "shards": [s.to_json() for s in self.shards],
             "samples": self.samples,
             "tokens": self.tokens,
@@ -439,8 +468,9 @@ class Manifest:
         if not isinstance(fmt, str):
             raise ShardError(f"{path}: no `format` string")
         if not format_is_supported(fmt):
-            raise ShardError(f"{path}: format `{fmt}` is not supported (this reader reads {FORMAT})")
+            raise ShardError(f"{path}: format `{fmt}` is not supported (this reader reads {FORMAT} and {FORMAT_V2})")
         md = Metadata.from_map(doc.get("metadata") or {}, str(path))
+        _check_format_holds(fmt, md.encoding, str(path))
         shards, seen = [], set()
         for i, e in enumerate(doc.get("shards", [])):
             entry = ShardEntry(e["file"], int(e["samples"]), int(e["tokens"]), int(e["masked_tokens"]), e.get("sha256"))
@@ -512,14 +542,20 @@ class ShardDataset:
     def _check_header(self, path: Path, entry: ShardEntry, f) -> None:
         m = self.metadata
         t, n = entry.tokens, entry.samples
+        enc = m.encoding
+        stored = _ST_DTYPES[enc.storage]
         want = {
             INPUT_IDS: ("I32", [t]),
             LOSS_MASK: ("U8", [t]),
             SAMPLE_OFFSETS: ("I64", [n + 1]),
-            AUX_HIDDEN: (_st_dtype(m.encoding.storage), [t, m.aux_width]),
+            AUX_HIDDEN: (stored, [t, m.aux_width // enc.per_element]),
         }
         if m.teacher.final_hidden:
-            want[FINAL_HIDDEN] = (_st_dtype(m.encoding.storage), [t, m.hidden_size])
+            want[FINAL_HIDDEN] = (stored, [t, m.hidden_size // enc.per_element])
+        if enc.scaled:
+            for name, width in ((AUX_HIDDEN, m.aux_width), (FINAL_HIDDEN, m.hidden_size)):
+                if name in want:
+                    want[SCALES[name]] = ("F32", [t, width // m.group])
         if m.teacher.topk:
             want[TOPK_IDS] = ("I32", [t, m.teacher.topk])
             want[TOPK_LOGPROBS] = (("F16", "F32"), [t, m.teacher.topk])
@@ -527,6 +563,9 @@ class ShardDataset:
         for name in (FINAL_HIDDEN, TOPK_IDS, TOPK_LOGPROBS):
             if name in keys and name not in want:
                 raise ShardError(f"{path}: {name}: present but the teacher is `{m.teacher}`")
+        for name in (AUX_SCALES, FINAL_SCALES):
+            if name in keys and name not in want:
+                raise ShardError(f"{path}: {name}: present but the dtype `{enc.name}` has no scales")
         if SAMPLE_IDS in keys:
             want[SAMPLE_IDS] = ("I64", [n])
         for name, (dtype, shape) in want.items():
@@ -554,7 +593,6 @@ class ShardDataset:
             return {k: f.get_tensor(k) for k in f.keys()}
 
     def samples(self) -> Iterator[Sample]:
-        enc = self.metadata.encoding
         for entry in self.manifest.shards:
             ts = self.shard_tensors(entry)
             off = ts[SAMPLE_OFFSETS].tolist()
@@ -563,12 +601,16 @@ class ShardDataset:
                 yield Sample(
                     input_ids=ts[INPUT_IDS][a:b],
                     loss_mask=ts[LOSS_MASK][a:b],
-                    aux_hidden=enc.decode(ts[AUX_HIDDEN][a:b]),
-                    final_hidden=enc.decode(ts[FINAL_HIDDEN][a:b]) if FINAL_HIDDEN in ts else None,
+                    aux_hidden=self._decode(ts, AUX_HIDDEN, a, b),
+                    final_hidden=self._decode(ts, FINAL_HIDDEN, a, b) if FINAL_HIDDEN in ts else None,
                     topk_ids=ts[TOPK_IDS][a:b] if TOPK_IDS in ts else None,
                     topk_logprobs=ts[TOPK_LOGPROBS][a:b].float() if TOPK_LOGPROBS in ts else None,
                     sample_id=int(ts[SAMPLE_IDS][i]) if SAMPLE_IDS in ts else None,
                 )
+
+    def _decode(self, ts: dict[str, torch.Tensor], name: str, a: int, b: int) -> torch.Tensor:
+        scales = ts[SCALES[name]][a:b] if self.metadata.encoding.scaled else None
+        return self.metadata.encoding.decode(ts[name][a:b], scales, self.metadata.group)
 
     def sample_ids(self) -> list[int]:
         out = []
@@ -597,8 +639,20 @@ class ShardDataset:
             masked_total += masked
             _check_ids(path, INPUT_IDS, ts[INPUT_IDS], m.target_vocab_size)
             for name in (AUX_HIDDEN, FINAL_HIDDEN):
-                if name in ts and not bool(torch.isfinite(ts[name].float()).all()):
-                    raise ShardError(f"{path}: {name}: non-finite values")
+                if name not in ts:
+                    continue
+                if m.encoding.scaled:
+                    sc = ts[SCALES[name]]
+                    bad = ~(torch.isfinite(sc) & (sc > 0))
+                    if bool(bad.any()):
+                        r, g = (int(v) for v in bad.nonzero()[0])
+                        raise ShardError(f"{path}: {SCALES[name]}[{r}, {g}] = {float(sc[r, g])}: a scale must be positive and finite")
+                    values = m.encoding.decode(ts[name], sc, m.group)
+                else:
+                    values = ts[name].float()
+                if not bool(torch.isfinite(values).all()):
+                    r, j = (int(v) for v in (~torch.isfinite(values)).nonzero()[0])
+                    raise ShardError(f"{path}: {name}[{r}, {j}]: non-finite value")
             if TOPK_IDS in ts:
                 _check_ids(path, TOPK_IDS, ts[TOPK_IDS], m.target_vocab_size)
                 _check_logprobs(str(path), ts[TOPK_LOGPROBS].float())
@@ -613,10 +667,6 @@ class ShardDataset:
             "tokens": self.manifest.tokens,
             "masked_tokens": masked_total,
         }
-
-
-def _st_dtype(d: torch.dtype) -> str:
-    return {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}[d]
 
 
 def _check_ids(path, name: str, ids: torch.Tensor, vocab: int) -> None:
@@ -671,7 +721,8 @@ class ShardWriter:
         self._reset()
 
     def _reset(self) -> None:
-        self._parts: dict[str, list[torch.Tensor]] = {k: [] for k in (INPUT_IDS, LOSS_MASK, AUX_HIDDEN, FINAL_HIDDEN, TOPK_IDS, TOPK_LOGPROBS)}
+        names = (INPUT_IDS, LOSS_MASK, AUX_HIDDEN, AUX_SCALES, FINAL_HIDDEN, FINAL_SCALES, TOPK_IDS, TOPK_LOGPROBS)
+        self._parts: dict[str, list[torch.Tensor]] = {k: [] for k in names}
         self._offsets = [0]
         self._sample_ids: list[int] = []
         self._masked = 0
@@ -798,20 +849,20 @@ class ShardWriter:
             i = int(bad.nonzero()[0])
             raise ValueError(f"input_ids[{i}] = {int(ids[i])} is outside the target vocabulary 0..{m.target_vocab_size}")
 
-        def rows(name: str, x: torch.Tensor, width: int, why: str) -> torch.Tensor:
+        rec = {INPUT_IDS: ids.to(torch.int32), LOSS_MASK: mask.to(torch.uint8)}
+
+        def rows(name: str, x: torch.Tensor, width: int, why: str) -> None:
             if tuple(x.shape) != (t, width):
                 raise ValueError(f"{name} has shape {list(x.shape)}, expected [{t}, {width}] ({why})")
-            return encode_finite(self._enc, x, name)
+            rec[name], scales = encode_finite(self._enc, x, name, m.group)
+            if scales is not None:
+                rec[SCALES[name]] = scales
 
-        rec = {
-            INPUT_IDS: ids.to(torch.int32),
-            LOSS_MASK: mask.to(torch.uint8),
-            AUX_HIDDEN: rows(AUX_HIDDEN, aux, m.aux_width, f"{len(m.aux_layer_ids)} layers × hidden_size {m.hidden_size}"),
-        }
+        rows(AUX_HIDDEN, aux, m.aux_width, f"{len(m.aux_layer_ids)} layers × hidden_size {m.hidden_size}")
         if m.teacher.final_hidden != (final is not None):
             raise ValueError(f"final_hidden {'missing' if final is None else 'given'} (teacher `{m.teacher}`)")
         if final is not None:
-            rec[FINAL_HIDDEN] = rows(FINAL_HIDDEN, final, m.hidden_size, "hidden_size")
+            rows(FINAL_HIDDEN, final, m.hidden_size, "hidden_size")
         if bool(m.teacher.topk) != (topk_ids is not None) or (topk_ids is None) != (topk_lp is None):
             raise ValueError(f"top-k teacher {'missing' if topk_ids is None else 'given'} (teacher `{m.teacher}`)")
         if topk_ids is not None:

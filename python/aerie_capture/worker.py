@@ -39,7 +39,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", help="output shard directory; an interrupted capture there is resumed")
     p.add_argument("--split", default="train")
     p.add_argument("--aux-layers", help="comma-separated output-of-layer ids (default EAGLE-3's [1, N/2-1, N-4])")
-    p.add_argument("--dtype", default="bf16", help="storage of the hidden states: bf16, f16 or f32")
+    p.add_argument("--dtype", default="bf16", help="storage of the hidden states: bf16, f16, f32, fp8-e4m3 or int4 (docs/shard-format.md §3.1)")
     p.add_argument("--teacher", default="final-hidden", help="final-hidden, topk:K or final-hidden+topk:K")
     p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per shard (the writer holds one shard in memory)")
     p.add_argument("--max-samples", type=int, help="capture only the first N samples of the split")

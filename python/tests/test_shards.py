@@ -1,4 +1,4 @@
-"""The Python aerie-shard/1 writer and reader on synthetic data: round trips in every dtype,
+"""The Python aerie-shard/1 and /2 writer and reader on synthetic data: round trips in every dtype,
 shard cutting, refusals, the crash points of docs/shard-format.md §7 and resume, the lock."""
 
 import json
@@ -50,20 +50,26 @@ class Shards(unittest.TestCase):
     def test_round_trip_in_every_dtype(self):
         for dtype, enc in ENCODINGS.items():
             d = self.dir / dtype
-            w = ShardWriter.create(d, metadata(dtype), shard_tokens=20)
-            samples = [sample(3 + i, i) for i in range(9)]
+            w = ShardWriter.create(d, metadata(dtype, hidden_size=32), shard_tokens=20)
+            samples = [sample(3 + i, i, hidden=32) for i in range(9)]
+            group = enc.group(32)
+
+            def stored(x):
+                return enc.decode(*enc.encode(x, group), group)
+
             for s in samples:
                 w.push(**s)
             w.finish()
             ds = ShardDataset(d)
             rep = ds.verify()
             self.assertEqual(rep["samples"], 9)
-            self.assertEqual(ds.metadata.to_map(), metadata(dtype).to_map())
+            self.assertEqual(ds.metadata.to_map(), metadata(dtype, hidden_size=32).to_map())
+            self.assertEqual(json.loads((d / "manifest.json").read_text())["format"], enc.format)
             for s, r in zip(samples, ds.samples()):
                 self.assertTrue(torch.equal(r.input_ids, s["input_ids"].to(torch.int32)))
                 self.assertTrue(torch.equal(r.loss_mask, s["loss_mask"].to(torch.uint8)))
-                self.assertTrue(torch.equal(r.aux_hidden, enc.encode(s["aux_hidden"]).float()), dtype)
-                self.assertTrue(torch.equal(r.final_hidden, enc.encode(s["final_hidden"]).float()))
+                self.assertTrue(torch.equal(r.aux_hidden, stored(s["aux_hidden"])), dtype)
+                self.assertTrue(torch.equal(r.final_hidden, stored(s["final_hidden"])), dtype)
                 self.assertTrue(torch.equal(r.topk_ids, s["topk_ids"].to(torch.int32)))
                 self.assertTrue(torch.equal(r.topk_logprobs, s["topk_logprobs"]))
                 self.assertEqual(r.sample_id, s["sample_id"])
@@ -199,11 +205,11 @@ class Shards(unittest.TestCase):
             ShardDataset(self.dir)
         self.assertIn("hidden_size", str(e.exception))
         self.assertNotIn("aux_layer_ids", str(e.exception))  # `[0, 2]` equals `[0,2]`
-        m["format"] = "aerie-shard/2"
+        m["format"] = "aerie-shard/3"
         (self.dir / "manifest.json").write_text(json.dumps(m))
         with self.assertRaises(ShardError) as e:
             ShardDataset(self.dir)
-        self.assertIn("aerie-shard/2", str(e.exception))
+        self.assertIn("aerie-shard/3", str(e.exception))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 //! The Python capture worker (`python/aerie_capture`): `aerie capture --engine transformers`
 //! (any HF causal LM, CPU or GPU) and `--engine sglang` (SGLang's `ModelRunner` on every
-//! tensor-parallel rank, under torchrun). The worker writes aerie-shard/1 itself; this module
+//! tensor-parallel rank, under torchrun). The worker writes the shards itself (every encoding,
+//! format 1 or 2 as the dtype needs); this module
 //! builds its command line from the native capture's options, runs it, and then opens the
 //! dataset with aerie's own reader and verifies every value, so a dataset that aerie refuses is
 //! a failed capture whatever the worker said. docs/capture-python.md has the details.
@@ -8,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use aerie_data::shard::{FloatDtype, ShardDataset, Teacher, VerifyReport};
+use aerie_data::shard::{HiddenDtype, ShardDataset, Teacher, VerifyReport};
 
 use crate::{Error, Result};
 
@@ -41,7 +42,7 @@ pub struct PythonCapture {
     /// Aux layers, output-of-layer; `None` = EAGLE-3's default.
     pub aux_layers: Option<Vec<usize>>,
     /// Storage of the hidden states.
-    pub dtype: FloatDtype,
+    pub dtype: HiddenDtype,
     /// Teacher to store.
     pub teacher: Teacher,
     /// Tokens per shard.

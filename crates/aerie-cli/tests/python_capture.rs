@@ -7,7 +7,9 @@
 //!   target: same metadata (but `created_by`), samples, masks and ids, f32 features within
 //!   rel 1e-3, and the dataset passes aerie's full verification;
 //! - the reverse direction: what aerie writes, the Python reader reads and verifies, value for
-//!   value;
+//!   value, in every encoding;
+//! - the compact encodings (fp8-e4m3, int4) the worker writes equal `aerie shards convert`'s,
+//!   byte for byte;
 //! - the worker killed with SIGKILL and rerun gives the uninterrupted dataset, byte for byte;
 //! - the lock: a Python writer keeps the Rust writer out and the other way round;
 //! - a tiny random DeepSeek-V3 (MLA, routed + shared experts) captured by the worker feeds
@@ -168,12 +170,82 @@ fn transformers_engine_equals_the_native_capture_and_verifies() {
     assert_eq!((again["resumed_samples"].as_u64(), again["captured_samples"].as_u64()), (Some(12), Some(0)));
 }
 
+/// The Python writer's compact encodings are the Rust writer's, byte for byte: a transformers
+/// capture straight to fp8-e4m3 or int4 equals `aerie shards convert` of the same engine's f32
+/// capture, every tensor of every shard (codes and scales) and the metadata but `created_by`,
+/// and aerie's full verification passes on it. (The engine is deterministic on one thread, so
+/// both captures encode the same f32 activations.)
+#[test]
+fn python_compact_encodings_equal_aerie_shards_convert() {
+    let Some(python) = python("python_compact_encodings_equal_aerie_shards_convert") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (target, prepared) = tiny_setup(dir.path(), 8);
+    let capture = |dtype: &str, out: &Path| {
+        let flags = ["--aux-layers", "0,1,2", "--dtype", dtype, "--teacher", "final-hidden", "--shard-tokens", "300"];
+        let mut c = aerie_cmd();
+        c.args(capture_args(&target, &prepared, out, &flags)).args([
+            "--engine",
+            "transformers",
+            "--python",
+            s(&python),
+        ]);
+        c.env("OMP_NUM_THREADS", "1");
+        let report = ok_json(c.output().unwrap());
+        assert_eq!(report["verified"]["samples"], 8, "{report}");
+        report
+    };
+    let f32_dir = dir.path().join("hf-f32");
+    capture("f32", &f32_dir);
+    let compare = r#"import json, sys
+from pathlib import Path
+import torch
+from safetensors import safe_open
+a, b = Path(sys.argv[1]), Path(sys.argv[2])
+files = sorted(p.name for p in a.glob("shard-*.safetensors"))
+assert files == sorted(p.name for p in b.glob("shard-*.safetensors")), "shard files differ"
+out = []
+for name in files:
+    with safe_open(a / name, framework="pt") as x, safe_open(b / name, framework="pt") as y:
+        mx, my = dict(x.metadata()), dict(y.metadata())
+        mx.pop("created_by"), my.pop("created_by")
+        assert mx == my, (name, mx, my)
+        assert sorted(x.keys()) == sorted(y.keys()), (name, x.keys(), y.keys())
+        for k in x.keys():
+            tx, ty = x.get_tensor(k), y.get_tensor(k)
+            assert tx.dtype == ty.dtype and tx.shape == ty.shape, (name, k)
+            assert torch.equal(tx.contiguous().view(-1).view(torch.uint8), ty.contiguous().view(-1).view(torch.uint8)), (name, k)
+        out.append([name, sorted(x.keys()), mx["format"], mx["dtype"]])
+print(json.dumps(out))
+"#;
+    for dtype in ["fp8-e4m3", "int4"] {
+        let direct = dir.path().join(format!("hf-{dtype}"));
+        let report = capture(dtype, &direct);
+        let converted = dir.path().join(format!("convert-{dtype}"));
+        ok_json(aerie(&["shards", "convert", s(&f32_dir), "--dtype", dtype, "--out", s(&converted), "--json"]));
+        let ds = ShardDataset::open(&direct).unwrap();
+        ds.verify().unwrap();
+        assert_eq!(ds.metadata().dtype.as_str(), dtype);
+        let bpt = report["bytes_per_token"].as_f64().unwrap();
+        let mut c = py(&python);
+        c.args(["-c", compare, s(&direct), s(&converted)]);
+        let shards: Value = serde_json::from_str(run_ok(c).trim()).unwrap();
+        let shards = shards.as_array().unwrap();
+        assert!(shards.len() > 1, "several shards compared: {shards:?}");
+        for sh in shards {
+            assert_eq!(sh[2], "aerie-shard/2", "{sh}");
+            let keys: Vec<&str> = sh[1].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+            assert!(keys.contains(&"aux_hidden_scales") && keys.contains(&"final_hidden_scales"), "{keys:?}");
+        }
+        println!("{dtype}: {} shards byte-identical to `aerie shards convert`, {bpt:.1} bytes per token", shards.len());
+    }
+}
+
 #[test]
 fn python_reads_and_verifies_what_aerie_writes() {
     let Some(python) = python("python_reads_and_verifies_what_aerie_writes") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (target, prepared) = tiny_setup(dir.path(), 9);
-    for dtype in ["bf16", "f16", "f32"] {
+    for dtype in ["bf16", "f16", "f32", "fp8-e4m3", "int4"] {
         let native = dir.path().join(format!("native-{dtype}"));
         let flags =
             ["--aux-layers", "1,2", "--dtype", dtype, "--teacher", "final-hidden+topk:4", "--shard-tokens", "200"];

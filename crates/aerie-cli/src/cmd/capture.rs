@@ -112,16 +112,9 @@ pub fn run(args: CaptureArgs) -> Result<()> {
     }
 }
 
-/// The Python worker's options, from the native capture's flags. The worker writes the plain
-/// float encodings only (format 1); a compact dataset is one `aerie shards convert` away.
+/// The Python worker's options, from the native capture's flags (it writes every encoding the
+/// native writer does, byte for byte the same).
 fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
-    let Some(dtype) = args.dtype.float() else {
-        bail!(
-            "--engine {}: the Python worker writes bf16, f16 or f32; capture in bf16, then `aerie shards convert SRC --dtype {} --out DST`",
-            if args.engine == Engine::Sglang { "sglang" } else { "transformers" },
-            args.dtype.as_str()
-        );
-    };
     Ok(PythonCapture {
         python: args
             .python
@@ -135,7 +128,7 @@ fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
         out: args.out.clone(),
         split: args.split.clone(),
         aux_layers: args.aux_layers.clone(),
-        dtype,
+        dtype: args.dtype,
         teacher: args.teacher,
         shard_tokens: args.shard_tokens,
         max_batch_tokens: args.max_batch_tokens,
