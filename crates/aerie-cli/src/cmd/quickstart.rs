@@ -138,6 +138,8 @@ struct DecodeAtK {
     t_d_ms: Option<f64>,
     t_v_ms: Option<f64>,
     greedy_identical: Option<bool>,
+    /// Plain decoding of the same answers all at once, tokens/s end to end (first k only).
+    plain_batched_tokens_per_s: Option<f64>,
 }
 
 struct Runner {
@@ -406,7 +408,16 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
                 out.clone().into(),
                 "--costs-out".into(),
                 costs.clone().into(),
-            ]),
+            ])
+            .into_iter()
+            // Once: the throughput of plain decoding with every answer in flight at once.
+            .chain(
+                (k == args.decode_k[0])
+                    .then(|| os(["--plain-batch".to_string(), (2 * args.decode_prompts).to_string()]))
+                    .into_iter()
+                    .flatten(),
+            )
+            .collect::<Vec<_>>(),
             false,
         )?;
         let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
@@ -418,6 +429,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
             t_d_ms: d["costs"]["t_d_ms"].as_f64(),
             t_v_ms: d["costs"]["t_v_ms"][(k + 1).to_string()].as_f64(),
             greedy_identical: d["greedy_identical"].as_bool(),
+            plain_batched_tokens_per_s: d["plain_batched"]["tokens_per_s"].as_f64(),
         });
         let faster = |d: &serde_json::Value| d["speedup"].as_f64().unwrap_or(f64::NEG_INFINITY);
         if decode.as_ref().is_none_or(|best| faster(&d) > faster(best)) {
@@ -506,6 +518,9 @@ fn print_report(r: &Report) {
             d.k + 1,
             f(d.t_v_ms)
         );
+        if let Some(rate) = d.plain_batched_tokens_per_s {
+            println!("    plain decoding of the same answers all at once: {rate:.1} tokens/s end to end");
+        }
     }
     if let Some(d) = &r.decode {
         let f = |k: &str| d[k].as_f64().unwrap_or(f64::NAN);

@@ -41,7 +41,9 @@ mod verdict;
 
 pub use decoder::{PlainAnswer, SpecAnswer, SpecDecoder};
 pub use options::DecodeOptions;
-pub use run::{DecodeReport, MeasuredCosts, PromptReport, Throughput, TurnReport, decode_prompts};
+pub use run::{
+    BatchedPlain, DecodeReport, MeasuredCosts, PlainRun, PromptReport, Throughput, TurnReport, decode_prompts,
+};
 pub use session::{DecodeSession, measured_costs};
 pub use timing::{DecodeTimings, Timer};
 pub use verdict::{Verdict, verify_draft};

@@ -132,6 +132,42 @@ pub struct DecodeReport {
     pub costs: MeasuredCosts,
     /// Per prompt.
     pub prompts: Vec<PromptReport>,
+    /// Plain greedy decoding of the same answers many at a time (`aerie eval decode
+    /// --plain-batch N`): the throughput a server gets without speculation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_batched: Option<BatchedPlain>,
+    /// Every answer's plain prompt and tokens, for [`super::DecodeSession::plain_batched`].
+    #[serde(skip)]
+    pub plain_answers: Vec<PlainRun>,
+}
+
+/// One plain answer: the prompt's ids and the tokens plain decoding produced.
+#[derive(Debug, Clone)]
+pub struct PlainRun {
+    /// Prompt ids (chat template applied).
+    pub prompt: Vec<u32>,
+    /// The answer.
+    pub tokens: Vec<u32>,
+}
+
+/// Plain greedy decoding with many answers in flight at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchedPlain {
+    /// Answers decoded at once at most.
+    pub batch: usize,
+    /// Answers (the same prompts as the batch-1 runs).
+    pub answers: usize,
+    /// New tokens over all answers.
+    pub tokens: usize,
+    /// Wall seconds of the whole batched run, prefills included.
+    pub seconds: f64,
+    /// Seconds of the prompts' prefills.
+    pub prefill_seconds: f64,
+    /// All tokens per wall second.
+    pub tokens_per_s: f64,
+    /// Answers whose tokens equal batch-1 plain decoding's (all, unless a float near-tie flipped
+    /// an argmax: the batched matmuls sum in another order).
+    pub identical_answers: usize,
 }
 
 /// Decode every prompt plainly and speculatively; `progress(tokens)` after each answer.
@@ -148,6 +184,7 @@ pub fn decode_prompts<B: Backend>(
     let (mut plain_tp, mut spec_tp) = (Throughput::default(), Throughput::default());
     let (mut answers, mut emitted_total, mut mismatched) = (0usize, 0usize, 0usize);
     let mut reports = Vec::with_capacity(prompts.len());
+    let mut plain_answers = Vec::new();
     for (pi, prompt) in prompts.iter().enumerate() {
         // Each mode continues from its own earlier answers.
         let (mut plain_ctx, mut spec_ctx) = (prompt.context.clone(), prompt.context.clone());
@@ -180,6 +217,7 @@ pub fn decode_prompts<B: Backend>(
             let spec_text = encoder.decode(&spec.tokens)?;
             plain_ctx.push(Message::new(Role::Assistant, encoder.decode(&plain.tokens)?));
             spec_ctx.push(Message::new(Role::Assistant, spec_text.clone()));
+            plain_answers.push(PlainRun { prompt: plain_ids, tokens: plain.tokens.clone() });
             let cycles = spec.accepted.len();
             turns.push(TurnReport {
                 turn,
@@ -235,6 +273,8 @@ pub fn decode_prompts<B: Backend>(
         mismatched_answers: mismatched,
         costs,
         prompts: reports,
+        plain_batched: None,
+        plain_answers,
     };
     Ok((report, timings))
 }

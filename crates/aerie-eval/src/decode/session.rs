@@ -13,10 +13,12 @@ use burn::tensor::backend::Backend;
 
 use aerie_model::drafter::shape::DraftShape;
 
+use super::run::{BatchedPlain, PlainRun};
 use super::{DecodeOptions, DecodeReport, DecodeTimings, SpecDecoder, decode_prompts};
 use crate::cost::Costs;
 use crate::prompts::{Prompt, read_prompts};
 use crate::{Error, Result};
+use aerie_model::native::batch::{BatchGenerator, GenerationRequest, greedy};
 
 /// What decoding runs against: the target, its prompt encoder and stop ids, the prompts.
 pub struct DecodeSession<B: Backend> {
@@ -74,6 +76,35 @@ impl<B: Backend> DecodeSession<B> {
             Error::step(format!("{} does not draft for {}", drafter_dir.display(), target_dir.display()), e)
         })?;
         decode_prompts(&dec, &self.encoder, &self.prompts, opts, progress)
+    }
+}
+
+impl<B: Backend> DecodeSession<B> {
+    /// Greedy plain decoding of `runs` (a report's `plain_answers`) up to `batch` at a time,
+    /// each with the budget of the batch-1 run, stopping at the same stop ids; the tokens are
+    /// compared with the batch-1 answers.
+    pub fn plain_batched(&self, runs: &[PlainRun], batch: usize, max_new_tokens: usize) -> Result<BatchedPlain> {
+        let stop = self.encoder.stop_ids(&self.target.spec().eos_token_ids);
+        let mut generator = BatchGenerator::new(&self.target, batch, &stop)
+            .map_err(|e| Error::step("starting batched plain decoding", e))?;
+        for (i, run) in runs.iter().enumerate() {
+            let request = GenerationRequest { id: i as u64, prompt: run.prompt.clone(), max_new_tokens };
+            generator.push(request).map_err(|e| Error::step(format!("answer {i}"), e))?;
+        }
+        let start = std::time::Instant::now();
+        let mut pick = greedy::<B>;
+        let done = generator.run_to_end(&mut pick).map_err(|e| Error::step("batched plain decoding", e))?;
+        let seconds = start.elapsed().as_secs_f64();
+        let tokens: usize = done.iter().map(|g| g.tokens.len()).sum();
+        Ok(BatchedPlain {
+            batch,
+            answers: done.len(),
+            tokens,
+            seconds,
+            prefill_seconds: done.iter().map(|g| g.prefill_seconds).sum(),
+            tokens_per_s: if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 },
+            identical_answers: done.iter().filter(|g| runs[g.id as usize].tokens == g.tokens).count(),
+        })
     }
 }
 

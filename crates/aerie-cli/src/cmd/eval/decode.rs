@@ -55,6 +55,11 @@ pub struct DecodeArgs {
     /// Write the report JSON here too (atomically).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also decode the plain answers greedily N at a time (continuous batching) and report their
+    /// throughput beside the batch-1 baseline: what serving without speculation gets from the
+    /// same machine. Greedy only.
+    #[arg(long)]
+    pub plain_batch: Option<usize>,
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
@@ -81,6 +86,11 @@ impl DecodeArgs {
 pub fn run(args: DecodeArgs) -> Result<()> {
     // Everything but the tree width against Vd can be checked before loading any model.
     args.options()?.validate(usize::MAX)?;
+    if let Some(b) = args.plain_batch {
+        if b == 0 || args.temperature != 0.0 {
+            bail!("--plain-batch needs a batch size of at least 1 and greedy decoding (temperature 0)");
+        }
+    }
     with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))
 }
 
@@ -90,7 +100,10 @@ fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
     let pb = progress::bar((2 * session.answers() * args.max_new_tokens) as u64, "eval decode", "tok");
     let result = session.run(&args.target, &args.drafter, &opts, device, &mut |n| pb.inc(n as u64));
     pb.finish_and_clear();
-    let (report, timings) = result?;
+    let (mut report, timings) = result?;
+    if let Some(batch) = args.plain_batch {
+        report.plain_batched = Some(session.plain_batched(&report.plain_answers, batch, args.max_new_tokens)?);
+    }
     let prompts = &session.prompts;
 
     let json = serde_json::to_string(&report)?;
@@ -143,6 +156,12 @@ fn print_report(r: &DecodeReport, args: &DecodeArgs) {
         r.speculative.tokens, r.speculative.decode_tokens_per_s, r.speculative.end_to_end_tokens_per_s
     );
     println!("speedup     {:.3}x (decode tokens/s, prefill excluded)", r.speedup);
+    if let Some(b) = &r.plain_batched {
+        println!(
+            "plain ×{:<4} {} tokens, {:.1} tok/s end to end ({} of {} answers identical to batch 1)",
+            b.batch, b.tokens, b.tokens_per_s, b.identical_answers, b.answers
+        );
+    }
     let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2} ms"));
     let tv: Vec<String> = r.costs.t_v_ms.iter().map(|(n, v)| format!("T_v({n}) {v:.2} ms")).collect();
     println!(
