@@ -80,10 +80,25 @@ fn k25_reasoning_chains_are_trained_and_history_is_not() {
     );
     assert!(unmasked[1].ends_with("<|im_assistant|>assistant<|im_middle|><think>"), "{unmasked:?}");
 
-    // With tools, K2.5 declares them as TypeScript made by Python code: dropped with its reason.
+    // With tools, K2.5 declares them first, as the TypeScript its tokenizer computes (worked by
+    // hand from tool_declaration_ts.py: required before optional, descriptions as comments); the
+    // declaration is prompt, never trained, and the chains train as without tools.
     let with_tools = Conversation { tools, ..conv.clone() };
-    let rejected = enc.encode_all(&with_tools).unwrap().unwrap_err();
-    assert_eq!(rejected.reason, DropReason::ToolsNeedTypescript);
+    let samples = enc.encode_all(&with_tools).unwrap().unwrap();
+    assert_eq!(samples.len(), 2);
+    let declared = "<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n\
+                    // Weather now\ntype get_weather = (_: {\n  // Name, e.g. 巴黎\n  city: string,\n  \
+                    unit?: \"c\" | \"f\"\n}) => any;\n}\n<|im_end|>";
+    for s in &samples {
+        assert!(tok.tokenizer.decode(&s.input_ids, false).unwrap().starts_with(declared));
+        assert!(!runs(&tok, s, true).iter().any(|r| r.contains("get_weather = ")), "the declaration is not trained");
+    }
+    assert_eq!(runs(&tok, &samples[1], true).len(), 2);
+    // A tools list aerie's port does not reproduce exactly: dropped with its own reason.
+    let odd = json!([{"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "x": {"enum": [["é"]]}}}}}]);
+    let rejected = enc.encode_all(&Conversation { tools: Some(odd), ..conv.clone() }).unwrap().unwrap_err();
+    assert_eq!(rejected.reason, DropReason::ToolsTypescriptUnsupported);
 
     // thinking=false renders no reasoning anywhere: one sample per conversation, answers only.
     let opts = EncodeOptions { template_kwargs: [("thinking".into(), json!(false))].into(), ..Default::default() };
