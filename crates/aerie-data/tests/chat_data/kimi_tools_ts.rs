@@ -266,15 +266,151 @@ fn cases() -> Vec<(&'static str, Value, bool)> {
     ]
 }
 
-#[test]
-fn kimi_tools_ts_equals_the_reference_module() {
-    let what = "the Kimi-K2.5 TypeScript tool declaration check";
-    let Some(py) = python(what) else { return };
-    let cases = cases();
+/// A small deterministic generator (64-bit LCG) of tool lists mixing every feature the
+/// reference reads, valid and not, for the differential check below.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.next(items.len())]
+    }
+
+    fn scalar(&mut self) -> Value {
+        match self.next(8) {
+            0 => json!(null),
+            1 => json!(self.next(2) == 1),
+            2 => json!(self.next(100) as i64 - 50),
+            3 => json!([0.5, 1e-6, 2.0, -3.25, 1e15][self.next(5)]),
+            4 => json!(["a", "Ünï", "q\"t", "x'y", "", "line\nbreak"][self.next(6)]),
+            5 => json!([1, "b"]),
+            6 => json!({"k": [true, null]}),
+            _ => json!("s"),
+        }
+    }
+
+    fn description(&mut self) -> Option<Value> {
+        match self.next(10) {
+            0..=4 => None,
+            5 => Some(json!("One line")),
+            6 => Some(json!("Two\nlines\n\nand a gap")),
+            7 => Some(json!("")),
+            8 => Some(json!(0)),
+            _ => Some(json!(if self.next(6) == 0 { json!(7) } else { json!("Described 说明") })),
+        }
+    }
+
+    fn schema(&mut self, depth: usize, defs: &[String]) -> Value {
+        let kind = if depth == 0 { self.next(6) } else { self.next(12) };
+        let mut s = match kind {
+            0 => json!({"type": self.pick(&["string", "integer", "number", "boolean", "null", "file"])}),
+            1 => json!({"type": "string", "maxLength": self.next(50), "pattern": "^[a-z]+$"}),
+            2 => json!({"type": self.pick(&["integer", "number"]), "minimum": self.next(5), "maximum": 9.5}),
+            3 => {
+                let values: Vec<Value> = (0..1 + self.next(3)).map(|_| self.scalar()).collect();
+                match self.next(4) {
+                    0 => json!({"enum": values}),
+                    1 => json!({"enum": values, "type": self.pick(&["string", "integer", "number", "boolean"])}),
+                    2 => json!({"enum": values, "type": [self.pick(&["string", "number"]), "null"]}),
+                    _ => json!({"enum": ["x", "y"], "type": "string"}),
+                }
+            }
+            4 => json!({"type": (0..1 + self.next(3)).map(|_| self.pick(&["string", "integer", "null", "object",
+                "array", "boolean", "number", "date"])).collect::<Vec<_>>()}),
+            5 => match self.next(4) {
+                0 => json!({}),
+                1 => json!(true),
+                2 => json!(false),
+                _ => json!({"description": "no type"}),
+            },
+            6 | 7 => self.object(depth - 1, defs),
+            8 | 9 => {
+                let mut a = json!({"type": "array"});
+                if self.next(4) > 0 {
+                    a["items"] = self.schema(depth - 1, defs);
+                }
+                if self.next(3) == 0 {
+                    a["minItems"] = json!(1);
+                }
+                a
+            }
+            10 => json!({"anyOf": (0..1 + self.next(3)).map(|_| self.schema(depth - 1, defs)).collect::<Vec<_>>()}),
+            _ => match self.next(4) {
+                0 => json!({"$ref": "#"}),
+                1 => json!({"$ref": "#/$defs/Missing"}),
+                _ if !defs.is_empty() => json!({"$ref": format!("#/$defs/{}", defs[self.next(defs.len())])}),
+                _ => json!({"$ref": "#/definitions/X"}),
+            },
+        };
+        if let Value::Object(m) = &mut s {
+            if let Some(d) = self.description() {
+                m.insert("description".into(), d);
+            }
+            if self.next(5) == 0 {
+                m.insert("default".into(), self.scalar());
+            }
+        }
+        s
+    }
+
+    fn object(&mut self, depth: usize, defs: &[String]) -> Value {
+        let names = ["id", "name", "a", "b", "Zeta", "count", "über", "x_y"];
+        let n = self.next(5);
+        let mut props = serde_json::Map::new();
+        for _ in 0..n {
+            let name = self.pick(&names).to_owned();
+            props.insert(name, self.schema(depth, defs));
+        }
+        let mut o = json!({"type": "object", "properties": props});
+        let keys: Vec<String> = o["properties"].as_object().unwrap().keys().cloned().collect();
+        match self.next(4) {
+            0 => {}
+            1 => o["required"] = json!(keys.iter().filter(|_| self.next(2) == 0).collect::<Vec<_>>()),
+            2 => o["required"] = json!(keys),
+            _ => o["required"] = json!(["missing"]),
+        }
+        match self.next(6) {
+            0 => o["additionalProperties"] = json!(false),
+            1 => o["additionalProperties"] = json!(true),
+            2 if depth > 0 => o["additionalProperties"] = self.schema(depth - 1, defs),
+            _ => {}
+        }
+        o
+    }
+
+    fn tools(&mut self) -> Value {
+        let mut tools = Vec::new();
+        for i in 0..1 + self.next(3) {
+            let defs: Vec<String> = (0..self.next(3)).map(|j| format!("D{j}")).collect();
+            let mut params = self.object(2, &defs);
+            if !defs.is_empty() {
+                let bodies: serde_json::Map<String, Value> =
+                    defs.iter().map(|d| (d.clone(), self.schema(1, &defs[..0]))).collect();
+                params["$defs"] = Value::Object(bodies);
+            }
+            let mut f = json!({"name": format!("fn_{i}"), "parameters": params});
+            if let Some(d) = self.description() {
+                f["description"] = d;
+            }
+            tools.push(match self.next(12) {
+                0 => json!({"type": "_plugin", "_plugin": f}),
+                _ => json!({"type": "function", "function": f}),
+            });
+        }
+        Value::Array(tools)
+    }
+}
+
+/// Run the reference on `tools`: one answer per list.
+fn reference(py: &std::path::Path, tools: &[&Value]) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let (input, output) = (dir.path().join("tools.json"), dir.path().join("out.json"));
-    std::fs::write(&input, serde_json::to_vec(&cases.iter().map(|c| &c.1).collect::<Vec<_>>()).unwrap()).unwrap();
-    let status = std::process::Command::new(&py)
+    std::fs::write(&input, serde_json::to_vec(tools).unwrap()).unwrap();
+    let status = std::process::Command::new(py)
         .arg(repo_root().join("scripts/kimi_tools_ts_reference.py"))
         .arg(&input)
         .arg(&output)
@@ -282,7 +418,49 @@ fn kimi_tools_ts_equals_the_reference_module() {
         .unwrap();
     assert!(status.success(), "scripts/kimi_tools_ts_reference.py failed (needs tinker-cookbook==0.6.1, --no-deps)");
     let want: Vec<Value> = serde_json::from_slice(&std::fs::read(&output).unwrap()).unwrap();
-    assert_eq!(want.len(), cases.len());
+    assert_eq!(want.len(), tools.len());
+    want
+}
+
+#[test]
+fn kimi_tools_ts_equals_the_reference_on_generated_tool_lists() {
+    let what = "the Kimi-K2.5 TypeScript tool declaration check on generated lists";
+    let Some(py) = python(what) else { return };
+    let mut g = Gen(14);
+    let lists: Vec<Value> = (0..1000).map(|_| g.tools()).collect();
+    let want = reference(&py, &lists.iter().collect::<Vec<_>>());
+    let (mut rendered, mut raised, mut refused) = (0, 0, 0);
+    for (i, (tools, want)) in lists.iter().zip(&want).enumerate() {
+        let got = match kimi_tools_ts_str(tools) {
+            Ok(got) => got,
+            Err(e) => {
+                // Only what the port is documented to refuse: Python's repr of non-ASCII text.
+                assert!(e.0.contains("repr of the string"), "list {i}: refused ({e}); reference: {want}\n{tools}");
+                refused += 1;
+                continue;
+            }
+        };
+        match want.get("ts") {
+            Some(Value::String(ts)) => {
+                assert_eq!(got.as_deref(), Some(ts.as_str()), "list {i}: {tools}");
+                rendered += 1;
+            }
+            _ => {
+                assert_eq!(got, None, "list {i}: the reference gives {want}; {tools}");
+                raised += 1;
+            }
+        }
+    }
+    eprintln!("generated: {rendered} rendered, {raised} raised, {refused} refused; all equal to the reference");
+    assert!(rendered >= 250 && raised >= 100, "the generator must exercise both paths");
+}
+
+#[test]
+fn kimi_tools_ts_equals_the_reference_module() {
+    let what = "the Kimi-K2.5 TypeScript tool declaration check";
+    let Some(py) = python(what) else { return };
+    let cases = cases();
+    let want = reference(&py, &cases.iter().map(|c| &c.1).collect::<Vec<_>>());
     let (mut rendered, mut raised, mut refused) = (0, 0, 0);
     for ((what, tools, refuse), want) in cases.iter().zip(&want) {
         let got = kimi_tools_ts_str(tools);
