@@ -275,12 +275,42 @@ impl ChatTemplate {
         }
     }
 
+    /// How a render declares `tools` (for reports): `None` when there are none (absent or
+    /// empty); [`TOOLS_TYPESCRIPT`] when the template gets a `tools_ts_str` (Kimi-K2.5's
+    /// TypeScript, computed or given), [`TOOLS_JSON_FALLBACK`] when such a template gets none
+    /// (K2.5's encoder raised, or no function tools: the JSON fallback), [`TOOLS_TEMPLATE`] when
+    /// the template declares them itself.
+    pub fn tool_declaration(
+        &self,
+        tools: Option<&serde_json::Value>,
+        extra: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<&'static str> {
+        let tools = tools.filter(|t| tools_ts::truthy(t))?;
+        if !self.needs_tools_ts_str() {
+            return Some(TOOLS_TEMPLATE);
+        }
+        if extra.get("tools_ts_str").is_some_and(tools_ts::truthy) {
+            return Some(TOOLS_TYPESCRIPT);
+        }
+        match self.tools_ts_str(Some(tools), extra) {
+            Ok(Some(ts)) if !ts.is_empty() => Some(TOOLS_TYPESCRIPT),
+            _ => Some(TOOLS_JSON_FALLBACK),
+        }
+    }
+
     /// Sort `tools` keys recursively before rendering, as the Kimi family's
     /// `apply_chat_template` does (`deep_sort_dict`); on for Kimi tokenizers.
     pub fn set_sort_tools(&mut self, on: bool) {
         self.sort_tools = on;
     }
 }
+
+/// [`ChatTemplate::tool_declaration`]: tools declared as Kimi-K2.5's TypeScript.
+pub const TOOLS_TYPESCRIPT: &str = "typescript";
+/// [`ChatTemplate::tool_declaration`]: a TypeScript template's JSON fallback.
+pub const TOOLS_JSON_FALLBACK: &str = "json_fallback";
+/// [`ChatTemplate::tool_declaration`]: tools declared by the template itself.
+pub const TOOLS_TEMPLATE: &str = "template";
 
 /// A message as the templates see it (see [`ChatTemplate::render_conversation`]).
 fn message_value(m: &Message) -> Value {

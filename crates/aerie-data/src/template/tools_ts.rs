@@ -581,7 +581,7 @@ fn description_text(description: Option<&Value>) -> R<Option<&str>> {
 }
 
 /// Python's truthiness of a JSON value.
-fn truthy(v: &Value) -> bool {
+pub(crate) fn truthy(v: &Value) -> bool {
     match v {
         Value::Null => false,
         Value::Bool(b) => *b,
