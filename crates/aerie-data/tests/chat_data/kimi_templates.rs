@@ -2,7 +2,9 @@
 //! K2-Thinking, K2.5) rendered by aerie must equal jinja2 as transformers configures it
 //! (`scripts/render_chat_template.py`), byte for byte: every prefix of conversations with
 //! reasoning, tool calls, tool results, names and a tools list, with and without the
-//! generation prompt, K2.5 with `thinking` unset, true and false.
+//! generation prompt, K2.5 with `thinking` unset, true and false, and K2.5's tools declared as
+//! its tokenizer declares them (`tools_ts_str` from the reference `tool_declaration_ts.py`, or
+//! the JSON fallback where that raises).
 
 use std::collections::BTreeMap;
 
