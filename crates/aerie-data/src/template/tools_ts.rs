@@ -65,7 +65,24 @@ fn unsupported<T>(message: impl Into<String>) -> R<T> {
 /// is falsy or the encoder raises (the template then declares the tools as JSON, or not at
 /// all), else the TypeScript text (possibly empty: no function tools, so the JSON fallback too).
 /// Keys are sorted recursively first (`deep_sort_dict`), as the tokenizer does.
+///
+/// A conversation is rendered several times (prefixes for its spans and chains) with the same
+/// tools, and the encoding cost as much as the rest of preparing a sample, so the last result
+/// is kept per thread and reused for an equal `tools` value (the function is pure).
 pub fn kimi_tools_ts_str(tools: &Value) -> std::result::Result<Option<String>, Unsupported> {
+    type Memo = Option<(Value, std::result::Result<Option<String>, Unsupported>)>;
+    thread_local! {
+        static LAST: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(None) };
+    }
+    if let Some(hit) = LAST.with_borrow(|m| m.as_ref().filter(|(t, _)| t == tools).map(|(_, r)| r.clone())) {
+        return hit;
+    }
+    let result = compute_tools_ts_str(tools);
+    LAST.with_borrow_mut(|m| *m = Some((tools.clone(), result.clone())));
+    result
+}
+
+fn compute_tools_ts_str(tools: &Value) -> std::result::Result<Option<String>, Unsupported> {
     let tools = super::deep_sorted(tools);
     if !truthy(&tools) {
         return Ok(None);
