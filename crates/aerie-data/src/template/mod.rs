@@ -9,7 +9,8 @@
 //! (minijinja-contrib pycompat), Python printing of `None`/`True`/floats, and the context
 //! `messages`, `add_generation_prompt`, `tools=None`, `documents=None` plus the tokenizer's
 //! special-token strings (`bos_token`, `eos_token`, ...). transformers' `{% generation %}`
-//! markers are accepted and ignored.
+//! markers are accepted and ignored. A template that reads `tools_ts_str` (Kimi-K2.5's) also gets
+//! the TypeScript tool declarations K2.5's tokenizer computes ([`tools_ts`]).
 
 mod builtins;
 mod chain;
