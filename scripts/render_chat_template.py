@@ -10,7 +10,9 @@ kwargs, special_tokens, sort_tools}. OUT.json: the list of rendered strings (or
 ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks and loopcontrols, its own
 `tojson` (json.dumps with ensure_ascii=False), `raise_exception` and `strftime_now`.
 `sort_tools` applies the Kimi tokenizer's `deep_sort_dict` to `tools` first, as its
-`apply_chat_template` override does.
+`apply_chat_template` override does; `kimi_tools_ts` also computes `tools_ts_str` as Kimi-K2.5's
+override does, with the reference module (scripts/kimi_tools_ts_reference.py: passed when the
+encoder returns, left out when it raises).
 """
 
 import json
@@ -49,6 +51,7 @@ def main():
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     compiled = {}
+    tools_ts_module = None
     out = []
     for c in cases:
         path = c["template"]
@@ -57,6 +60,15 @@ def main():
         tools = c.get("tools")
         if tools is not None and c.get("sort_tools"):
             tools = deep_sort_dict(tools)
+        kwargs = dict(c.get("kwargs", {}))
+        if c.get("kimi_tools_ts") and "tools_ts_str" not in kwargs:
+            import kimi_tools_ts_reference as ref  # beside this script
+
+            if tools_ts_module is None:
+                tools_ts_module = ref.load()
+            ts, _ = ref.tools_ts_str(tools_ts_module, tools)
+            if ts is not None:
+                kwargs["tools_ts_str"] = ts
         try:
             out.append(
                 compiled[path].render(
@@ -65,7 +77,7 @@ def main():
                     documents=None,
                     add_generation_prompt=c["add_generation_prompt"],
                     **c.get("special_tokens", {}),
-                    **c.get("kwargs", {}),
+                    **kwargs,
                 )
             )
         except Exception as e:  # noqa: BLE001 - reported to the test

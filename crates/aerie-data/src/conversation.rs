@@ -252,10 +252,12 @@ pub enum DropReason {
     /// A turn has image, video or audio parts: their placeholder stands for vision or audio
     /// embeddings that a text-only capture cannot produce.
     MediaContent,
-    /// The template declares tools in a form aerie does not compute (Kimi-K2.5's TypeScript
-    /// `tools_ts_str`, made by Python code outside the template): rendering the JSON fallback
-    /// would differ from what the checkpoint's own tokenizer renders.
-    ToolsNeedTypescript,
+    /// The template declares tools as Kimi-K2.5's TypeScript `tools_ts_str` and aerie's port
+    /// of the tokenizer's encoder (`template::tools_ts`) meets something in this tools list it
+    /// does not reproduce byte for byte (Python's `repr` of non-ASCII strings inside a list, a
+    /// non-string `type`, an integer beyond 64 bits): rendered, it could differ from what the
+    /// checkpoint's own tokenizer renders.
+    ToolsTypescriptUnsupported,
 }
 
 impl DropReason {
@@ -273,7 +275,7 @@ impl DropReason {
             DropReason::TemplateNotPrefixStable => "template_not_prefix_stable",
             DropReason::NoMaskedTokens => "no_masked_tokens",
             DropReason::MediaContent => "media_content",
-            DropReason::ToolsNeedTypescript => "tools_need_typescript",
+            DropReason::ToolsTypescriptUnsupported => "tools_typescript_unsupported",
         }
     }
 }

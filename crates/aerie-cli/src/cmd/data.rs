@@ -237,6 +237,9 @@ fn print_report(r: &PrepareReport, secs: f64) {
     for (mode, n) in &r.samples_per_mode {
         println!("  samples   {n:>8}  {mode}");
     }
+    for (how, n) in &r.samples_with_tools {
+        println!("  tools     {n:>8}  declared as {how}");
+    }
     for (reason, n) in &c.dropped {
         println!("  dropped   {n:>8}  {}", reason.as_str());
     }

@@ -162,6 +162,11 @@ pub struct PrepareReport {
     /// or `turn_chain` (one per assistant turn chain, for reasoning templates).
     #[serde(default)]
     pub samples_per_mode: BTreeMap<String, u64>,
+    /// Samples whose conversation has a `tools` list, per how the template declared it:
+    /// `typescript` (Kimi-K2.5's `tools_ts_str`), `json_fallback` (K2.5's JSON fallback, where
+    /// its encoder raises), `template` (any other template's own declaration).
+    #[serde(default)]
+    pub samples_with_tools: BTreeMap<String, u64>,
     /// The template variables given (`--template-kwarg`).
     #[serde(default)]
     pub template_kwargs: BTreeMap<String, serde_json::Value>,
@@ -257,6 +262,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     let mut examples = Vec::new();
     let mut histogram: BTreeMap<u64, u64> = BTreeMap::new();
     let mut samples_per_mode: BTreeMap<String, u64> = BTreeMap::new();
+    let mut samples_with_tools: BTreeMap<String, u64> = BTreeMap::new();
     let mut samples = 0u64;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
@@ -311,6 +317,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
             conversations.keep(&trims);
             // All chains of a conversation go to the split of its source id.
             let split = split_of(&conv.id, opts.eval_fraction);
+            let tools = template.tool_declaration(conv.tools.as_ref(), &opts.encode.template_kwargs);
             for sample in chain_samples {
                 if opts.max_samples.is_some_and(|m| samples >= m) {
                     break;
@@ -325,6 +332,9 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
                 w.push(&sample.input_ids, &sample.loss_mask, &conv.id, sample_id)?;
                 *histogram.entry(bucket_of(sample.input_ids.len() as u64)).or_default() += 1;
                 *samples_per_mode.entry(mode.to_owned()).or_default() += 1;
+                if let Some(how) = tools {
+                    *samples_with_tools.entry(how.to_owned()).or_default() += 1;
+                }
                 samples += 1;
             }
         }
@@ -381,6 +391,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
         rejection_examples: examples,
         samples,
         samples_per_mode,
+        samples_with_tools,
         template_kwargs: opts.encode.template_kwargs.clone(),
         tokens: splits.values().map(|s| s.tokens).sum(),
         masked_tokens: splits.values().map(|s| s.masked_tokens).sum(),

@@ -1,7 +1,17 @@
 //! Parquet datasets in the Hugging Face `datasets` layout: a file, or a directory of
 //! `*.parquet` files (read in sorted path order, recursively), with a column `conversations` or
 //! `messages` of `list<struct<from, value>>` or `list<struct<role, content>>`, and optionally an
-//! `id` column (string or integer). Only those columns are decoded, one record batch at a time.
+//! `id` column (string or integer) and a `tools` column. Only those columns are decoded, one
+//! record batch at a time.
+//!
+//! The turn structs may also hold string fields `reasoning_content` (or `reasoning`),
+//! `tool_call_id` and `name`, and a `tool_calls` field; `tool_calls` and `tools` come in the two
+//! shapes datasets store JSON in: nested lists and structs (`list<struct<id, type,
+//! function: struct<name, arguments>>>`, with `arguments` a JSON string or a struct), or a
+//! string holding the JSON. Either way they become the same message fields the JSON readers
+//! fill (see `arrowutil::json_at` for how structs map to objects: null fields are absent keys).
+//! A row whose JSON string does not parse, or whose values cannot be read as JSON, is a
+//! malformed record.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -12,8 +22,9 @@ use arrow_schema::DataType;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
+use super::record::tool_calls_from_json;
 use super::{Event, Source};
-use crate::arrowutil::{ListColumn, StrColumn, id_at};
+use crate::arrowutil::{ListColumn, StrColumn, id_at, json_at};
 use crate::conversation::{RawConversation, RawTurn};
 use crate::{Error, Result};
 
@@ -41,6 +52,7 @@ struct Open {
 struct Layout {
     turns: usize,
     id: Option<usize>,
+    tools: Option<usize>,
 }
 
 fn perr(path: &Path, message: impl std::fmt::Display) -> Error {
@@ -100,14 +112,17 @@ impl ParquetSource {
             })?;
         check_turns_type(path, schema.field(turns).name(), schema.field(turns).data_type())?;
         let id = schema.index_of("id").ok();
+        let tools = schema.index_of("tools").ok();
+        if let Some(t) = tools {
+            check_json_type(path, "column `tools`", schema.field(t).data_type())?;
+        }
         let mut roots = vec![turns];
         roots.extend(id);
+        roots.extend(tools);
         roots.sort_unstable();
         let mask = ProjectionMask::roots(b.parquet_schema(), roots.iter().copied());
-        let layout = Layout {
-            turns: roots.iter().position(|&r| r == turns).expect("projected"),
-            id: id.map(|i| roots.iter().position(|&r| r == i).expect("projected")),
-        };
+        let at = |c: usize| roots.iter().position(|&r| r == c).expect("projected");
+        let layout = Layout { turns: at(turns), id: id.map(at), tools: tools.map(at) };
         let reader = b.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(|e| perr(path, e))?;
         Ok(Open { path: path.to_owned(), reader, batch: None, row: 0, layout })
     }
@@ -125,6 +140,9 @@ fn check_turns_type(path: &Path, name: &str, dt: &DataType) -> Result<()> {
         ));
     };
     let has = |n: &str| fields.iter().any(|f| f.name() == n && is_string(f.data_type()));
+    if let Some(calls) = fields.iter().find(|f| f.name() == "tool_calls") {
+        check_json_type(path, &format!("column `{name}`: field `tool_calls`"), calls.data_type())?;
+    }
     if (has("from") || has("role")) && (has("value") || has("content")) {
         Ok(())
     } else {
@@ -135,39 +153,77 @@ fn check_turns_type(path: &Path, name: &str, dt: &DataType) -> Result<()> {
     }
 }
 
+/// `tools` and `tool_calls`: a JSON string, nested lists/structs, or all null.
+fn check_json_type(path: &Path, what: &str, dt: &DataType) -> Result<()> {
+    match dt {
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _) | DataType::Struct(_) => Ok(()),
+        DataType::Null => Ok(()),
+        dt if is_string(dt) => Ok(()),
+        other => Err(perr(path, format!("{what} is {other}, expected a JSON string or lists and structs"))),
+    }
+}
+
+/// A `tools`/`tool_calls` value: parsed when a string (empty: none), converted otherwise.
+fn json_cell(array: &dyn Array, i: usize, what: &str) -> std::result::Result<serde_json::Value, String> {
+    match StrColumn::new(array) {
+        Some(s) => match s.get(i).map(str::trim) {
+            None | Some("") => Ok(serde_json::Value::Null),
+            Some(text) => serde_json::from_str(text).map_err(|e| format!("`{what}` is not JSON: {e}")),
+        },
+        None => json_at(array, i).map_err(|e| format!("`{what}` holds {e}")),
+    }
+}
+
 fn is_string(dt: &DataType) -> bool {
     matches!(dt, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
 }
 
-/// Row `row` of `batch` as a raw conversation.
-fn row_to_raw(batch: &RecordBatch, layout: Layout, row: usize, index: u64) -> RawConversation {
+/// Row `row` of `batch` as a raw conversation; `Err` for a malformed row.
+fn row_to_raw(
+    batch: &RecordBatch,
+    layout: Layout,
+    row: usize,
+    index: u64,
+) -> std::result::Result<RawConversation, String> {
     let lists = ListColumn::new(batch.column(layout.turns).as_ref()).expect("type checked at open");
     let structs = lists.values().as_struct();
     let field = |a: &str, b: &str| structs.column_by_name(a).or_else(|| structs.column_by_name(b)).cloned();
     let roles = field("from", "role");
     let contents = field("value", "content");
-    // Optional string fields of the turn structs (OpenAI messages with reasoning).
+    // Optional fields of the turn structs (OpenAI messages with reasoning and tool calls).
     let reasoning = field("reasoning_content", "reasoning");
     let call_ids = field("tool_call_id", "tool_call_id");
     let names = field("name", "name");
+    let calls = field("tool_calls", "tool_calls");
     let roles = roles.as_deref().and_then(StrColumn::new);
     let contents = contents.as_deref().and_then(StrColumn::new);
     let reasoning = reasoning.as_deref().and_then(StrColumn::new);
     let call_ids = call_ids.as_deref().and_then(StrColumn::new);
     let names = names.as_deref().and_then(StrColumn::new);
-    let turns = lists
-        .range(row)
-        .filter(|&j| structs.is_valid(j))
-        .map(|j| RawTurn {
+    let mut turns = Vec::new();
+    for j in lists.range(row).filter(|&j| structs.is_valid(j)) {
+        let tool_calls = match &calls {
+            Some(c) => {
+                let value = json_cell(c.as_ref(), j, "tool_calls")?;
+                tool_calls_from_json(value).map_err(|e| format!("`tool_calls` of turn {j}: {e}"))?
+            }
+            None => Vec::new(),
+        };
+        turns.push(RawTurn {
             role: roles.as_ref().and_then(|c| c.get(j)).unwrap_or_default().to_owned(),
             content: contents.as_ref().and_then(|c| c.get(j)).unwrap_or_default().to_owned(),
             reasoning_content: reasoning.as_ref().and_then(|c| c.get(j)).map(str::to_owned),
+            tool_calls,
             tool_call_id: call_ids.as_ref().and_then(|c| c.get(j)).map(str::to_owned),
             name: names.as_ref().and_then(|c| c.get(j)).map(str::to_owned),
             ..RawTurn::default()
-        })
-        .collect();
-    RawConversation { id: layout.id.and_then(|c| id_at(batch.column(c).as_ref(), row)), index, turns, tools: None }
+        });
+    }
+    let tools = match layout.tools {
+        Some(c) => Some(json_cell(batch.column(c).as_ref(), row, "tools")?).filter(|t| !t.is_null()),
+        None => None,
+    };
+    Ok(RawConversation { id: layout.id.and_then(|c| id_at(batch.column(c).as_ref(), row)), index, turns, tools })
 }
 
 impl Source for ParquetSource {
@@ -185,9 +241,13 @@ impl Source for ParquetSource {
                 && open.row < batch.num_rows()
             {
                 let raw = row_to_raw(batch, open.layout, open.row, self.rows_done);
+                let at = format!("{} row {} (record #{})", open.path.display(), open.row, self.rows_done);
                 open.row += 1;
                 self.rows_done += 1;
-                return Ok(Some(Event::Record(raw)));
+                return Ok(Some(match raw {
+                    Ok(raw) => Event::Record(raw),
+                    Err(message) => Event::Malformed { at, message },
+                }));
             }
             match open.reader.next() {
                 Some(Ok(batch)) => {

@@ -83,6 +83,13 @@ impl ToolCallDe {
     }
 }
 
+/// A `tool_calls` list given as JSON (a parquet column's value), read as the JSON readers read
+/// a turn's `tool_calls`.
+pub(crate) fn tool_calls_from_json(value: serde_json::Value) -> Result<Vec<ToolCall>, serde_json::Error> {
+    let calls: Option<Vec<ToolCallDe>> = serde_json::from_value(value)?;
+    Ok(calls.unwrap_or_default().into_iter().map(ToolCallDe::into_call).collect())
+}
+
 /// Why a record could not be parsed.
 #[derive(Debug)]
 pub(crate) enum RecordError {

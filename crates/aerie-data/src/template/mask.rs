@@ -242,15 +242,13 @@ impl<'a> ChatEncoder<'a> {
         &self,
         conv: &Conversation,
     ) -> std::result::Result<Vec<crate::conversation::Message>, Rejected> {
-        if conv.tools.as_ref().is_some_and(|t| !t.is_null())
-            && self.template.needs_tools_ts_str()
-            && !self.opts.template_kwargs.contains_key("tools_ts_str")
-        {
+        if let Err(e) = self.template.tools_ts_str(conv.tools.as_ref(), &self.opts.template_kwargs) {
             return Err(Rejected {
-                reason: DropReason::ToolsNeedTypescript,
-                message: "the template declares tools as `tools_ts_str` (TypeScript made by the model's \
-                          tokenizer code), which aerie does not compute"
-                    .into(),
+                reason: DropReason::ToolsTypescriptUnsupported,
+                message: format!(
+                    "the template declares tools as TypeScript (`tools_ts_str`) and aerie's port of the \
+                     model's encoder does not reproduce this tools list exactly: {e}"
+                ),
             });
         }
         let mut messages = conv.messages.clone();

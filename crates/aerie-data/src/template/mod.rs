@@ -9,12 +9,14 @@
 //! (minijinja-contrib pycompat), Python printing of `None`/`True`/floats, and the context
 //! `messages`, `add_generation_prompt`, `tools=None`, `documents=None` plus the tokenizer's
 //! special-token strings (`bos_token`, `eos_token`, ...). transformers' `{% generation %}`
-//! markers are accepted and ignored.
+//! markers are accepted and ignored. A template that reads `tools_ts_str` (Kimi-K2.5's) also gets
+//! the TypeScript tool declarations K2.5's tokenizer computes ([`tools_ts`]).
 
 mod builtins;
 mod chain;
 mod mask;
 mod python;
+pub mod tools_ts;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,6 +76,7 @@ pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
     special_tokens: BTreeMap<String, Value>,
     sort_tools: bool,
+    reads_tools_ts_str: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -128,7 +131,8 @@ impl ChatTemplate {
         env.add_function("strftime_now", python::strftime_now);
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(&source))
             .map_err(|e| Error::Template { template: name.clone(), message: format!("does not compile: {e:#}") })?;
-        Ok(Self { name, source, env, special_tokens: BTreeMap::new(), sort_tools: false })
+        let reads_tools_ts_str = source.contains("tools_ts_str");
+        Ok(Self { name, source, env, special_tokens: BTreeMap::new(), sort_tools: false, reads_tools_ts_str })
     }
 
     /// A built-in template with its own special-token strings.
@@ -229,8 +233,15 @@ impl ChatTemplate {
         let msgs: Vec<Value> = messages.iter().map(message_value).collect();
         let mut ctx: Vec<(&str, Value)> = self.special_tokens.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         ctx.push(("messages", Value::from(msgs)));
+        let tools_ts_str = self.tools_ts_str(tools, extra).map_err(|e| Error::Template {
+            template: self.name.clone(),
+            message: format!("cannot declare the tools as Kimi-K2.5's tokenizer does: {e}"),
+        })?;
         let tools = tools.map(|t| if self.sort_tools { deep_sorted(t) } else { t.clone() });
         ctx.push(("tools", tools.as_ref().map_or(Value::from(()), python::json_to_value)));
+        if let Some(ts) = tools_ts_str {
+            ctx.push(("tools_ts_str", Value::from(ts)));
+        }
         ctx.push(("documents", Value::from(())));
         ctx.push(("add_generation_prompt", Value::from(add_generation_prompt)));
         for (k, v) in extra {
@@ -244,7 +255,48 @@ impl ChatTemplate {
     /// Whether the template declares tools through a variable only the model's Python
     /// tokenizer computes (Kimi-K2.5's TypeScript `tools_ts_str`).
     pub fn needs_tools_ts_str(&self) -> bool {
-        self.source.contains("tools_ts_str")
+        self.reads_tools_ts_str
+    }
+
+    /// The `tools_ts_str` a render of `tools` gets: for a template that reads it (Kimi-K2.5's)
+    /// and unless `extra` sets it, what K2.5's `apply_chat_template` computes
+    /// ([`tools_ts::kimi_tools_ts_str`]); `None` otherwise. An error where aerie's port cannot
+    /// reproduce the reference exactly: such a conversation is not rendered (the encoder drops it
+    /// as [`crate::conversation::DropReason::ToolsTypescriptUnsupported`]).
+    pub fn tools_ts_str(
+        &self,
+        tools: Option<&serde_json::Value>,
+        extra: &BTreeMap<String, serde_json::Value>,
+    ) -> std::result::Result<Option<String>, tools_ts::Unsupported> {
+        match tools {
+            Some(t) if self.needs_tools_ts_str() && !extra.contains_key("tools_ts_str") => {
+                tools_ts::kimi_tools_ts_str(t)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// How a render declares `tools` (for reports): `None` when there are none (absent or
+    /// empty); [`TOOLS_TYPESCRIPT`] when the template gets a `tools_ts_str` (Kimi-K2.5's
+    /// TypeScript, computed or given), [`TOOLS_JSON_FALLBACK`] when such a template gets none
+    /// (K2.5's encoder raised, or no function tools: the JSON fallback), [`TOOLS_TEMPLATE`] when
+    /// the template declares them itself.
+    pub fn tool_declaration(
+        &self,
+        tools: Option<&serde_json::Value>,
+        extra: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<&'static str> {
+        let tools = tools.filter(|t| tools_ts::truthy(t))?;
+        if !self.needs_tools_ts_str() {
+            return Some(TOOLS_TEMPLATE);
+        }
+        if extra.get("tools_ts_str").is_some_and(tools_ts::truthy) {
+            return Some(TOOLS_TYPESCRIPT);
+        }
+        match self.tools_ts_str(Some(tools), extra) {
+            Ok(Some(ts)) if !ts.is_empty() => Some(TOOLS_TYPESCRIPT),
+            _ => Some(TOOLS_JSON_FALLBACK),
+        }
     }
 
     /// Sort `tools` keys recursively before rendering, as the Kimi family's
@@ -253,6 +305,13 @@ impl ChatTemplate {
         self.sort_tools = on;
     }
 }
+
+/// [`ChatTemplate::tool_declaration`]: tools declared as Kimi-K2.5's TypeScript.
+pub const TOOLS_TYPESCRIPT: &str = "typescript";
+/// [`ChatTemplate::tool_declaration`]: a TypeScript template's JSON fallback.
+pub const TOOLS_JSON_FALLBACK: &str = "json_fallback";
+/// [`ChatTemplate::tool_declaration`]: tools declared by the template itself.
+pub const TOOLS_TEMPLATE: &str = "template";
 
 /// A message as the templates see it (see [`ChatTemplate::render_conversation`]).
 fn message_value(m: &Message) -> Value {

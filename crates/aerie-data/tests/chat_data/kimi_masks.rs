@@ -80,10 +80,25 @@ fn k25_reasoning_chains_are_trained_and_history_is_not() {
     );
     assert!(unmasked[1].ends_with("<|im_assistant|>assistant<|im_middle|><think>"), "{unmasked:?}");
 
-    // With tools, K2.5 declares them as TypeScript made by Python code: dropped with its reason.
+    // With tools, K2.5 declares them first, as the TypeScript its tokenizer computes (worked by
+    // hand from tool_declaration_ts.py: required before optional, descriptions as comments); the
+    // declaration is prompt, never trained, and the chains train as without tools.
     let with_tools = Conversation { tools, ..conv.clone() };
-    let rejected = enc.encode_all(&with_tools).unwrap().unwrap_err();
-    assert_eq!(rejected.reason, DropReason::ToolsNeedTypescript);
+    let samples = enc.encode_all(&with_tools).unwrap().unwrap();
+    assert_eq!(samples.len(), 2);
+    let declared = "<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n\
+                    // Weather now\ntype get_weather = (_: {\n  // Name, e.g. 巴黎\n  city: string,\n  \
+                    unit?: \"c\" | \"f\"\n}) => any;\n}\n<|im_end|>";
+    for s in &samples {
+        assert!(tok.tokenizer.decode(&s.input_ids, false).unwrap().starts_with(declared));
+        assert!(!runs(&tok, s, true).iter().any(|r| r.contains("get_weather = ")), "the declaration is not trained");
+    }
+    assert_eq!(runs(&tok, &samples[1], true).len(), 2);
+    // A tools list aerie's port does not reproduce exactly: dropped with its own reason.
+    let odd = json!([{"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "x": {"enum": [["é"]]}}}}}]);
+    let rejected = enc.encode_all(&Conversation { tools: Some(odd), ..conv.clone() }).unwrap().unwrap_err();
+    assert_eq!(rejected.reason, DropReason::ToolsTypescriptUnsupported);
 
     // thinking=false renders no reasoning anywhere: one sample per conversation, answers only.
     let opts = EncodeOptions { template_kwargs: [("thinking".into(), json!(false))].into(), ..Default::default() };
@@ -114,4 +129,38 @@ fn k2_thinking_puts_the_reasoning_inside_the_turns_own_think_tag() {
     let text = tok.tokenizer.decode(&samples[1].input_ids, false).unwrap();
     assert!(text.contains("<think></think>4<|im_end|>"), "history stripped: {text}");
     assert!(text.starts_with("<|im_system|>system<|im_middle|>You are Kimi"), "default system prompt: {text}");
+}
+
+#[test]
+fn k25_prepare_renders_tool_samples_and_counts_how_their_tools_were_declared() {
+    use aerie_data::prepare::{PrepareOptions, prepare};
+    let what = "the Kimi-K2.5 prepare check with tools";
+    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tok_dir = dir.path().join("tok");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    k25_dir(&py, &fixtures, &tok_dir, "kimi-k2.5.chat_template.jinja");
+    let convs = conversations();
+    let record = |id: &str, k: usize, tools: Option<Value>| {
+        let messages: Vec<Value> = convs[k].0.iter().map(crate::kimi_templates::openai).collect();
+        let mut r = json!({"id": id, "messages": messages});
+        if let Some(t) = tools {
+            r["tools"] = t;
+        }
+        r.to_string()
+    };
+    let unsupported = json!([{"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "x": {"enum": [["é"]]}}}}}]);
+    let lines = [
+        record("ts", 0, convs[0].1.clone()),       // 2 chains, TypeScript
+        record("fallback", 3, convs[3].1.clone()), // 1 chain, the encoder raises: JSON
+        record("plain", 1, None),                  // 2 chains, no tools
+        record("odd", 0, Some(unsupported)),       // dropped with its reason
+    ];
+    let data = dir.path().join("chats.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let report = prepare(&PrepareOptions::new(&data, &tok_dir, dir.path().join("out")), &mut |_| {}).unwrap();
+    assert_eq!(report.samples, 5);
+    assert_eq!(report.samples_with_tools, [("json_fallback".into(), 1), ("typescript".into(), 2)].into());
+    assert_eq!(report.conversations.dropped.get(&DropReason::ToolsTypescriptUnsupported), Some(&1));
 }

@@ -2,7 +2,9 @@
 //! K2-Thinking, K2.5) rendered by aerie must equal jinja2 as transformers configures it
 //! (`scripts/render_chat_template.py`), byte for byte: every prefix of conversations with
 //! reasoning, tool calls, tool results, names and a tools list, with and without the
-//! generation prompt, K2.5 with `thinking` unset, true and false.
+//! generation prompt, K2.5 with `thinking` unset, true and false, and K2.5's tools declared as
+//! its tokenizer declares them (`tools_ts_str` from the reference `tool_declaration_ts.py`, or
+//! the JSON fallback where that raises).
 
 use std::collections::BTreeMap;
 
@@ -61,7 +63,24 @@ pub fn conversations() -> Vec<(Vec<Message>, Option<Value>)> {
         Message { tool_call_id: Some("functions.lookup:1".into()), ..msg(Role::Tool, "Y!") },
         msg(Role::Assistant, "Both found."),
     ];
-    vec![(agentic, Some(tools.clone())), (plain, None), (named, Some(tools))]
+    // Declared as TypeScript by K2.5: $defs, $ref, anyOf, arrays, defaults.
+    let rich = json!([tools[0], {"type": "function", "function": {"name": "lookup", "description": "Find things.\n\nFast.",
+        "parameters": {"type": "object", "required": ["q"], "$defs": {"Filter": {"type": "object",
+            "description": "A filter", "properties": {"field": {"type": "string"}, "op": {"enum": ["eq", "lt"]}}}},
+            "properties": {"q": {"type": "string", "maxLength": 100}, "a": {"type": "array", "items":
+            {"anyOf": [{"type": "number"}, {"type": "boolean"}, {"type": "null"}]}}, "filters": {"type": "array",
+            "items": {"$ref": "#/$defs/Filter", "description": "One filter"}}, "limit": {"type": "integer",
+            "default": 10, "minimum": 1}}}}}]);
+    // The encoder raises on a property without a type: K2.5 declares the tools as JSON.
+    let raising = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"x": {"description": "untyped"}}}}}]);
+    let fallback = vec![
+        msg(Role::User, "Call f"),
+        Message { tool_calls: vec![call("functions.f:0", "f", json!({"x": 1}))], ..thinking("", "Calling f.") },
+        Message { tool_call_id: Some("functions.f:0".into()), ..msg(Role::Tool, "ok") },
+        thinking("Done.", "It worked."),
+    ];
+    vec![(agentic, Some(tools)), (plain, None), (named, Some(rich)), (fallback, Some(raising))]
 }
 
 /// A message as an OpenAI dict (the keys aerie passes, see `render_conversation`).
@@ -143,6 +162,7 @@ fn kimi_templates_render_exactly_as_jinja2_with_transformers_settings() {
                             "template": path, "messages": messages[..k].iter().map(openai).collect::<Vec<_>>(),
                             "tools": tools, "add_generation_prompt": gen_prompt, "kwargs": kw,
                             "special_tokens": specials, "sort_tools": true,
+                            "kimi_tools_ts": file.contains("k2.5"),
                         }));
                     }
                 }
@@ -158,5 +178,8 @@ fn kimi_templates_render_exactly_as_jinja2_with_transformers_settings() {
         checked_reasoning |= got.contains("<think>I should call the tool.</think>");
     }
     assert!(checked_reasoning, "some render must keep a chain's reasoning");
+    let declared = |needle: &str| ours.iter().any(|(f, _, _, _, got)| f.contains("k2.5") && got.contains(needle));
+    assert!(declared("interface Filter {") && declared("type get_weather = (_: {"), "K2.5 declares TypeScript");
+    assert!(declared("tool_declare<|im_middle|>[{\"function\":"), "and falls back to JSON where the encoder raises");
     eprintln!("{} renders equal to jinja2's", ours.len());
 }

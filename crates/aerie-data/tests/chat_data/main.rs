@@ -6,6 +6,7 @@ pub mod common;
 mod kimi_masks;
 mod kimi_templates;
 mod kimi_tokenizer;
+mod kimi_tools_ts;
 mod mask;
 mod normalize;
 mod prepare;

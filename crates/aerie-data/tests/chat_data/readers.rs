@@ -212,3 +212,84 @@ fn parquet_hf_layout_file_and_directory() {
     let err = ConversationReader::open(&wrong, &ReadOptions::default()).unwrap().next().unwrap().unwrap_err();
     assert!(err.to_string().contains("no `conversations` or `messages` column"), "{err}");
 }
+
+/// OpenAI messages with reasoning, tool calls (arguments as a JSON string and as an object),
+/// tool results, names and `tools` lists of different schemas: the records of the parquet
+/// tool-field check.
+fn tool_records() -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "Name"}, "unit": {"type": "string", "enum": ["c", "f"]}}}}});
+    let search = json!({"type": "function", "function": {"name": "search",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string", "maxLength": 50},
+            "limit": {"type": "integer", "default": 5}}}}});
+    vec![
+        json!({"id": "t1", "tools": [weather], "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning_content": "Call it.", "tool_calls": [
+                {"id": "functions.get_weather:0", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "21", "tool_call_id": "functions.get_weather:0", "name": "get_weather"},
+            {"role": "assistant", "content": "21 °C."}]}),
+        json!({"id": "t2", "tools": [weather, search], "messages": [
+            {"role": "user", "content": "Find x"},
+            {"role": "assistant", "content": "Looking.", "tool_calls": [
+                {"id": "functions.search:0", "type": "function",
+                 "function": {"name": "search", "arguments": {"q": "x", "limit": 2}}},
+                {"id": "functions.get_weather:1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}}]},
+            {"role": "tool", "content": "X", "tool_call_id": "functions.search:0"},
+            {"role": "assistant", "content": "Found."}]}),
+        json!({"id": "t3", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}),
+    ]
+}
+
+#[test]
+fn parquet_tool_calls_and_tools_equal_the_jsonl_reader_nested_or_as_json_strings() {
+    let Some(py) = super::common::python("the parquet tool-field check (pyarrow writes the files)") else { return };
+    let dir = tempdir();
+    let records = tool_records();
+    let jsonl = dir.path().join("tools.jsonl");
+    let lines: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+    std::fs::write(&jsonl, lines.join("\n") + "\n").unwrap();
+    let (want, _) = read_all(&jsonl, true);
+    assert_eq!(want[0].turns[1].tool_calls[0].arguments, serde_json::json!({"city": "Paris"}));
+    assert!(want[1].tools.is_some() && want[2].tools.is_none());
+
+    // As HF `datasets` writes them: nested lists and structs (pyarrow infers the union of every
+    // row's keys, null where a row lacks one), and as JSON strings (arguments as a string too).
+    let script = r#"
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+records = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+pq.write_table(pa.Table.from_pylist(records), sys.argv[2])
+flat = []
+for r in records:
+    msgs = []
+    for m in r["messages"]:
+        m = dict(m)
+        if "tool_calls" in m:
+            m["tool_calls"] = json.dumps(m["tool_calls"], ensure_ascii=False)
+        msgs.append(m)
+    flat.append({"id": r["id"], "messages": msgs, "tools": json.dumps(r["tools"]) if "tools" in r else None})
+flat.append({"id": "bad", "messages": [{"role": "user", "content": "q"}], "tools": "[not json"})
+pq.write_table(pa.Table.from_pylist(flat), sys.argv[3])
+print(pa.Table.from_pylist(records).schema.field("tools").type)
+"#;
+    let (nested, strings) = (dir.path().join("nested.parquet"), dir.path().join("strings.parquet"));
+    let out =
+        std::process::Command::new(&py).arg("-c").arg(script).arg(&jsonl).arg(&nested).arg(&strings).output().unwrap();
+    assert!(out.status.success(), "pyarrow failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("list<item: struct<"), "tools written as structs");
+
+    let (got, _) = read_all(&nested, true);
+    assert_eq!(got, want, "nested lists and structs read as the JSONL reader reads the JSON");
+
+    let (got, reader) = read_all(&strings, false);
+    assert_eq!(got, want, "JSON strings read as the JSONL reader reads the JSON");
+    assert_eq!(reader.report().malformed, 1);
+    assert!(
+        reader.report().warnings[0].contains("row 3") && reader.report().warnings[0].contains("`tools` is not JSON")
+    );
+}
