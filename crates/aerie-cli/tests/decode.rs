@@ -97,6 +97,21 @@ fn decode_reports_writes_costs_and_feeds_project() {
             .unwrap();
     assert!(proj.to_string().contains("speedup"), "{proj}");
 
+    assert!(v.get("plain_batched").is_none(), "only with --plain-batch");
+
+    // --plain-batch: the same three plain answers decoded together, token for token those of
+    // batch 1 (the answers differ in prompt length, so rows of different lengths share steps).
+    let batched = [&args[..12], &["--json", "--plain-batch", "3"]].concat();
+    let b: Value = serde_json::from_str(ok(aerie(&batched)).trim()).unwrap();
+    let pb = &b["plain_batched"];
+    assert_eq!((pb["batch"].as_u64(), pb["answers"].as_u64()), (Some(3), Some(3)), "{pb}");
+    assert_eq!(pb["tokens"], b["plain"]["tokens"], "{pb}");
+    assert_eq!(pb["identical_answers"], 3, "{pb}");
+    assert!(pb["tokens_per_s"].as_f64().unwrap() > 0.0, "{pb}");
+    let refused = aerie(&[&args[..12], &["--plain-batch", "2", "--temperature", "0.5"]].concat());
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--plain-batch needs"), "{refused:?}");
+
     // A tree and a sampling run complete too.
     let tree = [&args[..10], &["--topk", "2", "--tree-tokens", "5", "--max-new-tokens", "8", "--json"]].concat();
     let v: Value = serde_json::from_str(ok(aerie(&tree)).trim()).unwrap();
