@@ -86,10 +86,10 @@ impl DecodeArgs {
 pub fn run(args: DecodeArgs) -> Result<()> {
     // Everything but the tree width against Vd can be checked before loading any model.
     args.options()?.validate(usize::MAX)?;
-    if let Some(b) = args.plain_batch {
-        if b == 0 || args.temperature != 0.0 {
-            bail!("--plain-batch needs a batch size of at least 1 and greedy decoding (temperature 0)");
-        }
+    if let Some(b) = args.plain_batch
+        && (b == 0 || args.temperature != 0.0)
+    {
+        bail!("--plain-batch needs a batch size of at least 1 and greedy decoding (temperature 0)");
     }
     with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))
 }
