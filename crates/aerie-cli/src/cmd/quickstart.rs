@@ -301,9 +301,9 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
                 "--max-samples".into(),
                 n.to_string().into(),
                 // The final hidden state, not the default top-k teacher: on this 2-core CPU the
-                // capture's top-k pass over SmolLM2's 49,152 logits cost 3.9 min more than its
-                // shards saved in training (33.8 min in all, over the 30-minute budget; the same
-                // held-out τ, 1.319 against 1.311). Disk is not what bounds the quickstart.
+                // capture's top-k pass over SmolLM2's 49,152 logits took 3.9 min more and saved
+                // training 1.0 min (33.8 min in all, over the 30-minute budget, for the same
+                // held-out τ: 1.319 against 1.311). Disk is not what bounds the quickstart.
                 "--teacher".into(),
                 "final-hidden".into(),
             ]),
