@@ -348,3 +348,43 @@ fn prompt_only_records_are_answered_turn_by_turn() {
     assert!(!text.contains("(to be regenerated)"));
     assert_eq!(got[1]["conversations"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn a_records_tools_are_in_every_prompt_and_in_the_output() {
+    // A template that declares the tools before the turns (as Kimi's and Qwen's do): the target
+    // answers the prompt with the declarations, as it would when serving the conversation, and
+    // the output record keeps them for `aerie data prepare`.
+    let s = setup(1);
+    let jinja = s.dir.path().join("tools.jinja");
+    std::fs::write(
+        &jinja,
+        "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}\
+         {%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
+    let data = s.dir.path().join("tools.jsonl");
+    let record = json!({"id": "t", "tools": tools, "conversations": [
+        {"from": "human", "value": "Find the answer."}, {"from": "gpt", "value": "original"}]});
+    fixture::write_jsonl(&data, &[record]);
+    let mut o = opts(&s, "tools-out.jsonl", 6);
+    o.data = data;
+    o.template = TemplateChoice::File(jinja.clone());
+    regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
+    let got = lines(&o.out);
+    assert_eq!(got[0]["tools"], tools, "the output keeps the record's tools");
+
+    let tok = TokenizerFiles::load(&s.target).unwrap();
+    let template = ChatTemplate::resolve(&TemplateChoice::File(jinja), &tok).unwrap();
+    let msgs = [Message::new(Role::User, "Find the answer.")];
+    let render = |tools: Option<&Value>| template.render_conversation(&msgs, tools, true, &Default::default()).unwrap();
+    let (with, without) = (render(Some(&tools)), render(None));
+    assert!(with.contains("\"lookup\"") && !without.contains("lookup"), "{with}");
+    let ids = tok.tokenizer.encode(with.as_str(), false).unwrap().get_ids().to_vec();
+    let mut answer = s.model.generate(&ids, 6, &[fixture::IM_END]).unwrap();
+    if answer.last() == Some(&fixture::IM_END) {
+        answer.pop();
+    }
+    assert_eq!(got[0]["conversations"][1]["value"], tok.tokenizer.decode(&answer, true).unwrap());
+}

@@ -49,6 +49,9 @@ pub(super) struct TurnJob {
     pub prompt_ids: Vec<u32>,
     /// The same history as messages, for servers that render their own template.
     pub messages: Vec<Message>,
+    /// The conversation's tool declarations (OpenAI function schemas), rendered into the
+    /// prompt as the template declares them and sent to servers that render their own.
+    pub tools: Option<serde_json::Value>,
     /// The turn's budget: `--max-new-tokens`, or less where `--max-length` leaves less.
     pub max_new_tokens: usize,
     /// Sampling.

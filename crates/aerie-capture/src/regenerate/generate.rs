@@ -89,6 +89,9 @@ pub(super) struct InFlight {
     pub source_index: u64,
     rest: std::vec::IntoIter<Message>,
     answered: Vec<Message>,
+    /// The record's tool declarations: the target sees them in every prompt, as it would when
+    /// serving the conversation.
+    tools: Option<Value>,
     turn: u64,
     kept_turns: u64,
     /// `max_new_tokens` of the outstanding job (tells a `max_length` stop from the turn cap).
@@ -96,8 +99,9 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
-    pub(super) fn new(id: String, source_index: u64, messages: Vec<Message>) -> Self {
-        Self { id, source_index, rest: messages.into_iter(), answered: Vec::new(), turn: 0, kept_turns: 0, budget: 0 }
+    pub(super) fn new(id: String, source_index: u64, messages: Vec<Message>, tools: Option<Value>) -> Self {
+        let rest = messages.into_iter();
+        Self { id, source_index, rest, answered: Vec::new(), tools, turn: 0, kept_turns: 0, budget: 0 }
     }
 }
 
@@ -151,7 +155,9 @@ impl<'a> Turns<'a> {
                 conv.answered.push(m);
                 continue;
             }
-            let Ok(prompt) = self.template.render_with(&conv.answered, true, &opts.template_kwargs) else {
+            let rendered =
+                self.template.render_conversation(&conv.answered, conv.tools.as_ref(), true, &opts.template_kwargs);
+            let Ok(prompt) = rendered else {
                 return Ok(Step::Finished(Outcome::Drop("template_error".into())));
             };
             let enc = self.tok.tokenizer.encode(prompt.as_str(), false).map_err(|e| {
@@ -169,6 +175,7 @@ impl<'a> Turns<'a> {
                 turn: conv.turn,
                 prompt_ids: ids.to_vec(),
                 messages: conv.answered.clone(),
+                tools: conv.tools.clone(),
                 max_new_tokens: conv.budget,
                 sampling: Sampling { temperature: opts.temperature, top_p: opts.top_p, seed: opts.seed },
             }));
@@ -254,7 +261,7 @@ impl<'a> Turns<'a> {
             conv.answered.pop();
         }
         Outcome::Write {
-            line: record_line(&conv.id, conv.source_index, &conv.answered),
+            line: record_line(&conv.id, conv.source_index, &conv.answered, conv.tools.as_ref()),
             kept_turns: conv.kept_turns,
             cut: reason,
         }
@@ -296,7 +303,7 @@ pub(super) fn cut_at_max_turns(
 /// The output line of a regenerated conversation (newline included), with ShareGPT role names;
 /// an answer's reasoning is kept as the turn's `reasoning_content` (which `aerie data prepare`
 /// reads back).
-pub(super) fn record_line(conv_id: &str, source_index: u64, messages: &[Message]) -> String {
+pub(super) fn record_line(conv_id: &str, source_index: u64, messages: &[Message], tools: Option<&Value>) -> String {
     let turn = |m: &Message| {
         let mut t = json!({"from": sharegpt_role(m.role), "value": m.content});
         if let Some(r) = &m.reasoning_content {
@@ -304,11 +311,14 @@ pub(super) fn record_line(conv_id: &str, source_index: u64, messages: &[Message]
         }
         t
     };
-    let record: Value = json!({
+    let mut record: Value = json!({
         "id": conv_id,
         "source_index": source_index,
         "conversations": messages.iter().map(turn).collect::<Vec<_>>(),
     });
+    if let Some(tools) = tools {
+        record["tools"] = tools.clone();
+    }
     let mut line = serde_json::to_string(&record).expect("JSON");
     line.push('\n');
     line

@@ -227,7 +227,7 @@ impl Run<'_> {
                 let messages = cut_at_tool_turn(conv.messages, &mut report);
                 let messages = cut_at_max_turns(messages, opts.max_turns, &mut report);
                 let slot = slots.iter().position(Option::is_none).expect("a free slot below capacity");
-                let mut f = InFlight::new(conv.id, source_index, messages);
+                let mut f = InFlight::new(conv.id, source_index, messages, conv.tools);
                 match self.turns.advance(slot, &mut f)? {
                     Step::Job(job) => {
                         engine.submit(job)?;

@@ -281,6 +281,9 @@ pub(super) fn request_body(resolved: &Resolved, job: &TurnJob, eos: &[u32], kwar
             if !kwargs.is_empty() {
                 body["chat_template_kwargs"] = json!(kwargs);
             }
+            if let Some(tools) = &job.tools {
+                body["tools"] = tools.clone();
+            }
             body
         }
     }
@@ -577,6 +580,7 @@ mod tests {
             turn: 1,
             prompt_ids: vec![1, 2, 3],
             messages: vec![Message::new(Role::User, "hi")],
+            tools: None,
             max_new_tokens: 16,
             sampling: Sampling { temperature, top_p: 0.9, seed: 7 },
         }
@@ -598,6 +602,10 @@ mod tests {
         assert_eq!((b["model"].as_str(), b["max_tokens"].as_u64()), (Some("m"), Some(16)));
         assert_eq!(b["chat_template_kwargs"]["thinking"], false);
         assert_eq!(b["seed"], json!(turn_seed(7, 5, 1)));
+        assert!(b.get("tools").is_none(), "no tools key without tools");
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+        let b = request_body(&oa, &TurnJob { tools: Some(tools.clone()), ..job(0.0) }, &[9], &kw);
+        assert_eq!(b["tools"], tools, "the conversation's tools go to the server");
     }
 
     #[test]
