@@ -20,7 +20,7 @@
 
 use serde_json::Value;
 
-use super::python::float_repr;
+use super::python::{float_repr, json_string};
 
 const INDENT: &str = "  ";
 const FIELD_DELIMITER: &str = ",\n";
@@ -726,23 +726,6 @@ fn py_repr(v: &Value, out: &mut String) -> R<()> {
 
 /// `json.dumps(v, ensure_ascii=False)`: `", "` and `": "` separators, Python's float repr.
 fn json_dumps(v: &Value) -> R<String> {
-    fn string(s: &str, out: &mut String) {
-        out.push('"');
-        for c in s.chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                '\u{8}' => out.push_str("\\b"),
-                '\u{c}' => out.push_str("\\f"),
-                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-    }
     fn write(v: &Value, out: &mut String) -> R<()> {
         match v {
             Value::Null => out.push_str("null"),
@@ -751,7 +734,7 @@ fn json_dumps(v: &Value) -> R<String> {
                 PyNumber::Int(s) => out.push_str(&s),
                 PyNumber::Float(x) => out.push_str(&float_repr(x)),
             },
-            Value::String(s) => string(s, out),
+            Value::String(s) => json_string(s, false, out),
             Value::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
@@ -768,7 +751,7 @@ fn json_dumps(v: &Value) -> R<String> {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    string(k, out);
+                    json_string(k, false, out);
                     out.push_str(": ");
                     write(item, out)?;
                 }
