@@ -391,41 +391,32 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     let mut decode: Option<serde_json::Value> = None;
     for &k in if args.decode_prompts > 0 { &args.decode_k[..] } else { &[] } {
         let (out, costs) = (work.join(format!("decode-k{k}.json")), work.join(format!("costs-k{k}.toml")));
-        // `eval decode` writes the report, then the costs file: the costs file marks it done.
-        r.stage(
-            &format!("eval decode k={k}"),
-            &costs,
-            &os([
-                OsString::from("eval"),
-                "decode".into(),
-                "--target".into(),
-                target.clone().into(),
-                "--drafter".into(),
-                export.clone().into(),
-                "--prompts".into(),
-                mtbench.clone().into(),
-                "--max-prompts".into(),
-                args.decode_prompts.to_string().into(),
-                "--max-new-tokens".into(),
-                args.decode_max_new_tokens.to_string().into(),
-                "--k".into(),
-                k.to_string().into(),
-                "--out".into(),
-                out.clone().into(),
-                "--costs-out".into(),
-                costs.clone().into(),
-            ])
-            .into_iter()
+        let mut decode_args = os([
+            OsString::from("eval"),
+            "decode".into(),
+            "--target".into(),
+            target.clone().into(),
+            "--drafter".into(),
+            export.clone().into(),
+            "--prompts".into(),
+            mtbench.clone().into(),
+            "--max-prompts".into(),
+            args.decode_prompts.to_string().into(),
+            "--max-new-tokens".into(),
+            args.decode_max_new_tokens.to_string().into(),
+            "--k".into(),
+            k.to_string().into(),
+            "--out".into(),
+            out.clone().into(),
+            "--costs-out".into(),
+            costs.clone().into(),
+        ]);
+        if k == args.decode_k[0] {
             // Once: the throughput of plain decoding with every answer in flight at once.
-            .chain(
-                (k == args.decode_k[0])
-                    .then(|| os(["--plain-batch".to_string(), (2 * args.decode_prompts).to_string()]))
-                    .into_iter()
-                    .flatten(),
-            )
-            .collect::<Vec<_>>(),
-            false,
-        )?;
+            decode_args.extend(os(["--plain-batch".to_string(), (2 * args.decode_prompts).to_string()]));
+        }
+        // `eval decode` writes the report, then the costs file: the costs file marks it done.
+        r.stage(&format!("eval decode k={k}"), &costs, &decode_args, false)?;
         let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
         let d: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))?;
         decode_by_k.push(DecodeAtK {

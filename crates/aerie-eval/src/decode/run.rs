@@ -217,7 +217,6 @@ pub fn decode_prompts<B: Backend>(
             let spec_text = encoder.decode(&spec.tokens)?;
             plain_ctx.push(Message::new(Role::Assistant, encoder.decode(&plain.tokens)?));
             spec_ctx.push(Message::new(Role::Assistant, spec_text.clone()));
-            plain_answers.push(PlainRun { prompt: plain_ids, tokens: plain.tokens.clone() });
             let cycles = spec.accepted.len();
             turns.push(TurnReport {
                 turn,
@@ -234,6 +233,7 @@ pub fn decode_prompts<B: Backend>(
                 text: spec_text,
             });
             progress(plain.tokens.len() + spec.tokens.len());
+            plain_answers.push(PlainRun { prompt: plain_ids, tokens: plain.tokens });
         }
         let tau = AcceptReport::from_counter(&prompt_counter, opts.rule, None, opts.temperature).tau;
         reports.push(PromptReport { id: prompt.id.clone(), category: prompt.category.clone(), tau, turns });

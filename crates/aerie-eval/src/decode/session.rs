@@ -71,21 +71,22 @@ impl<B: Backend> DecodeSession<B> {
         let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
             .map_err(|e| Error::step(format!("building drafter {}", drafter_dir.display()), e))?;
         opts.validate(drafter.config().draft_vocab_size)?;
-        let stop = self.encoder.stop_ids(&self.target.spec().eos_token_ids);
-        let dec = SpecDecoder::new(&self.target, &drafter, stop).map_err(|e| {
+        let dec = SpecDecoder::new(&self.target, &drafter, self.stop_ids()).map_err(|e| {
             Error::step(format!("{} does not draft for {}", drafter_dir.display(), target_dir.display()), e)
         })?;
         decode_prompts(&dec, &self.encoder, &self.prompts, opts, progress)
     }
-}
 
-impl<B: Backend> DecodeSession<B> {
+    /// The ids that end an answer: the target's eos ids and the template's end of turn.
+    fn stop_ids(&self) -> Vec<u32> {
+        self.encoder.stop_ids(&self.target.spec().eos_token_ids)
+    }
+
     /// Greedy plain decoding of `runs` (a report's `plain_answers`) up to `batch` at a time,
     /// each with the budget of the batch-1 run, stopping at the same stop ids; the tokens are
     /// compared with the batch-1 answers.
     pub fn plain_batched(&self, runs: &[PlainRun], batch: usize, max_new_tokens: usize) -> Result<BatchedPlain> {
-        let stop = self.encoder.stop_ids(&self.target.spec().eos_token_ids);
-        let mut generator = BatchGenerator::new(&self.target, batch, &stop)
+        let mut generator = BatchGenerator::new(&self.target, batch, &self.stop_ids())
             .map_err(|e| Error::step("starting batched plain decoding", e))?;
         for (i, run) in runs.iter().enumerate() {
             let request = GenerationRequest { id: i as u64, prompt: run.prompt.clone(), max_new_tokens };
