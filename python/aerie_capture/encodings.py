@@ -20,6 +20,10 @@ from typing import Callable, Optional
 
 import torch
 
+FORMAT_V1 = "aerie-shard/1"
+"""The shard format of the plain float encodings."""
+FORMAT_V2 = "aerie-shard/2"
+"""The shard format of the scaled encodings (a format-1 reader would misread them)."""
 FP8_E4M3_MAX = 448.0
 """The largest finite E4M3FN value."""
 INT4_MAX = 7.0
@@ -54,8 +58,7 @@ class Encoding:
 
     @property
     def format(self) -> str:
-        """`aerie-shard/2` for the scaled encodings (a format-1 reader would misread them)."""
-        return "aerie-shard/2" if self.scaled else "aerie-shard/1"
+        return FORMAT_V2 if self.scaled else FORMAT_V1
 
     @property
     def element_size(self) -> int:
@@ -88,17 +91,23 @@ def _to_f32(codes: torch.Tensor, scales: Optional[torch.Tensor], group: int) -> 
     return codes.float()
 
 
-def _groups(t: torch.Tensor, group: int) -> torch.Tensor:
-    """f32 rows viewed as [T, G, group]."""
+def _groups(t: torch.Tensor, group: int, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """f32 rows viewed as [T, G, group], and each group's scale: amax / qmax, floored at 2^-126."""
     rows, width = t.shape
     if width % group:
         raise ValueError(f"row width {width} is not a multiple of the group size {group}")
-    return t.float().reshape(rows, width // group, group)
+    g = t.float().reshape(rows, width // group, group)
+    return g, torch.clamp(g.abs().amax(dim=2) / qmax, min=_MIN_SCALE)
+
+
+def _scaled(codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """Code values (f32 rows [T, W]) times their groups' scales."""
+    rows, width = codes.shape
+    return (codes.reshape(rows, width // group, group) * scales.unsqueeze(2)).reshape(rows, width)
 
 
 def _fp8_encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = _groups(t, group)
-    scales = torch.clamp(g.abs().amax(dim=2) / FP8_E4M3_MAX, min=_MIN_SCALE)
+    g, scales = _groups(t, group, FP8_E4M3_MAX)
     # torch's f32 → E4M3FN cast rounds to nearest, ties to even, but gives NaN beyond the range
     # where the Rust encoder saturates: clamp first (|x| / scale can round to just above 448).
     q = (g / scales.unsqueeze(2)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
@@ -106,13 +115,11 @@ def _fp8_encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _fp8_decode(codes: torch.Tensor, scales: Optional[torch.Tensor], group: int) -> torch.Tensor:
-    rows, width = codes.shape
-    return (codes.float().reshape(rows, width // group, group) * scales.unsqueeze(2)).reshape(rows, width)
+    return _scaled(codes.float(), scales, group)
 
 
 def _int4_encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = _groups(t, group)
-    scales = torch.clamp(g.abs().amax(dim=2) / INT4_MAX, min=_MIN_SCALE)
+    g, scales = _groups(t, group, INT4_MAX)
     # torch.round rounds half to even, as Rust's round_ties_even.
     q = (torch.round(g / scales.unsqueeze(2)).clamp(-INT4_MAX, INT4_MAX).to(torch.int16) + 8).to(torch.uint8)
     q = q.reshape(t.shape)
@@ -122,8 +129,7 @@ def _int4_encode(t: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tenso
 def _int4_decode(codes: torch.Tensor, scales: Optional[torch.Tensor], group: int) -> torch.Tensor:
     rows, half = codes.shape
     nib = torch.stack(((codes & 15), (codes >> 4)), dim=2).reshape(rows, 2 * half)
-    q = nib.to(torch.int16) - 8
-    return (q.float().reshape(rows, 2 * half // group, group) * scales.unsqueeze(2)).reshape(rows, 2 * half)
+    return _scaled((nib.to(torch.int16) - 8).float(), scales, group)
 
 
 ENCODINGS: dict[str, Encoding] = {
@@ -172,8 +178,7 @@ def encode_finite(enc: Encoding, rows: torch.Tensor, tensor: str, group: int) ->
             raise ValueError(f"{tensor}[{bad[0]}, {bad[1]}] is not finite")
         return enc.encode(rows, group)
     out, _ = enc.encode(rows, group)
-    if _first_not_finite(out) is not None:
-        bad = _first_not_finite(enc.decode(out, None, group))
-        if bad:
-            raise ValueError(f"{tensor}[{bad[0]}, {bad[1]}] is not finite as {enc.name}")
+    bad = _first_not_finite(out)
+    if bad:
+        raise ValueError(f"{tensor}[{bad[0]}, {bad[1]}] is not finite as {enc.name}")
     return out, None

@@ -33,10 +33,8 @@ from typing import Iterator, Optional
 import torch
 from safetensors import safe_open
 
-from .encodings import Encoding, encode_finite, encoding
+from .encodings import FORMAT_V1 as FORMAT, FORMAT_V2, Encoding, encode_finite, encoding
 
-FORMAT = "aerie-shard/1"
-FORMAT_V2 = "aerie-shard/2"
 MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".aerie-shard.lock"
 TMP_PREFIX = ".tmp-"
