@@ -2,7 +2,6 @@
 shard cutting, refusals, the crash points of docs/shard-format.md §7 and resume, the lock."""
 
 import json
-import os
 import tempfile
 import unittest
 from pathlib import Path
