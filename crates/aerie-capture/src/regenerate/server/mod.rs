@@ -1,0 +1,323 @@
+//! Regeneration through a running serving engine: a pool of `--concurrency` worker threads, each
+//! doing blocking HTTP calls (ureq), bounded retries with doubling backoff on connection errors,
+//! timeouts, 429 and 5xx, and a clear error naming the request (conversation, turn, URL, status,
+//! the server's message) on any other 4xx. Two dialects:
+//!
+//! - **SGLang** `POST /generate` with `input_ids` (aerie's own render, so the prompt is exactly
+//!   the tokens aerie would feed the native target) and `output_ids` back (the tokens the model
+//!   produced, decoded by aerie's tokenizer). Shapes from SGLang's source: `GenerateReqInput`
+//!   (`python/sglang/srt/managers/io_struct.py`), `SamplingParams`
+//!   (`python/sglang/srt/sampling/sampling_params.py`: `max_new_tokens`, `stop_token_ids`,
+//!   `temperature`, `top_p`, `skip_special_tokens`, `sampling_seed`), the response
+//!   `{"text", "output_ids", "meta_info": {"finish_reason": {"type": "stop", "matched": id} |
+//!   {"type": "length", "length": n} | {"type": "abort", "message"}, "prompt_tokens",
+//!   "completion_tokens", ...}}` (`tokenizer_manager.py`, `schedule_batch.py` `FINISH_*`).
+//! - **OpenAI-compatible** `POST /v1/chat/completions` with `messages` (the server renders its
+//!   own chat template), `choices[0].message.content` and `reasoning_content` back.
+//!
+//! Detection (`--api auto`): `GET /get_model_info` answers 200 only on SGLang (which also serves
+//! `/v1/models`, so it is asked first); otherwise `GET /v1/models` answering 200 with a `data`
+//! list is an OpenAI-compatible server.
+
+mod dialect;
+mod http;
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::engine::{TurnDone, TurnEngine, TurnJob};
+use crate::{Error, Result};
+pub(super) use dialect::{detect, parse_response, request_body};
+use http::{agent, attempt};
+
+/// The HTTP dialect of the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// SGLang's native `/generate` (token ids in and out).
+    Sglang,
+    /// `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI layer, ...).
+    Openai,
+    /// Ask the server ([`detect`]).
+    Auto,
+}
+
+impl std::str::FromStr for Api {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "sglang" => Ok(Api::Sglang),
+            "openai" => Ok(Api::Openai),
+            "auto" => Ok(Api::Auto),
+            _ => Err(format!("`{s}` is not an API: use sglang, openai or auto")),
+        }
+    }
+}
+
+impl Api {
+    fn name(self) -> &'static str {
+        match self {
+            Api::Sglang => "sglang",
+            Api::Openai => "openai",
+            Api::Auto => "auto",
+        }
+    }
+}
+
+/// Where the server is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Base URL, `http://host:port` (a trailing `/` is ignored).
+    pub url: String,
+    /// Dialect; `Auto` asks the server.
+    pub api: Api,
+    /// `model` of chat requests; `None` = the first id `/v1/models` lists.
+    pub model: Option<String>,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Whole-request timeout.
+    pub timeout: Duration,
+    /// Attempts per request beyond the first (connection errors, timeouts, 429, 5xx).
+    pub retries: usize,
+    /// First backoff; doubled per retry.
+    pub backoff: Duration,
+    /// Template variables: OpenAI requests carry them as `chat_template_kwargs` (vLLM and
+    /// SGLang read it); for SGLang `/generate` they go into aerie's own render.
+    pub template_kwargs: BTreeMap<String, Value>,
+}
+
+impl ServerOptions {
+    /// Defaults: auto-detected API, 8 requests in flight, 600 s timeout, 3 retries from 1 s.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            api: Api::Auto,
+            model: None,
+            concurrency: 8,
+            timeout: Duration::from_secs(600),
+            retries: 3,
+            backoff: Duration::from_secs(1),
+            template_kwargs: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(Error::Invalid(format!("--server `{}` must be an http:// or https:// URL", self.url)));
+        }
+        if self.concurrency == 0 {
+            return Err(Error::Invalid("--concurrency must be at least 1".into()));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::Invalid("--timeout must be more than 0 seconds".into()));
+        }
+        Ok(())
+    }
+
+    fn base(&self) -> &str {
+        self.url.trim_end_matches('/')
+    }
+}
+
+/// The server as resolved at the start of a run: dialect and chat model (OpenAI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Resolved {
+    pub api: Api,
+    pub model: Option<String>,
+}
+
+/// What the server side of a run did (the report's `server` object).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServerReport {
+    /// Base URL.
+    pub url: String,
+    /// Dialect used (`sglang` or `openai`).
+    pub api: String,
+    /// How the dialect was chosen: `given` or `detected`.
+    pub api_source: String,
+    /// The model: `--model`, else the first `/v1/models` id (OpenAI) or SGLang's `model_path`.
+    pub model: Option<String>,
+    /// Requests in flight at most.
+    pub concurrency: usize,
+    /// Requests that succeeded.
+    pub requests: u64,
+    /// Attempts retried (each failed attempt that was tried again).
+    pub retries: u64,
+    /// Retried attempts per cause: the HTTP status (`429`, `503`, ...), `timeout` or
+    /// `connection`.
+    pub retried: BTreeMap<String, u64>,
+    /// Mean seconds per successful request (its last attempt).
+    pub mean_request_seconds: f64,
+    /// Σ completion tokens / Σ request seconds over the successful requests: one request's
+    /// decode rate as the client saw it (prefill and queueing included).
+    pub request_tokens_per_second: f64,
+}
+
+/// What a worker sends back: the turn, or the run's fatal error; plus the retried causes.
+struct Outcome {
+    done: Result<TurnDone>,
+    retried: Vec<String>,
+    seconds: f64,
+}
+
+/// Send one turn with bounded retries; the error names the request.
+fn send(agent: &ureq::Agent, ctx: &Worker, job: &TurnJob) -> Outcome {
+    let (path, api) = match ctx.resolved.api {
+        Api::Sglang => ("/generate", Api::Sglang),
+        _ => ("/v1/chat/completions", Api::Openai),
+    };
+    let url = format!("{}{path}", ctx.base);
+    let body = request_body(&ctx.resolved, job, &ctx.eos, &ctx.kwargs).to_string();
+    let what = format!("conversation `{}` (record {}), turn {}: POST {url}", job.conv_id, job.source_index, job.turn);
+    let mut wait = ctx.backoff;
+    let mut retried = Vec::new();
+    for n in 0..=ctx.retries {
+        let start = Instant::now();
+        let res = attempt(agent, &url, &body, ctx.timeout);
+        let seconds = start.elapsed().as_secs_f64();
+        match res {
+            Ok(v) => {
+                let done = parse_response(api, job, &ctx.eos, &v).map_err(|m| Error::Server(format!("{what}: {m}")));
+                return Outcome { done, retried, seconds };
+            }
+            Err(f) if f.retry_as.is_some() && n < ctx.retries => {
+                retried.push(f.retry_as.unwrap_or_default());
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+            Err(f) => {
+                let tries = if f.retry_as.is_some() { format!(" (after {} attempts)", n + 1) } else { String::new() };
+                let hint = match f.status {
+                    Some(s) if (400..500).contains(&s) && s != 429 => {
+                        " (the server refused the request; not retried)".to_owned()
+                    }
+                    _ => String::new(),
+                };
+                let done = Err(Error::Server(format!("{what}: {}{tries}{hint}", f.message)));
+                return Outcome { done, retried, seconds };
+            }
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
+/// What every worker shares.
+struct Worker {
+    base: String,
+    resolved: Resolved,
+    eos: Vec<u32>,
+    kwargs: BTreeMap<String, Value>,
+    timeout: Duration,
+    retries: usize,
+    backoff: Duration,
+}
+
+/// The server engine: `concurrency` worker threads taking jobs from one queue.
+pub(super) struct ServerEngine {
+    jobs: Option<Sender<TurnJob>>,
+    done: Receiver<Outcome>,
+    capacity: usize,
+    report: ServerReport,
+    request_seconds: f64,
+    request_tokens: u64,
+}
+
+impl ServerEngine {
+    /// Start the workers. They end when the engine is dropped (after their current request).
+    pub(super) fn start(opts: &ServerOptions, resolved: Resolved, api_source: &str, eos: &[u32]) -> Self {
+        let (jobs_tx, jobs_rx) = channel::<TurnJob>();
+        let (done_tx, done_rx) = channel::<Outcome>();
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let shared = Arc::new(Worker {
+            base: opts.base().to_owned(),
+            resolved: resolved.clone(),
+            eos: eos.to_vec(),
+            kwargs: opts.template_kwargs.clone(),
+            timeout: opts.timeout,
+            retries: opts.retries,
+            backoff: opts.backoff,
+        });
+        let agent = agent(opts.timeout);
+        for _ in 0..opts.concurrency {
+            let (rx, tx, ctx, agent) = (Arc::clone(&jobs_rx), done_tx.clone(), Arc::clone(&shared), agent.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let job = match rx.lock().map(|r| r.recv()) {
+                        Ok(Ok(job)) => job,
+                        _ => break,
+                    };
+                    if tx.send(send(&agent, &ctx, &job)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let report = ServerReport {
+            url: opts.url.clone(),
+            api: resolved.api.name().to_owned(),
+            api_source: api_source.to_owned(),
+            model: resolved.model,
+            concurrency: opts.concurrency,
+            ..ServerReport::default()
+        };
+        Self {
+            jobs: Some(jobs_tx),
+            done: done_rx,
+            capacity: opts.concurrency,
+            report,
+            request_seconds: 0.0,
+            request_tokens: 0,
+        }
+    }
+
+    /// The counters so far.
+    fn report(&self) -> ServerReport {
+        let mut r = self.report.clone();
+        r.mean_request_seconds = self.request_seconds / (r.requests.max(1) as f64);
+        r.request_tokens_per_second = self.request_tokens as f64 / self.request_seconds.max(1e-9);
+        r
+    }
+}
+
+impl Drop for ServerEngine {
+    fn drop(&mut self) {
+        // Closing the queue ends each worker after its current request.
+        self.jobs.take();
+    }
+}
+
+impl TurnEngine for ServerEngine {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn submit(&mut self, job: TurnJob) -> Result<()> {
+        self.jobs
+            .as_ref()
+            .and_then(|j| j.send(job).ok())
+            .ok_or_else(|| Error::Server("the request workers have stopped".into()))
+    }
+
+    fn next_done(&mut self, _on_tokens: &mut dyn FnMut(u64)) -> Result<TurnDone> {
+        let o = self.done.recv().map_err(|_| Error::Server("the request workers have stopped".into()))?;
+        for cause in o.retried {
+            self.report.retries += 1;
+            *self.report.retried.entry(cause).or_default() += 1;
+        }
+        let done = o.done?;
+        self.report.requests += 1;
+        self.request_seconds += o.seconds;
+        self.request_tokens += done.tokens;
+        Ok(done)
+    }
+
+    fn finish_report(&self, report: &mut super::RegenerateReport) {
+        report.server = Some(self.report());
+    }
+}
