@@ -8,9 +8,9 @@ use std::borrow::Cow;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use super::encoding::FloatDtype;
 use super::encoding::{self, HiddenDtype};
 use super::input::HiddenInput;
-use super::metadata::FloatDtype;
 
 /// Append hidden rows in any encoding: codes to `codes`, and for the scaled encodings one scale
 /// per `group` values to `scales`. On a value that is not finite returns its index (the caller

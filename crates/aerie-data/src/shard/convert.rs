@@ -10,8 +10,9 @@
 use std::path::Path;
 use std::time::Instant;
 
+use super::encoding::HiddenDtype;
 use super::input::{HiddenInput, SampleRef};
-use super::metadata::{HiddenDtype, ShardMetadata, Teacher};
+use super::metadata::{ShardMetadata, Teacher};
 use super::reader::ShardDataset;
 use super::writer::{ShardWriter, ShardWriterOptions};
 use crate::{Error, Result};

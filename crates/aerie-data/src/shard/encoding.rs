@@ -18,8 +18,74 @@ use std::str::FromStr;
 use safetensors::Dtype;
 
 use super::input::HiddenInput;
-use super::metadata::FloatDtype;
 use crate::MetadataError;
+
+/// The format string of datasets stored in a plain float (`bf16`, `f16`, `f32`): readable by
+/// every aerie-shard reader, so writers keep using it for those.
+pub const FORMAT: &str = "aerie-shard/1";
+
+/// The format string of datasets stored in a scaled encoding (`fp8-e4m3`, `int4`). A
+/// format-1 reader must refuse them: read as plain tensors, their codes without the scales are
+/// wrong values, not an error.
+pub const FORMAT_V2: &str = "aerie-shard/2";
+
+/// Storage type of the hidden-state tensors (and of top-k log-probs, which take F16 or F32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FloatDtype {
+    /// IEEE float32.
+    F32,
+    /// IEEE float16.
+    F16,
+    /// bfloat16: what capture engines usually run in, and half the bytes of f32.
+    BF16,
+}
+
+impl FloatDtype {
+    /// The metadata spelling: `f32`, `f16` or `bf16`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FloatDtype::F32 => "f32",
+            FloatDtype::F16 => "f16",
+            FloatDtype::BF16 => "bf16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            FloatDtype::F32 => 4,
+            FloatDtype::F16 | FloatDtype::BF16 => 2,
+        }
+    }
+
+    pub(crate) fn from_safetensors(dtype: safetensors::Dtype) -> Option<Self> {
+        match dtype {
+            safetensors::Dtype::F32 => Some(FloatDtype::F32),
+            safetensors::Dtype::F16 => Some(FloatDtype::F16),
+            safetensors::Dtype::BF16 => Some(FloatDtype::BF16),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FloatDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FloatDtype {
+    type Err = MetadataError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, MetadataError> {
+        match s {
+            "f32" => Ok(FloatDtype::F32),
+            "f16" => Ok(FloatDtype::F16),
+            "bf16" => Ok(FloatDtype::BF16),
+            other => Err(MetadataError::new("dtype", format!("`{other}` is not one of `f32`, `f16`, `bf16`"))),
+        }
+    }
+}
 
 /// Values per scale of the `int4` encoding: 32 consecutive values of a row, never spanning two
 /// captured layers (Ht must be a multiple of 32). 32 (as GGML's Q4_0) keeps a group inside one
@@ -157,7 +223,7 @@ impl HiddenDtype {
     /// floats (readable by every reader), `aerie-shard/2` for the scaled encodings, which a
     /// format-1 reader would misread as unscaled values.
     pub fn format(self) -> &'static str {
-        if self.is_scaled() { super::metadata::FORMAT_V2 } else { super::metadata::FORMAT }
+        if self.is_scaled() { FORMAT_V2 } else { FORMAT }
     }
 }
 

@@ -11,9 +11,10 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 
 use super::codec;
+use super::encoding::FloatDtype;
 use super::encoding::HiddenDtype;
 use super::manifest::ShardEntry;
-use super::metadata::{self, FloatDtype, ShardMetadata};
+use super::metadata::{self, ShardMetadata};
 use super::names;
 use crate::{Error, MetadataError, Result};
 

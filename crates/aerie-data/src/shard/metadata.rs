@@ -8,18 +8,9 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-pub use super::encoding::HiddenDtype;
 use super::encoding::INT4_GROUP;
+use super::encoding::{FORMAT_V2, HiddenDtype};
 use crate::{Error, MetadataError, Result};
-
-/// The format string of datasets stored in a plain float (`bf16`, `f16`, `f32`): readable by
-/// every aerie-shard reader, so writers keep using it for those.
-pub const FORMAT: &str = "aerie-shard/1";
-
-/// The format string of datasets stored in a scaled encoding (`fp8-e4m3`, `int4`). A
-/// format-1 reader must refuse them: read as plain tensors, their codes without the scales are
-/// wrong values, not an error.
-pub const FORMAT_V2: &str = "aerie-shard/2";
 
 /// The newest major format version this crate reads. It reads every major from 1 up to this one
 /// and refuses the others.
@@ -103,64 +94,6 @@ impl FromStr for AuxConvention {
                 "aux_convention",
                 format!("`{other}` is neither `output-of-layer` nor `input-of-layer`"),
             )),
-        }
-    }
-}
-
-/// Storage type of the hidden-state tensors (and of top-k log-probs, which take F16 or F32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FloatDtype {
-    /// IEEE float32.
-    F32,
-    /// IEEE float16.
-    F16,
-    /// bfloat16: what capture engines usually run in, and half the bytes of f32.
-    BF16,
-}
-
-impl FloatDtype {
-    /// The metadata spelling: `f32`, `f16` or `bf16`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FloatDtype::F32 => "f32",
-            FloatDtype::F16 => "f16",
-            FloatDtype::BF16 => "bf16",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            FloatDtype::F32 => 4,
-            FloatDtype::F16 | FloatDtype::BF16 => 2,
-        }
-    }
-
-    pub(crate) fn from_safetensors(dtype: safetensors::Dtype) -> Option<Self> {
-        match dtype {
-            safetensors::Dtype::F32 => Some(FloatDtype::F32),
-            safetensors::Dtype::F16 => Some(FloatDtype::F16),
-            safetensors::Dtype::BF16 => Some(FloatDtype::BF16),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for FloatDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for FloatDtype {
-    type Err = MetadataError;
-
-    fn from_str(s: &str) -> std::result::Result<Self, MetadataError> {
-        match s {
-            "f32" => Ok(FloatDtype::F32),
-            "f16" => Ok(FloatDtype::F16),
-            "bf16" => Ok(FloatDtype::BF16),
-            other => Err(MetadataError::new("dtype", format!("`{other}` is not one of `f32`, `f16`, `bf16`"))),
         }
     }
 }
@@ -468,6 +401,7 @@ impl From<ShardMetadata> for BTreeMap<String, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::shard::encoding::FORMAT;
 
     pub(crate) fn sample_metadata() -> ShardMetadata {
         ShardMetadata {

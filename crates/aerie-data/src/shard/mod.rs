@@ -25,13 +25,11 @@ mod view;
 mod writer;
 
 pub use convert::{ConvertOptions, ConvertReport, convert};
-pub use encoding::{FP8_E4M3_MAX, HiddenDtype, INT4_GROUP};
+pub use encoding::{FORMAT, FORMAT_V2, FP8_E4M3_MAX, FloatDtype, HiddenDtype, INT4_GROUP};
 pub use fsutil::{MANIFEST_FILE, sha256_file, shard_file_name};
 pub use input::{HiddenInput, SampleRef, TopKRef};
 pub use manifest::{Manifest, ShardEntry};
-pub use metadata::{
-    AuxConvention, FORMAT, FORMAT_MAJOR, FORMAT_V2, FloatDtype, ShardMetadata, Teacher, format_is_supported,
-};
+pub use metadata::{AuxConvention, FORMAT_MAJOR, ShardMetadata, Teacher, format_is_supported};
 pub use reader::{Samples, ShardDataset};
 pub use verify::VerifyReport;
 pub use view::{HiddenRows, SampleView, TopKView};

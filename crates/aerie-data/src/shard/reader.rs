@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use super::encoding::FloatDtype;
 use super::fsutil::MANIFEST_FILE;
 use super::header::{Shard, open_shard};
 use super::manifest::Manifest;
-use super::metadata::{FloatDtype, ShardMetadata};
+use super::metadata::ShardMetadata;
 use super::names;
 use super::view::{Layout, SampleView};
 use crate::{Error, Result};

@@ -10,9 +10,9 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::codec;
+use super::encoding::FloatDtype;
 use super::encoding::{self, HiddenDtype};
 use super::header::Shard;
-use super::metadata::FloatDtype;
 use crate::{Error, Result};
 
 /// Per-dataset widths and dtypes the views need.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::{agent, get};
+use super::http::{agent, error_message, get};
 use super::{Api, Resolved, ServerOptions};
 use crate::regenerate::engine::{Finish, TurnDone, TurnJob};
 use crate::regenerate::sampling::turn_seed;
@@ -66,22 +66,6 @@ pub(in crate::regenerate) fn detect(opts: &ServerOptions) -> Result<(Resolved, &
         }
     };
     Ok((Resolved { api, model }, source))
-}
-
-/// The server's message in an error body: `message`, `error.message`, `detail`, or the text.
-pub(super) fn error_message(body: &str) -> String {
-    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
-        let pick = |x: &Value| x.as_str().map(str::to_owned).or_else(|| (!x.is_null()).then(|| x.to_string()));
-        v.get("message")
-            .and_then(pick)
-            .or_else(|| v.get("error").and_then(|e| e.get("message").and_then(pick).or_else(|| pick(e))))
-            .or_else(|| v.get("detail").and_then(pick))
-    });
-    let text = from_json.unwrap_or_else(|| body.trim().to_owned());
-    match text.char_indices().nth(400) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text,
-    }
 }
 
 /// The request body of one turn.

@@ -1,11 +1,10 @@
 //! The HTTP side: one blocking ureq agent per worker, a GET, and one POST attempt classified as a
-//! success, a failure worth retrying (connection errors, timeouts, 429, 5xx) or a final one.
+//! success, a failure worth retrying (connection errors, timeouts, 429, 5xx) or a final one, and
+//! the message a server puts in an error body.
 
 use std::time::Duration;
 
 use serde_json::Value;
-
-use super::dialect::error_message;
 
 pub(super) fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
@@ -76,4 +75,20 @@ pub(super) fn attempt(
         message: format!("HTTP {status} but the body is not JSON ({e}): {}", error_message(&text)),
         retry_as: None,
     })
+}
+
+/// The server's message in an error body: `message`, `error.message`, `detail`, or the text.
+pub(super) fn error_message(body: &str) -> String {
+    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        let pick = |x: &Value| x.as_str().map(str::to_owned).or_else(|| (!x.is_null()).then(|| x.to_string()));
+        v.get("message")
+            .and_then(pick)
+            .or_else(|| v.get("error").and_then(|e| e.get("message").and_then(pick).or_else(|| pick(e))))
+            .or_else(|| v.get("detail").and_then(pick))
+    });
+    let text = from_json.unwrap_or_else(|| body.trim().to_owned());
+    match text.char_indices().nth(400) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text,
+    }
 }
