@@ -157,32 +157,24 @@ fn embedding_source(cfg: &TrainConfig) -> Result<&Path> {
 /// The target's embedding `[V, H]`, checked against the drafter config.
 pub fn load_embedding(cfg: &TrainConfig, dc: &DrafterConfig) -> Result<HostTensor> {
     let src = embedding_source(cfg)?;
-    let embed = load_target_embedding(src)?;
-    if embed.shape != [dc.vocab_size, dc.hidden_size] {
-        return Err(init_err(
-            src,
-            format!(
-                "the target embedding is {:?}, the drafter needs [{}, {}] (vocab_size, hidden_size)",
-                embed.shape, dc.vocab_size, dc.hidden_size
-            ),
-        ));
-    }
-    Ok(embed)
+    let want = ([dc.vocab_size, dc.hidden_size], "vocab_size, hidden_size");
+    checked(src, load_target_embedding(src)?, "the target embedding", want)
 }
 
 /// The target head `[V, Ht]` (the teacher), checked against the drafter config.
 pub fn load_head(source: &Path, dc: &DrafterConfig) -> Result<HostTensor> {
-    let head = load_target_head(source)?;
-    if head.shape != [dc.vocab_size, dc.target_hidden_size] {
-        return Err(init_err(
-            source,
-            format!(
-                "the target head is {:?}, the drafter needs [{}, {}] (vocab_size, target_hidden_size)",
-                head.shape, dc.vocab_size, dc.target_hidden_size
-            ),
-        ));
+    let want = ([dc.vocab_size, dc.target_hidden_size], "vocab_size, target_hidden_size");
+    checked(source, load_target_head(source)?, "the target head", want)
+}
+
+/// `t` when its shape is `want.0`; else an error naming `src`, `what` and the drafter's fields
+/// (`want.1`) that ask for that shape.
+fn checked(src: &Path, t: HostTensor, what: &str, want: ([usize; 2], &str)) -> Result<HostTensor> {
+    let ([rows, cols], fields) = want;
+    if t.shape != [rows, cols] {
+        return Err(init_err(src, format!("{what} is {:?}, the drafter needs [{rows}, {cols}] ({fields})", t.shape)));
     }
-    Ok(head)
+    Ok(t)
 }
 
 /// The drafter a run starts from, per `[init]`.

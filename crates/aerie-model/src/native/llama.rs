@@ -109,14 +109,18 @@ impl<B: Backend> TargetAttention<B> {
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (q, k, v) = self.qkv(x, rope_tables);
         let (k, v) = cache.append(layer, k, v);
-        let g = nh / nkv;
-        let q = q.reshape([b, nkv, g * s, d]);
-        let v = v.cast(q.dtype());
-        let k = k.cast(q.dtype());
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
-        let out = attention(q, k, v, mask, None, options);
+        let q = q.reshape([b, nkv, (nh / nkv) * s, d]);
+        let out = Self::attend(q, k, v, mask);
         let out = out.reshape([b, nh, s, d]).swap_dims(1, 2).reshape([b, s, nh * d]);
         self.o_proj.forward(out)
+    }
+
+    /// Grouped queries `[B, nKV, g·S, d]` over keys and values `[B, nKV, T, d]` (cast to the
+    /// queries' dtype), `mask` true = masked.
+    fn attend(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: Option<Tensor<B, 4, Bool>>) -> Tensor<B, 4> {
+        let (k, v) = (k.cast(q.dtype()), v.cast(q.dtype()));
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+        attention(q, k, v, mask, None, options)
     }
 }
 
@@ -139,12 +143,8 @@ impl<B: Backend> TargetAttention<B> {
         // [1, n, R, d] → [R, n, 1, d]
         let (q, k, v) = (q.swap_dims(0, 2), k.swap_dims(0, 2), v.swap_dims(0, 2));
         let (k, v) = cache.write(layer, k, v);
-        let g = nh / nkv;
-        let q = q.reshape([r, nkv, g, d]);
-        let v = v.cast(q.dtype());
-        let k = k.cast(q.dtype());
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
-        let out = attention(q, k, v, Some(mask), None, options);
+        let q = q.reshape([r, nkv, nh / nkv, d]);
+        let out = Self::attend(q, k, v, Some(mask));
         self.o_proj.forward(out.reshape([1, r, nh * d]))
     }
 }
@@ -163,6 +163,12 @@ pub struct TargetLayer<B: Backend> {
 }
 
 impl<B: Backend> TargetLayer<B> {
+    /// The layer around an attention of either cache: `h + attn(norm(h))`, then the MLP's residual.
+    fn block(&self, h: Tensor<B, 3>, attn: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 3>) -> Tensor<B, 3> {
+        let h = h.clone() + attn(self.input_layernorm.forward(h));
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+
     fn forward(
         &self,
         h: Tensor<B, 3>,
@@ -171,12 +177,9 @@ impl<B: Backend> TargetLayer<B> {
         layer: usize,
         cache: &mut TargetCache<B>,
     ) -> Tensor<B, 3> {
-        let h = h.clone() + self.self_attn.forward(self.input_layernorm.forward(h), tables, mask, layer, cache);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        self.block(h, |x| self.self_attn.forward(x, tables, mask, layer, cache))
     }
-}
 
-impl<B: Backend> TargetLayer<B> {
     fn forward_rows(
         &self,
         h: Tensor<B, 3>,
@@ -185,8 +188,7 @@ impl<B: Backend> TargetLayer<B> {
         layer: usize,
         cache: &mut BatchCache<B>,
     ) -> Tensor<B, 3> {
-        let h = h.clone() + self.self_attn.forward_rows(self.input_layernorm.forward(h), tables, mask, layer, cache);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        self.block(h, |x| self.self_attn.forward_rows(x, tables, mask, layer, cache))
     }
 }
 

@@ -1,0 +1,189 @@
+//! The house rules of `docs/architecture.md`, checked on the source tree so that they stay true:
+//! crate dependencies point down the pipeline's layers only, no two sibling modules of a crate
+//! import each other (directly or round a loop), and no source file outside `tests/` runs past
+//! 600 lines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn files_under(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files_under(&p, ext, out);
+        } else if p.extension().is_some_and(|x| x == ext) {
+            out.push(p);
+        }
+    }
+}
+
+/// The layer of each crate: a crate may depend only on crates of a lower layer.
+fn layer(krate: &str) -> Option<u32> {
+    Some(match krate {
+        "aerie-data" => 0,
+        "aerie-model" => 1,
+        "aerie-hub" | "aerie-capture" | "aerie-train" | "aerie-eval" => 2,
+        "aerie-cli" => 3,
+        _ => return None,
+    })
+}
+
+/// cli → {hub, capture, train, eval} → model → data, as `[dependencies]` (and build and
+/// dev-dependencies) of each crate's Cargo.toml name them.
+#[test]
+fn crate_dependencies_point_down_the_layers() {
+    let root = workspace();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
+        let manifest = entry.path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else { continue };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let own = layer(&name).unwrap_or_else(|| panic!("{name}: a crate with no layer in this test (add it)"));
+        seen += 1;
+        let mut in_deps = false;
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_deps = line.contains("dependencies");
+                continue;
+            }
+            let key = line.split(['=', '.', ' ']).next().unwrap_or_default();
+            if in_deps && let Some(dep) = layer(key) {
+                assert!(dep < own, "{}: {name} depends on {key}, which is not below it", manifest.display());
+            }
+        }
+    }
+    assert_eq!(seen, 7, "expected the seven aerie crates under crates/");
+}
+
+/// Source files outside `tests/` (Rust and Python) stay readable in one sitting.
+#[test]
+fn no_source_file_outside_tests_passes_600_lines() {
+    let root = workspace();
+    let mut files = Vec::new();
+    for (dir, ext) in [("crates", "rs"), ("python", "py"), ("scripts", "py")] {
+        files_under(&root.join(dir), ext, &mut files);
+    }
+    let long: Vec<String> = files
+        .iter()
+        .filter(|p| !p.components().any(|c| c.as_os_str() == "tests"))
+        .filter_map(|p| {
+            let n = std::fs::read_to_string(p).ok()?.lines().count();
+            (n > 600).then(|| format!("{} ({n} lines)", p.strip_prefix(&root).unwrap().display()))
+        })
+        .collect();
+    assert!(files.len() > 100, "found only {} source files: is the tree where this test looks?", files.len());
+    assert!(long.is_empty(), "source files over 600 lines: {long:?}");
+}
+
+/// A crate's modules as paths from the crate root (`["shard", "reader"]`), with their files.
+fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    let mut files = Vec::new();
+    files_under(src, "rs", &mut files);
+    files
+        .into_iter()
+        .map(|f| {
+            let rel = f.strip_prefix(src).unwrap().with_extension("");
+            let mut path: Vec<String> =
+                rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+            if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                path.pop();
+            }
+            (path, f)
+        })
+        .collect()
+}
+
+/// Every module `file` (module `path`) names through `crate::`, `super::` or `self::` paths,
+/// outside its `#[cfg(test)] mod tests` and comments.
+fn references(path: &[String], file: &Path, known: &BTreeMap<Vec<String>, PathBuf>) -> BTreeSet<Vec<String>> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap();
+        let bytes = code.as_bytes();
+        for start in ["crate::", "super::", "self::"].iter().flat_map(|s| code.match_indices(s).map(|(i, _)| i)) {
+            if start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_') {
+                continue;
+            }
+            let words: Vec<&str> = code[start..]
+                .split("::")
+                .map(|w| w.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or_default())
+                .take_while(|w| !w.is_empty())
+                .collect();
+            let mut target: Vec<String> = path.to_vec();
+            let mut rest = &words[..];
+            if rest.first() == Some(&"crate") {
+                target.clear();
+                rest = &rest[1..];
+            } else {
+                while let Some(&w) = rest.first().filter(|w| **w == "super" || **w == "self") {
+                    if w == "super" {
+                        target.pop();
+                    }
+                    rest = &rest[1..];
+                }
+            }
+            target.extend(rest.iter().map(|w| w.to_string()));
+            while !target.is_empty() && !known.contains_key(&target) {
+                target.pop();
+            }
+            if target != path {
+                out.insert(target);
+            }
+        }
+    }
+    out
+}
+
+/// No two sibling modules (children of one parent, a folder module counting with everything
+/// under it) reach each other through their imports: a loop means a helper sits in the wrong file.
+#[test]
+fn no_import_loops_between_sibling_modules() {
+    let root = workspace();
+    let mut loops = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
+        let src = entry.path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mods = modules(&src);
+        let edges: Vec<(Vec<String>, BTreeSet<Vec<String>>)> =
+            mods.iter().map(|(m, f)| (m.clone(), references(m, f, &mods))).collect();
+        let parents: BTreeSet<Vec<String>> =
+            mods.keys().filter(|m| !m.is_empty()).map(|m| m[..m.len() - 1].to_vec()).collect();
+        for parent in parents {
+            let unit =
+                |m: &[String]| (m.len() > parent.len() && m.starts_with(&parent)).then(|| m[parent.len()].clone());
+            let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for (m, targets) in &edges {
+                let Some(from) = unit(m) else { continue };
+                for t in targets {
+                    if let Some(to) = unit(t).filter(|to| *to != from) {
+                        graph.entry(from.clone()).or_default().insert(to);
+                    }
+                }
+            }
+            // A loop: some unit reaches itself.
+            for start in graph.keys() {
+                let mut stack: Vec<&String> = graph[start].iter().collect();
+                let mut seen = BTreeSet::new();
+                while let Some(u) = stack.pop() {
+                    if u == start {
+                        loops.push(format!("{} {}::{start}", entry.file_name().to_string_lossy(), parent.join("::")));
+                        break;
+                    }
+                    if seen.insert(u.clone()) {
+                        stack.extend(graph.get(u).into_iter().flatten());
+                    }
+                }
+            }
+        }
+    }
+    assert!(loops.is_empty(), "modules on an import loop with a sibling: {loops:?}");
+}
