@@ -41,6 +41,25 @@ pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// Put the complete directory `tmp` (a sibling of `out`) in place at `out`. An existing `out` is
+/// first moved aside into a hidden holder beside it and removed only once `tmp` is in place; if
+/// that rename fails, the previous `out` is put back. So `out` is at every instant the old
+/// directory or the new one, never a mix (the callers decide whether `out` may be replaced).
+pub fn replace_dir(tmp: &Path, out: &Path) -> std::io::Result<()> {
+    if !out.exists() {
+        return fs::rename(tmp, out);
+    }
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let holder = tempfile::Builder::new().prefix(&format!(".{name}.old-")).tempdir_in(parent_dir(out))?;
+    let previous = holder.path().join("previous");
+    fs::rename(out, &previous)?;
+    if let Err(e) = fs::rename(tmp, out) {
+        let _ = fs::rename(&previous, out);
+        return Err(e);
+    }
+    Ok(()) // dropping `holder` removes the previous directory
+}
+
 /// Persist directory entries (renames, removals). A no-op where directories cannot be opened.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
@@ -53,6 +72,25 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replace_dir_swaps_whole_directories() {
+        let root = tempfile::tempdir().unwrap();
+        let (out, new) = (root.path().join("out"), root.path().join(".new"));
+        fs::create_dir(&new).unwrap();
+        fs::write(new.join("a"), "1").unwrap();
+        replace_dir(&new, &out).unwrap(); // no previous directory
+        assert_eq!(fs::read_to_string(out.join("a")).unwrap(), "1");
+        fs::create_dir(&new).unwrap();
+        fs::write(new.join("b"), "2").unwrap();
+        replace_dir(&new, &out).unwrap(); // replaces it whole, and removes the old one
+        assert!(!out.join("a").exists() && out.join("b").exists() && !new.exists());
+        let left: Vec<_> = fs::read_dir(root.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("out")]);
+        // A missing source leaves the previous directory where it was.
+        assert!(replace_dir(&new, &out).is_err());
+        assert!(out.join("b").exists());
+    }
 
     #[test]
     fn replaces_whole_and_leaves_no_temp_file() {

@@ -517,10 +517,10 @@ fn persist(tmp: NamedTempFile, dest: &Path) -> Result<()> {
 }
 
 fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = dest.parent().unwrap_or(Path::new("."));
-    let mut tmp = temp_in(dir, ".sidecar-")?;
-    tmp.write_all(bytes).map_err(|source| Error::Io { path: tmp.path().to_owned(), source })?;
-    persist(tmp, dest)
+    aerie_data::atomic::write_bytes(dest, bytes).map_err(|e| match e {
+        aerie_data::Error::Io { path, source } => Error::Io { path, source },
+        other => Error::Io { path: dest.to_owned(), source: std::io::Error::other(other.to_string()) },
+    })
 }
 
 fn sidecar_path(asset: &Path) -> PathBuf {

@@ -164,7 +164,7 @@ fn hub_id_of_snapshot(path: &Path) -> Option<String> {
     Some(format!("{org}/{name}"))
 }
 
-/// Set `speculators_config.verifier` of the written config (atomically: temp file + rename).
+/// Set `speculators_config.verifier` of the written config (atomically).
 fn write_verifier(path: &Path, name: &str, architectures: &[String]) -> Result<()> {
     let io = |e: std::io::Error| Error::from(aerie_model::Error::io(path, e));
     let text = std::fs::read_to_string(path).map_err(io)?;
@@ -172,9 +172,7 @@ fn write_verifier(path: &Path, name: &str, architectures: &[String]) -> Result<(
     cfg["speculators_config"]["verifier"] = serde_json::json!({ "name_or_path": name, "architectures": architectures });
     let mut text = serde_json::to_string_pretty(&cfg).expect("JSON values always serialize");
     text.push('\n');
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    aerie_data::atomic::write_bytes(path, text.as_bytes()).map_err(|e| Error::from(aerie_model::Error::from(e)))
 }
 
 /// Two configs that mean the same drafter (aux ids compared in one convention).

@@ -127,7 +127,8 @@ pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<Impor
     for f in files {
         File::open(dir.join(f)).and_then(|f| f.sync_all()).map_err(io(&dir.join(f)))?;
     }
-    replace_dir(tmp, out, &parent)?;
+    // Replaces an existing `out` (the caller checked `force`) only once the new one is complete.
+    aerie_data::atomic::replace_dir(tmp.path(), out).map_err(io(out))?;
 
     let mut source_types = BTreeMap::new();
     for p in &plan {
@@ -386,28 +387,4 @@ fn verify_tokenizer(path: &Path, vocab: &GgufVocab) -> Result<()> {
         Err(e) => problems.push(format!("probe text: {e}")),
     }
     if problems.is_empty() { Ok(()) } else { Err(verify(problems)) }
-}
-
-/// Move the finished temporary directory to `out`, replacing an existing `out` (the caller
-/// checked `force`) only after the new one is complete.
-fn replace_dir(tmp: tempfile::TempDir, out: &Path, parent: &Path) -> Result<()> {
-    let old = if out.exists() {
-        let old = tempfile::Builder::new().prefix(".aerie-import-old-").tempdir_in(parent).map_err(io(parent))?;
-        let old_path = old.path().join("previous");
-        fs::rename(out, &old_path).map_err(io(out))?;
-        Some((old, old_path))
-    } else {
-        None
-    };
-    if let Err(e) = fs::rename(tmp.path(), out) {
-        if let Some((_, old_path)) = &old {
-            // Put the previous output back; `tmp` and the holder remove themselves on drop.
-            let _ = fs::rename(old_path, out);
-        }
-        return Err(io(out)(e));
-    }
-    // `tmp` now names nothing; dropping it is a no-op. Dropping `old` removes the previous output.
-    drop(tmp);
-    drop(old);
-    Ok(())
 }

@@ -380,25 +380,11 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
         .map_err(|e| Error::io(parent, e))?;
     fill(tmp.path())?;
     set_public_mode(tmp.path(), true)?;
-    if replace_full {
-        let old = tempfile::Builder::new()
-            .prefix(&format!(".{name}.old-"))
-            .tempdir_in(parent)
-            .map_err(|e| Error::io(parent, e))?;
-        let old_path = old.path().to_path_buf();
-        // `old` is an empty placeholder; renaming a directory onto an empty one replaces it.
-        std::fs::rename(out, &old_path).map_err(|e| Error::io(out, e))?;
-        if let Err(e) = std::fs::rename(tmp.path(), out) {
-            let _ = std::fs::rename(&old_path, out);
-            return Err(Error::io(out, e));
-        }
-        drop(old); // removes the previous contents
-    } else {
-        if out.exists() {
-            std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
-        }
-        std::fs::rename(tmp.path(), out).map_err(|e| Error::io(out, e))?;
+    if out.exists() && !replace_full {
+        // Empty: nothing to keep, and `replace_dir` would only move it aside.
+        std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
     }
+    aerie_data::atomic::replace_dir(tmp.path(), out).map_err(|e| Error::io(out, e))?;
     // The temporary directory now lives at `out`; make sure its guard does not delete it.
     let _ = tmp.keep();
     Ok(())
