@@ -150,8 +150,8 @@ fn bad_invocations_fail_clearly() {
     assert!(err.contains("refused") || err.contains("connection failed"), "{err}");
 }
 
-/// `shards convert` to each compact encoding, `shards verify`, `bench shards`, and `eval loss` /
-/// `eval accept` on the result, whose τ stays near the f32 data's; then a NaN in the shards makes
+/// `shards convert` to each compact encoding, `shards verify`, `bench shards`, `eval loss` /
+/// `eval accept`, `train` and `compare` on the result, whose τ stays near the f32 data's; then a NaN in the shards makes
 /// both evaluations fail naming the shard and the sample (it used to print `"loss": null`).
 #[test]
 fn compact_shards_convert_verify_bench_and_evaluate_and_nan_fails_evaluations() {
@@ -198,6 +198,50 @@ fn compact_shards_convert_verify_bench_and_evaluate_and_nan_fails_evaluations() 
             "--json",
         ]));
         assert!(!loss.contains("null"), "{loss}");
+        // `aerie train` on the compact shards (a warm start from the fixture's drafter, one epoch)
+        // and `aerie compare` of the result against the fixture's drafter on them.
+        let (config, run) = (f.root.join(format!("train-{dtype}.toml")), f.root.join(format!("run-{dtype}")));
+        let toml = format!(
+            "seed = 1\noutput_dir = {run:?}\nlog_every = 1\nttt_length = 2\n\n[data]\ntrain = [{out:?}]\nbatch_tokens = 64\n\n\
+             [init]\nkind = \"warm_start\"\ndrafter = {drafter:?}\n\n[target]\nhead = {head:?}\n\n\
+             [optim]\nlr = 1e-3\nwarmup_ratio = 0.1\nepochs = 1\n",
+            run = p(&run),
+            out = p(&out),
+            drafter = p(&f.drafter),
+            head = p(&f.head),
+        );
+        std::fs::write(&config, toml).unwrap();
+        let summary: serde_json::Value =
+            serde_json::from_str(ok(aerie(&["train", p(&config), "--json"])).trim()).unwrap();
+        assert_eq!(summary["status"], "completed", "{dtype}: {summary}");
+        assert!(summary["last_train"]["loss"].as_f64().is_some_and(f64::is_finite), "{dtype}: {summary}");
+        let trained = summary["final_checkpoint"].as_str().map(PathBuf::from).unwrap_or_else(|| panic!("{summary}"));
+        // A trained checkpoint leaves the (frozen) embedding to the target: give `compare` one.
+        let embedding = f.root.join("embedding.safetensors");
+        let cfg = tiny_config();
+        let vals: Vec<f32> =
+            (0..cfg.vocab_size * cfg.hidden_size).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
+        let t = HostTensor::from_f32(vec![cfg.vocab_size, cfg.hidden_size], &vals, Dtype::F32);
+        write_safetensors(&embedding, [("embed_tokens.weight", &t)]).unwrap();
+        let report = f.root.join(format!("compare-{dtype}"));
+        let table = ok(aerie(&[
+            "compare",
+            p(&f.drafter),
+            p(&trained),
+            "--names",
+            "fixture,trained",
+            "--data",
+            p(&out),
+            "--target-head",
+            p(&f.head),
+            "--target",
+            p(&embedding),
+            "--k",
+            "2",
+            "--out",
+            p(&report),
+        ]));
+        assert!(table.contains("| fixture |") && table.contains("| trained |"), "{dtype}: {table}");
     }
 
     // Value [3, 5] of sample 1 (tokens 10..21 of the one shard) becomes NaN.
