@@ -234,7 +234,7 @@ impl AssetStore {
             size,
         };
         let json = serde_json::to_vec_pretty(&record).unwrap_or_default();
-        write_atomic(&sidecar, &json)?;
+        aerie_data::atomic::write_bytes(&sidecar, &json)?;
         Ok(FetchedAsset {
             name: spec.name.to_owned(),
             path: dest,
@@ -514,13 +514,6 @@ fn persist(tmp: NamedTempFile, dest: &Path) -> Result<()> {
     tmp.as_file().sync_all().map_err(|source| Error::Io { path: tmp.path().to_owned(), source })?;
     tmp.persist(dest).map_err(|e| Error::Io { path: dest.to_owned(), source: e.error })?;
     Ok(())
-}
-
-fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
-    aerie_data::atomic::write_bytes(dest, bytes).map_err(|e| match e {
-        aerie_data::Error::Io { path, source } => Error::Io { path, source },
-        other => Error::Io { path: dest.to_owned(), source: std::io::Error::other(other.to_string()) },
-    })
 }
 
 fn sidecar_path(asset: &Path) -> PathBuf {

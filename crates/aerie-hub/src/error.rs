@@ -14,6 +14,9 @@ pub enum Error {
     /// Reading, validating or writing a checkpoint failed (the message names the file).
     #[error(transparent)]
     Model(#[from] aerie_model::Error),
+    /// Writing a file atomically failed (the message names the file).
+    #[error(transparent)]
+    Data(#[from] aerie_data::Error),
     /// The exported directory, read back, differs from what was meant to be written.
     #[error("{path}: export verification failed:\n  - {}", problems.join("\n  - "))]
     Verify {

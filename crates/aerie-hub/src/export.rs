@@ -172,7 +172,7 @@ fn write_verifier(path: &Path, name: &str, architectures: &[String]) -> Result<(
     cfg["speculators_config"]["verifier"] = serde_json::json!({ "name_or_path": name, "architectures": architectures });
     let mut text = serde_json::to_string_pretty(&cfg).expect("JSON values always serialize");
     text.push('\n');
-    aerie_data::atomic::write_bytes(path, text.as_bytes()).map_err(|e| Error::from(aerie_model::Error::from(e)))
+    Ok(aerie_data::atomic::write_bytes(path, text.as_bytes())?)
 }
 
 /// Two configs that mean the same drafter (aux ids compared in one convention).

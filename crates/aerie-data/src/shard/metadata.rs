@@ -8,8 +8,7 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use super::encoding::INT4_GROUP;
-use super::encoding::{FORMAT_V2, HiddenDtype};
+use super::encoding::{FORMAT_V2, HiddenDtype, INT4_GROUP};
 use crate::{Error, MetadataError, Result};
 
 /// The newest major format version this crate reads. It reads every major from 1 up to this one

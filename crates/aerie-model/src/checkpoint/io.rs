@@ -353,7 +353,6 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| exists_err("the output path must end in a directory name"))?;
-    let mut replace_full = false;
     if out.exists() {
         if !out.is_dir() {
             return Err(exists_err("exists and is not a directory"));
@@ -369,7 +368,6 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
                      refusing to replace it even with overwrite",
                 ));
             }
-            replace_full = true;
         }
     }
     let parent = parent_dir(out);
@@ -380,10 +378,6 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
         .map_err(|e| Error::io(parent, e))?;
     fill(tmp.path())?;
     set_public_mode(tmp.path(), true)?;
-    if out.exists() && !replace_full {
-        // Empty: nothing to keep, and `replace_dir` would only move it aside.
-        std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
-    }
     aerie_data::atomic::replace_dir(tmp.path(), out).map_err(|e| Error::io(out, e))?;
     // The temporary directory now lives at `out`; make sure its guard does not delete it.
     let _ = tmp.keep();
