@@ -35,6 +35,18 @@ impl<B: Backend> Linear<B> {
         y.reshape(out_dims)
     }
 
+    /// The same layer with its weight stored `[in, out]` in memory (still `[out, in]` to
+    /// callers, as a transposed view), the layout the target's loader gives its weights. On the
+    /// CPU a product of a few rows then streams each weight row once in stored order
+    /// (`kernels::matvec`'s row form) instead of one dot product per output column: for decoding,
+    /// where the drafter runs one or two positions at a time. The same product, summed in
+    /// another order.
+    pub fn into_row_major(self) -> Self {
+        let w = self.weight.val();
+        let (device, dtype) = (w.device(), w.dtype());
+        Self::new(Tensor::<B, 2>::from_data(w.transpose().into_data(), (&device, dtype)).transpose())
+    }
+
     /// The weight as `[in, out]` in `dtype`, for [`Self::forward_t`]. Taking it once and reusing
     /// it over the unrolled TTT steps makes autodiff sum the steps' weight gradients on this
     /// contiguous `[in, out]` node and transpose once at the end; with [`Self::forward`] each
@@ -108,5 +120,33 @@ impl<B: Backend> Mlp<B> {
     /// [`Self::forward`] with the weights taken by [`Linear::weight_t`] (gate, up, down).
     pub fn forward_t<const D: usize>(x: Tensor<B, D>, [gate, up, down]: &[Tensor<B, 2>; 3]) -> Tensor<B, D> {
         Linear::forward_t(swiglu::swiglu(Linear::forward_t(x.clone(), gate), Linear::forward_t(x, up)), down)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::host::testing::{host, tensor};
+    use burn::backend::Flex;
+
+    /// The re-laid weight holds the same values in the same logical shape, is stored by rows,
+    /// and gives the checkpoint layout's product up to f32 rounding of a sum in another order
+    /// (K = 70 terms of magnitude ≤ 4: 1e-5 relative to the sum of |terms|), at one and two rows.
+    #[test]
+    fn row_major_linear_is_the_same_layer() {
+        let linear = Linear::<Flex>::new(tensor([37, 70], 1, DType::F32));
+        let relaid = Linear::new(linear.weight.val()).into_row_major();
+        assert_eq!(relaid.weight.val().dims(), [37, 70]);
+        assert_eq!(host(relaid.weight.val()), host(linear.weight.val()));
+        let stored = relaid.weight.val().transpose().into_primitive().tensor();
+        assert_eq!(stored.layout().strides()[1], 1, "[in, out] rows are contiguous");
+        for m in [1, 2] {
+            let x = tensor::<Flex, 2>([m, 70], 2, DType::F32);
+            let abs = Linear::<Flex>::new(linear.weight.val().abs()).forward(x.clone().abs());
+            let (want, got) = (host(linear.forward(x.clone())), host(relaid.forward(x)));
+            for ((w, g), s) in want.iter().zip(&got).zip(host(abs)) {
+                assert!((w - g).abs() <= 1e-5 * (1.0 + s), "m = {m}: {g} vs {w}");
+            }
+        }
     }
 }

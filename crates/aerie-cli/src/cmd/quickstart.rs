@@ -148,7 +148,8 @@ struct Runner {
 }
 
 impl Runner {
-    /// Run `aerie ARGS` unless `done` exists; stdout is returned when `capture` is set.
+    /// Run `aerie ARGS` unless `done` exists; its stdout is returned when `capture` is set and goes
+    /// to stderr otherwise.
     fn stage(&mut self, name: &str, done: &Path, args: &[OsString], capture: bool) -> Result<String> {
         if done.exists() && !capture {
             eprintln!("== {name}: {} exists, skipped", done.display());
@@ -162,7 +163,9 @@ impl Runner {
         let out = if capture {
             cmd.stdout(Stdio::piped()).output().with_context(|| format!("running stage {name}"))?
         } else {
-            let status = cmd.stdout(Stdio::inherit()).status().with_context(|| format!("running stage {name}"))?;
+            // A stage's own report goes to stderr with its progress: the quickstart's stdout is
+            // its final report alone, so that `--json` prints one JSON document.
+            let status = cmd.stdout(std::io::stderr()).status().with_context(|| format!("running stage {name}"))?;
             std::process::Output { status, stdout: Vec::new(), stderr: Vec::new() }
         };
         if !out.status.success() {

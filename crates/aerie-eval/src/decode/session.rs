@@ -69,7 +69,8 @@ impl<B: Backend> DecodeSession<B> {
         let ckpt = load_drafter(drafter_dir, Some(target_dir))
             .map_err(|e| Error::step(format!("loading drafter {}", drafter_dir.display()), e))?;
         let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
-            .map_err(|e| Error::step(format!("building drafter {}", drafter_dir.display()), e))?;
+            .map_err(|e| Error::step(format!("building drafter {}", drafter_dir.display()), e))?
+            .into_decoding_layout();
         opts.validate(drafter.config().draft_vocab_size)?;
         let dec = SpecDecoder::new(&self.target, &drafter, self.stop_ids()).map_err(|e| {
             Error::step(format!("{} does not draft for {}", drafter_dir.display(), target_dir.display()), e)

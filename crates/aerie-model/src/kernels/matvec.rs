@@ -223,8 +223,15 @@ unsafe fn run_on<K: Kernel>(isa: Isa, kernel: K) {
 /// went through L2 on every pass: 2.2× slower at M = 16).
 const ROW_BLOCK_VALUES: usize = 8192;
 
+/// Weight rows per pass over the partial sums: each pass loads and stores the sums once for this
+/// many fused multiply-adds per element. Eight rather than four (the same chains, so the same bits)
+/// halves that traffic; on the development machine, cold weights, two threads: SmolLM2's
+/// 576 × 1536 product 0.13–0.16 ms against 0.20–0.23 ms at M = 1 and 0.14–0.20 against 0.25–0.27
+/// at M = 2 (alternating builds, best of 20). Sixteen was slower on the LM head.
+const WEIGHT_ROWS: usize = 8;
+
 /// `p += x[:, k0..k0+rows] · w[k0..k0+rows, :]` (`p` is M × N), each element a chain of fused
-/// multiply-adds in k order, four weight rows per pass over the partial sums. Rows `k0 .. k0 +
+/// multiply-adds in k order, [`WEIGHT_ROWS`] weight rows per pass over the partial sums. Rows `k0 .. k0 +
 /// rows` of `w` (contiguous rows) are inside it.
 struct RowsChunk<'a, T> {
     x: &'a [T],
@@ -248,15 +255,14 @@ impl<T: HostFloat> Kernel for RowsChunk<'_, T> {
             let row =
                 |kk: usize| unsafe { std::slice::from_raw_parts(w.ptr.offset(kk as isize * w.rs + j0 as isize), cols) };
             let mut kk = k0;
-            while kk + 4 <= k0 + rows {
-                let w = [row(kk), row(kk + 1), row(kk + 2), row(kk + 3)];
-                let a = |i: usize| -> [T; 4] { std::array::from_fn(|q| x[i * k + kk + q]) };
+            while kk + WEIGHT_ROWS <= k0 + rows {
+                let w: [&[T]; WEIGHT_ROWS] = std::array::from_fn(|q| row(kk + q));
+                let a = |i: usize| -> [T; WEIGHT_ROWS] { std::array::from_fn(|q| x[i * k + kk + q]) };
                 let mut rest = &mut p[..];
                 let mut i = 0;
                 // Four (then two) rows of sums per pass over the weights: each weight loaded
                 // serves all of them, where one row per pass re-read the weights from L2 once per
-                // row (20–40% faster at M = 2..4 in isolation; the verify pass of `eval decode`
-                // did not get measurably cheaper).
+                // row.
                 while rest.len() >= 4 * n {
                     let (four, tail) = rest.split_at_mut(4 * n);
                     let (o01, o23) = four.split_at_mut(2 * n);
@@ -279,7 +285,7 @@ impl<T: HostFloat> Kernel for RowsChunk<'_, T> {
                 if !rest.is_empty() {
                     pass1(&mut rest[j0..j0 + cols], w, a(i));
                 }
-                kk += 4;
+                kk += WEIGHT_ROWS;
             }
             for kk in kk..k0 + rows {
                 let w0 = row(kk);
@@ -293,37 +299,47 @@ impl<T: HostFloat> Kernel for RowsChunk<'_, T> {
     }
 }
 
-/// `o + a · w` for four weights: one fused multiply-add chain in weight-row order.
+/// `o + a · w` over R weights: one fused multiply-add chain in weight-row order.
 #[inline(always)]
-fn fma4<T: HostFloat>(o: T, [w0, w1, w2, w3]: [T; 4], a: [T; 4]) -> T {
-    w3.mul_add(a[3], w2.mul_add(a[2], w1.mul_add(a[1], w0.mul_add(a[0], o))))
+fn fma_chain<T: HostFloat, const R: usize>(mut o: T, w: [T; R], a: [T; R]) -> T {
+    for q in 0..R {
+        o = w[q].mul_add(a[q], o);
+    }
+    o
 }
 
-/// `o += a · w` over four weight rows, element by element.
+/// `o += a · w` over R weight rows, element by element.
 #[inline(always)]
-fn pass1<T: HostFloat>(o: &mut [T], [w0, w1, w2, w3]: [&[T]; 4], a: [T; 4]) {
-    for ((((o, &w0), &w1), &w2), &w3) in o.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
-        *o = fma4(*o, [w0, w1, w2, w3], a);
+fn pass1<T: HostFloat, const R: usize>(o: &mut [T], w: [&[T]; R], a: [T; R]) {
+    let n = o.len();
+    let w: [&[T]; R] = std::array::from_fn(|q| &w[q][..n]);
+    for j in 0..n {
+        o[j] = fma_chain(o[j], std::array::from_fn(|q| w[q][j]), a);
     }
 }
 
-/// [`pass1`] for two rows of sums at once (the slices are distinct, so LLVM vectorises the loop
-/// without alias checks once this is inlined).
+/// [`pass1`] for two rows of sums at once (the slices are distinct and cut to one length, so
+/// LLVM vectorises the loop without alias or bounds checks once this is inlined).
 #[inline(always)]
-fn pass2<T: HostFloat>(o0: &mut [T], o1: &mut [T], [w0, w1, w2, w3]: [&[T]; 4], a: [T; 4], b: [T; 4]) {
-    for (((((o0, o1), &w0), &w1), &w2), &w3) in o0.iter_mut().zip(o1.iter_mut()).zip(w0).zip(w1).zip(w2).zip(w3) {
-        let w = [w0, w1, w2, w3];
-        (*o0, *o1) = (fma4(*o0, w, a), fma4(*o1, w, b));
+fn pass2<T: HostFloat, const R: usize>(o0: &mut [T], o1: &mut [T], w: [&[T]; R], a: [T; R], b: [T; R]) {
+    let n = o0.len();
+    let (o1, w): (&mut [T], [&[T]; R]) = (&mut o1[..n], std::array::from_fn(|q| &w[q][..n]));
+    for j in 0..n {
+        let wj: [T; R] = std::array::from_fn(|q| w[q][j]);
+        (o0[j], o1[j]) = (fma_chain(o0[j], wj, a), fma_chain(o1[j], wj, b));
     }
 }
 
 /// [`pass1`] for four rows of sums at once.
 #[inline(always)]
-fn pass4<T: HostFloat>([o0, o1, o2, o3]: [&mut [T]; 4], [w0, w1, w2, w3]: [&[T]; 4], [a, b, c, d]: [[T; 4]; 4]) {
-    let o = o0.iter_mut().zip(o1.iter_mut()).zip(o2.iter_mut()).zip(o3.iter_mut());
-    for (((((((o0, o1), o2), o3), &w0), &w1), &w2), &w3) in o.zip(w0).zip(w1).zip(w2).zip(w3) {
-        let w = [w0, w1, w2, w3];
-        (*o0, *o1, *o2, *o3) = (fma4(*o0, w, a), fma4(*o1, w, b), fma4(*o2, w, c), fma4(*o3, w, d));
+fn pass4<T: HostFloat, const R: usize>([o0, o1, o2, o3]: [&mut [T]; 4], w: [&[T]; R], [a, b, c, d]: [[T; R]; 4]) {
+    let n = o0.len();
+    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    let w: [&[T]; R] = std::array::from_fn(|q| &w[q][..n]);
+    for j in 0..n {
+        let wj: [T; R] = std::array::from_fn(|q| w[q][j]);
+        (o0[j], o1[j], o2[j], o3[j]) =
+            (fma_chain(o0[j], wj, a), fma_chain(o1[j], wj, b), fma_chain(o2[j], wj, c), fma_chain(o3[j], wj, d));
     }
 }
 

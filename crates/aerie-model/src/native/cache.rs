@@ -5,6 +5,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
+use crate::kernels::kv_write::keep_columns;
 use crate::{Error, Result};
 
 /// Keys and values of the positions a [`super::TargetModel`] has consumed.
@@ -62,8 +63,8 @@ impl<B: Backend> TargetCache<B> {
             return;
         }
         for (k, v) in self.layers.iter_mut().flatten() {
-            *k = k.clone().narrow(2, 0, n);
-            *v = v.clone().narrow(2, 0, n);
+            *k = keep_columns(k.clone(), n);
+            *v = keep_columns(v.clone(), n);
         }
         self.len = n;
     }
