@@ -23,21 +23,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ttt_flops import flops_per_token  # scripts/ttt_flops.py, beside this script
+
 SHAPES = {
     # hidden, target_hidden, aux, inter, heads, kv_heads, head_dim, vocab, draft_vocab, theta
     "smollm2": dict(h=576, ht=576, aux=3, i=1536, nh=9, nkv=3, d=64, v=49152, vd=8192, theta=100000.0),
     "kimi": dict(h=7168, ht=7168, aux=3, i=18432, nh=64, nkv=64, d=128, v=163840, vd=32000, theta=50000.0),
 }
-
-
-def flops_per_token(s, l, k):
-    h, d, i, nh, nkv = s["h"], s["d"], s["i"], s["nh"], s["nkv"]
-    fc = 2.0 * s["aux"] * s["ht"] * h
-    proj = 2.0 * 2.0 * h * (nh + 2 * nkv) * d + 2.0 * nh * d * h
-    mlp = 3.0 * 2.0 * h * i
-    head = 2.0 * h * s["vd"]
-    attn = lambda step: 2.0 * 2.0 * nh * d * ((l + 1.0) / 2.0 + step)
-    return fc + sum(proj + mlp + head + attn(j) for j in range(k))
 
 
 class Drafter(torch.nn.Module):

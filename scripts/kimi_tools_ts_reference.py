@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kimi-K2.5's TypeScript tool declarations (`tools_ts_str`) by the reference code itself
-(reference for crates/aerie-data/tests/chat_data/kimi_tools_ts.rs and, through `load()`, for
-scripts/render_chat_template.py).
+(reference for crates/aerie-data/tests/chat_data/kimi_tools_ts.rs and, through `load()` and
+`deep_sort_dict`, for scripts/render_chat_template.py).
 
   python scripts/kimi_tools_ts_reference.py TOOLS.json OUT.json
 
@@ -47,7 +47,8 @@ def load():
 
 
 def deep_sort_dict(obj):
-    """The K2.5 tokenizer's `deep_sort_dict`, applied to `tools` before anything else."""
+    """The Kimi tokenizer's `deep_sort_dict`, applied to `tools` before anything else (also
+    render_chat_template.py's `sort_tools`)."""
     if isinstance(obj, dict):
         return {k: deep_sort_dict(v) for k, v in sorted(obj.items())}
     if isinstance(obj, list):

@@ -9,10 +9,10 @@ kwargs, special_tokens, sort_tools}. OUT.json: the list of rendered strings (or
 {"error": message}). The environment is transformers' `_compile_jinja_template`: an
 ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks and loopcontrols, its own
 `tojson` (json.dumps with ensure_ascii=False), `raise_exception` and `strftime_now`.
-`sort_tools` applies the Kimi tokenizer's `deep_sort_dict` to `tools` first, as its
-`apply_chat_template` override does; `kimi_tools_ts` also computes `tools_ts_str` as Kimi-K2.5's
-override does, with the reference module (scripts/kimi_tools_ts_reference.py: passed when the
-encoder returns, left out when it raises).
+`sort_tools` applies the Kimi tokenizer's `deep_sort_dict` (scripts/kimi_tools_ts_reference.py's)
+to `tools` first, as its `apply_chat_template` override does; `kimi_tools_ts` also computes
+`tools_ts_str` as Kimi-K2.5's override does, with the reference module (that same script: passed
+when the encoder returns, left out when it raises).
 """
 
 import json
@@ -22,6 +22,8 @@ from datetime import datetime
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+import kimi_tools_ts_reference as ref  # beside this script
 
 
 def raise_exception(message):
@@ -34,14 +36,6 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
 
 def strftime_now(format):
     return datetime.now().strftime(format)
-
-
-def deep_sort_dict(obj):
-    if isinstance(obj, dict):
-        return {k: deep_sort_dict(v) for k, v in sorted(obj.items())}
-    if isinstance(obj, list):
-        return [deep_sort_dict(item) for item in obj]
-    return obj
 
 
 def main():
@@ -59,11 +53,9 @@ def main():
             compiled[path] = env.from_string(open(path, encoding="utf-8").read())
         tools = c.get("tools")
         if tools is not None and c.get("sort_tools"):
-            tools = deep_sort_dict(tools)
+            tools = ref.deep_sort_dict(tools)
         kwargs = dict(c.get("kwargs", {}))
         if c.get("kimi_tools_ts") and "tools_ts_str" not in kwargs:
-            import kimi_tools_ts_reference as ref  # beside this script
-
             if tools_ts_module is None:
                 tools_ts_module = ref.load()
             ts, _ = ref.tools_ts_str(tools_ts_module, tools)

@@ -6,7 +6,7 @@ The byte-for-byte agreement with the Rust writer is checked from Rust
 (`crates/aerie-cli/tests/python_capture.rs`), against `aerie shards convert`."""
 
 import json
-import tempfile
+import sys
 import unittest
 from pathlib import Path
 
@@ -15,6 +15,9 @@ from safetensors import safe_open
 
 from aerie_capture.encodings import ENCODINGS, FP8_E4M3_MAX, encode_finite, encoding
 from aerie_capture.shards import Metadata, ShardDataset, ShardError, ShardWriter, Teacher, write_safetensors
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tmp_dataset import TempDatasetDir  # noqa: E402
 
 # The 254 finite E4M3FN values, by code (0x7f and 0xff are NaN).
 CODES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -100,14 +103,7 @@ def metadata(dtype, hidden=32):
     )
 
 
-class Format2(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = Path(self.tmp.name) / "ds"
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
+class Format2(TempDatasetDir, unittest.TestCase):
     def write(self, dtype):
         # No checksums: the tests rewrite shard files to damage them.
         w = ShardWriter.create(self.dir, metadata(dtype), checksums=False)

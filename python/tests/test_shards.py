@@ -2,7 +2,7 @@
 shard cutting, refusals, the crash points of docs/shard-format.md §7 and resume, the lock."""
 
 import json
-import tempfile
+import sys
 import unittest
 from pathlib import Path
 
@@ -12,6 +12,9 @@ from aerie_capture.encodings import ENCODINGS
 from aerie_capture.shards import (
     KEYS, LOCK_FILE, LockedError, Metadata, ShardDataset, ShardError, ShardWriter, Teacher, shard_file_name,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tmp_dataset import TempDatasetDir  # noqa: E402
 
 
 def metadata(dtype="f32", teacher="final-hidden+topk:4", **kw):
@@ -38,14 +41,7 @@ def sample(t, seed, k=4, vocab=50, hidden=8, layers=2):
     )
 
 
-class Shards(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = Path(self.tmp.name) / "ds"
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
+class Shards(TempDatasetDir, unittest.TestCase):
     def test_round_trip_in_every_dtype(self):
         for dtype, enc in ENCODINGS.items():
             d = self.dir / dtype

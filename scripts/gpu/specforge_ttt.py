@@ -64,6 +64,8 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from ttt_flops import flops_per_token  # noqa: E402 - scripts/ttt_flops.py, aerie's ttt_flops_per_token
 
 # hidden, target hidden, aux layers, intermediate, heads, kv heads, head dim, vocab, draft vocab,
 # rope theta, max positions, ttt length.
@@ -81,16 +83,6 @@ def kimi_shape():
                 i=c["intermediate_size"], nh=c["num_attention_heads"], nkv=c["num_key_value_heads"],
                 d=c["head_dim"], v=c["vocab_size"], vd=c["draft_vocab_size"], theta=c["rope_theta"],
                 max_pos=c["max_position_embeddings"], k=7)
-
-
-def flops_per_token(s, l, k):
-    """aerie's ttt_flops_per_token (forward)."""
-    h, d, i, nh, nkv = s["h"], s["d"], s["i"], s["nh"], s["nkv"]
-    fc = 2.0 * s["aux"] * s["ht"] * h
-    proj = 2.0 * 2.0 * h * (nh + 2 * nkv) * d + 2.0 * nh * d * h
-    mlp = 3.0 * 2.0 * h * i
-    head = 2.0 * h * s["vd"]
-    return fc + sum(proj + mlp + head + 2.0 * 2.0 * nh * d * ((l + 1.0) / 2.0 + j) for j in range(k))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use aerie_data::shard::{HiddenDtype, ShardDataset, Teacher, VerifyReport};
+use aerie_data::shard::{ShardDataset, VerifyReport};
 
-use crate::{Error, Result};
+use crate::{CaptureOptions, Error, Result};
 
 /// Which engine the worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,26 +31,14 @@ pub struct PythonCapture {
     pub engine: PythonEngine,
     /// Target model directory (HF layout).
     pub target: PathBuf,
-    /// Target name recorded in the shards (as the native engine records it).
-    pub target_name: String,
     /// Prepared dataset.
     pub data: PathBuf,
     /// Output shard directory (`None` only for the self-test).
     pub out: Option<PathBuf>,
-    /// Split of the prepared dataset.
-    pub split: String,
-    /// Aux layers, output-of-layer; `None` = EAGLE-3's default.
-    pub aux_layers: Option<Vec<usize>>,
-    /// Storage of the hidden states.
-    pub dtype: HiddenDtype,
-    /// Teacher to store.
-    pub teacher: Teacher,
-    /// Tokens per shard.
-    pub shard_tokens: usize,
+    /// What to capture, as the native engine takes it (the worker writes the same shards).
+    pub capture: CaptureOptions,
     /// Token budget of one forward batch.
     pub max_batch_tokens: usize,
-    /// Capture only the first N samples.
-    pub max_samples: Option<usize>,
     /// transformers: `cpu` or `cuda:N`.
     pub device: String,
     /// SGLang: tensor-parallel ranks.
@@ -128,23 +116,24 @@ impl PythonCapture {
             PythonEngine::Sglang => "sglang",
         };
         c.args(["--engine", engine]);
-        c.arg("--target").arg(&self.target).args(["--target-name", &self.target_name]);
+        let o = &self.capture;
+        c.arg("--target").arg(&self.target).args(["--target-name", &o.target_name]);
         c.arg("--data").arg(&self.data);
         if let Some(out) = &self.out {
             c.arg("--out").arg(out);
         }
-        c.args(["--split", &self.split, "--dtype", self.dtype.as_str(), "--teacher", &self.teacher.to_string()]);
+        c.args(["--split", &o.split, "--dtype", o.dtype.as_str(), "--teacher", &o.teacher.to_string()]);
         c.args([
             "--shard-tokens",
-            &self.shard_tokens.to_string(),
+            &o.shard_tokens.to_string(),
             "--max-batch-tokens",
             &self.max_batch_tokens.to_string(),
         ]);
-        if let Some(ids) = &self.aux_layers {
+        if let Some(ids) = &o.aux_layers {
             let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
             c.args(["--aux-layers", &ids.join(",")]);
         }
-        if let Some(n) = self.max_samples {
+        if let Some(n) = o.max_samples {
             c.args(["--max-samples", &n.to_string()]);
         }
         match self.engine {

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::{ShardDataset, shard_file_name};
-use common::{aerie_cmd, ok_json, s};
+use common::{aerie_cmd, aerie_run, ok_json, s};
 use serde_json::{Value, json};
 
 /// Longer conversations than the fixture's default, so that each sample takes a while.
@@ -71,19 +71,8 @@ fn killed_and_resumed(dtype: &str) {
             .output()
             .unwrap(),
     );
-    let capture = |out: &Path| {
-        let mut c = aerie_cmd();
-        c.args(["capture", "--target", s(&target), "--data", s(&prepared), "--out", s(out)]).args([
-            "--aux-layers",
-            "0,1,2",
-            "--dtype",
-            dtype,
-            "--shard-tokens",
-            "1500",
-            "--json",
-        ]);
-        c
-    };
+    let flags = ["--aux-layers", "0,1,2", "--dtype", dtype, "--shard-tokens", "1500", "--json"];
+    let capture = |out: &Path| aerie_run("capture", &target, &prepared, out, &flags);
     let t0 = Instant::now();
     let full = dir.path().join("full");
     let report = ok_json(capture(&full).output().unwrap());

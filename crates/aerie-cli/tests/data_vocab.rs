@@ -3,66 +3,46 @@
 //! files, the truncation warning, and the refusal to replace a drafter's mapping.
 
 mod common;
-use std::path::Path;
+#[path = "../../aerie-capture/tests/fixture/mod.rs"]
+mod fixture;
 
-use common::{aerie, ok_json};
+use std::path::PathBuf;
+
+use common::{aerie, ok_json, s};
 use serde_json::json;
 
-/// A byte-level BPE tokenizer without merges (ids 0-255 are the bytes in GPT-2's printable
-/// alphabet) plus the ChatML special tokens at 256 and 257.
-fn write_tokenizer(dir: &Path) {
-    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
-    let mut vocab = serde_json::Map::new();
-    let mut extra = 0;
-    for b in 0..256u32 {
-        let c = if printable.contains(&b) {
-            char::from_u32(b).unwrap()
-        } else {
-            printable.push(b);
-            extra += 1;
-            char::from_u32(255 + extra).unwrap()
-        };
-        vocab.insert(c.to_string(), json!(b));
-    }
-    let special = |id: u32, s: &str| {
-        json!({"id": id, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
-               "normalized": false, "special": true})
-    };
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [special(256, "<|im_start|>"), special(257, "<|im_end|>")],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": []}
-    });
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer_config.json"), json!({"eos_token": "<|im_end|>"}).to_string()).unwrap();
+/// A scratch directory holding the fixture's byte-level tokenizer in `tok/` (its config names
+/// the eos only: no chat template) and `text` as `sharegpt.json`: (dir, data, tokenizer, out),
+/// `out` being `prepared/`, not yet written.
+fn inputs(text: &str) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = dir.path().join("tok");
+    fixture::write_tokenizer_json(&tok);
+    std::fs::write(tok.join("tokenizer_config.json"), json!({"eos_token": "<|im_end|>"}).to_string()).unwrap();
+    let data = dir.path().join("sharegpt.json");
+    std::fs::write(&data, text).unwrap();
+    let out = dir.path().join("prepared");
+    (dir, data, tok, out)
+}
+
+/// `n` one-exchange ShareGPT records `c{i}` as JSON text: "question {i}", "answer {i % answers}".
+fn sharegpt_records(n: usize, answers: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            json!({"id": format!("c{i}"), "conversations": [
+                {"from": "human", "value": format!("question {i}")},
+                {"from": "gpt", "value": format!("answer {}", i % answers)}]})
+            .to_string()
+        })
+        .collect()
 }
 
 #[test]
 fn prepare_then_build_the_draft_vocabulary() {
-    let dir = tempfile::tempdir().unwrap();
+    let recs = sharegpt_records(50, 5);
+    let (dir, data, tok, out) = inputs(&format!("[{}, {{\"id\": \"cut\", \"conv", recs.join(", ")));
     let root = dir.path();
-    let tok = root.join("tok");
-    write_tokenizer(&tok);
-    let recs: Vec<String> = (0..50)
-        .map(|i| {
-            json!({"id": format!("c{i}"), "conversations": [
-                {"from": "human", "value": format!("question {i}")},
-                {"from": "gpt", "value": format!("answer {}", i % 5)}]})
-            .to_string()
-        })
-        .collect();
-    let text = format!("[{}, {{\"id\": \"cut\", \"conv", recs.join(", "));
-    let data = root.join("sharegpt.json");
-    std::fs::write(&data, &text).unwrap();
-    let out = root.join("prepared");
-    let (d, t, o) = (data.to_str().unwrap(), tok.to_str().unwrap(), out.to_str().unwrap());
+    let (d, t, o) = (s(&data), s(&tok), s(&out));
 
     // No template in the tokenizer: auto fails and names the built-ins.
     let fail = aerie(&["data", "prepare", "--data", d, "--tokenizer", t, "--out", o]);
@@ -109,22 +89,9 @@ fn prepare_then_build_the_draft_vocabulary() {
 
 #[test]
 fn data_show_marks_the_trained_tokens() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let tok = root.join("tok");
-    write_tokenizer(&tok);
-    let recs: Vec<String> = (0..3)
-        .map(|i| {
-            json!({"id": format!("c{i}"), "conversations": [
-                {"from": "human", "value": format!("question {i}")},
-                {"from": "gpt", "value": format!("answer {i}")}]})
-            .to_string()
-        })
-        .collect();
-    let data = root.join("sharegpt.json");
-    std::fs::write(&data, format!("[{}]", recs.join(", "))).unwrap();
-    let out = root.join("prepared");
-    let (d, t, o) = (data.to_str().unwrap(), tok.to_str().unwrap(), out.to_str().unwrap());
+    let recs = sharegpt_records(3, 3);
+    let (_dir, data, tok, out) = inputs(&format!("[{}]", recs.join(", ")));
+    let (d, t, o) = (s(&data), s(&tok), s(&out));
     let report = ok_json(aerie(&[
         "data",
         "prepare",

@@ -6,7 +6,7 @@ mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, SaveOptions, save_drafter};
@@ -33,25 +33,28 @@ fn write_drafter_seeded(dir: &Path, target_hidden: usize, seed: u64) {
     save_drafter(&random_drafter(&cfg, Dtype::F32, seed), dir, &opts).unwrap();
 }
 
+/// A scratch directory with the fixture target (H 32, 4 layers, seed 21) in `target/` and
+/// `prompts` as `prompts.jsonl`: (dir, target, prompts).
+fn target_and_prompts(prompts: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 32, 4, 21);
+    let path = dir.path().join("prompts.jsonl");
+    std::fs::write(&path, prompts).unwrap();
+    (dir, target, path)
+}
+
 #[test]
 fn decode_reports_writes_costs_and_feeds_project() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, target, prompts) = target_and_prompts(concat!(
+        r#"{"question_id": 1, "category": "writing", "turns": ["Say hi.", "Again?"]}"#,
+        "\n",
+        r#"{"prompt": "Why?"}"#,
+        "\n"
+    ));
     let root = dir.path();
-    let target = root.join("target");
-    fixture::write_target(&target, 32, 4, 21);
     let drafter = root.join("drafter");
     write_drafter(&drafter, 32);
-    let prompts = root.join("prompts.jsonl");
-    std::fs::write(
-        &prompts,
-        concat!(
-            r#"{"question_id": 1, "category": "writing", "turns": ["Say hi.", "Again?"]}"#,
-            "\n",
-            r#"{"prompt": "Why?"}"#,
-            "\n"
-        ),
-    )
-    .unwrap();
     let (report, costs) = (root.join("report.json"), root.join("costs.toml"));
     let args = [
         "eval",
@@ -125,15 +128,11 @@ fn decode_reports_writes_costs_and_feeds_project() {
 
 #[test]
 fn compare_by_decoding_writes_the_report_with_measured_speedups() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, target, prompts) = target_and_prompts("{\"prompt\": \"Say hi.\"}\n{\"prompt\": \"Why?\"}\n");
     let root = dir.path();
-    let target = root.join("target");
-    fixture::write_target(&target, 32, 4, 21);
     let (a, b) = (root.join("a"), root.join("b"));
     write_drafter_seeded(&a, 32, 3);
     write_drafter_seeded(&b, 32, 4);
-    let prompts = root.join("prompts.jsonl");
-    std::fs::write(&prompts, "{\"prompt\": \"Say hi.\"}\n{\"prompt\": \"Why?\"}\n").unwrap();
     let out = root.join("report");
     let v: Value = serde_json::from_str(
         ok(aerie(&[
@@ -173,15 +172,15 @@ fn compare_by_decoding_writes_the_report_with_measured_speedups() {
 
 #[test]
 fn decode_errors_name_the_problem() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, target, prompts) = target_and_prompts("{\"prompt\": \"hi\"}\n");
     let root = dir.path();
-    let target = root.join("target");
-    fixture::write_target(&target, 32, 4, 21);
+    let decode = |drafter: &Path, extra: &[&str]| {
+        let base = ["eval", "decode", "--target", s(&target), "--drafter", s(drafter), "--prompts", s(&prompts)];
+        aerie(&[&base[..], extra].concat())
+    };
     let other = root.join("other-drafter");
     write_drafter(&other, 48);
-    let prompts = root.join("prompts.jsonl");
-    std::fs::write(&prompts, "{\"prompt\": \"hi\"}\n").unwrap();
-    let out = aerie(&["eval", "decode", "--target", s(&target), "--drafter", s(&other), "--prompts", s(&prompts)]);
+    let out = decode(&other, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     // The target's embedding does not fit the drafter: named, with both shapes.
@@ -190,25 +189,12 @@ fn decode_errors_name_the_problem() {
     let drafter = root.join("drafter");
     write_drafter(&drafter, 32);
     std::fs::write(&prompts, "{\"prompt\": \"hi\"}\n{\"turns\": 3}\n").unwrap();
-    let out = aerie(&["eval", "decode", "--target", s(&target), "--drafter", s(&drafter), "--prompts", s(&prompts)]);
+    let out = decode(&drafter, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("prompts.jsonl") && err.contains("line 2"), "{err}");
     std::fs::write(&prompts, "{\"prompt\": \"hi\"}\n").unwrap();
-    let out = aerie(&[
-        "eval",
-        "decode",
-        "--target",
-        s(&target),
-        "--drafter",
-        s(&drafter),
-        "--prompts",
-        s(&prompts),
-        "--temperature",
-        "0.5",
-        "--rule",
-        "greedy",
-    ]);
+    let out = decode(&drafter, &["--temperature", "0.5", "--rule", "greedy"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature 0"));
 }
 

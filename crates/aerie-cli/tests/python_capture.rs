@@ -55,12 +55,14 @@ fn run_ok(mut c: Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// A tiny Llama target (fixture) and a prepared dataset of `n` conversations.
-fn tiny_setup(root: &Path, n: usize) -> (PathBuf, PathBuf) {
-    let target = root.join("target");
+/// A scratch directory holding a tiny Llama target (fixture) and a prepared dataset of `n`
+/// conversations: (dir, target, prepared).
+fn tiny_setup(n: usize) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
     fixture::write_target(&target, 64, 4, 7);
-    let prepared = prepare(root, &target, n);
-    (target, prepared)
+    let prepared = prepare(dir.path(), &target, n);
+    (dir, target, prepared)
 }
 
 /// `n` fixture conversations prepared with `target`'s tokenizer, in `root/prepared`.
@@ -148,8 +150,7 @@ fn python_unit_suites_pass() {
 #[test]
 fn transformers_engine_equals_the_native_capture_and_verifies() {
     let Some(python) = python("transformers_engine_equals_the_native_capture_and_verifies") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 12);
+    let (dir, target, prepared) = tiny_setup(12);
     let flags =
         ["--aux-layers", "0,1,2", "--dtype", "f32", "--teacher", "final-hidden+topk:8", "--shard-tokens", "300"];
     let native = dir.path().join("native");
@@ -178,8 +179,7 @@ fn transformers_engine_equals_the_native_capture_and_verifies() {
 #[test]
 fn python_compact_encodings_equal_aerie_shards_convert() {
     let Some(python) = python("python_compact_encodings_equal_aerie_shards_convert") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 8);
+    let (dir, target, prepared) = tiny_setup(8);
     let capture = |dtype: &str, out: &Path| {
         let flags = ["--aux-layers", "0,1,2", "--dtype", dtype, "--teacher", "final-hidden", "--shard-tokens", "300"];
         let mut c = aerie_cmd();
@@ -243,8 +243,7 @@ print(json.dumps(out))
 #[test]
 fn python_reads_and_verifies_what_aerie_writes() {
     let Some(python) = python("python_reads_and_verifies_what_aerie_writes") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 9);
+    let (dir, target, prepared) = tiny_setup(9);
     for dtype in ["bf16", "f16", "f32", "fp8-e4m3", "int4"] {
         let native = dir.path().join(format!("native-{dtype}"));
         let flags =
@@ -296,8 +295,7 @@ fn python_capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
     let Some(python) = python("python_capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 40);
+    let (dir, target, prepared) = tiny_setup(40);
     let worker = |out: &Path| {
         let mut c = py(&python);
         c.args(["-m", "aerie_capture", "--engine", "transformers", "--target", s(&target), "--data", s(&prepared)])
@@ -344,8 +342,7 @@ fn python_capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
 #[test]
 fn the_lock_keeps_a_python_and_a_rust_writer_apart() {
     let Some(python) = python("the_lock_keeps_a_python_and_a_rust_writer_apart") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 2);
+    let (dir, target, prepared) = tiny_setup(2);
     let ds = dir.path().join("ds");
     ok_json(aerie(&capture_args(&target, &prepared, &ds, &["--aux-layers", "0,1"])));
 
@@ -511,8 +508,7 @@ fn self_test_passes_the_tiny_phase_and_refuses_a_model_that_predicts_nothing() {
     let Some(python) = python("self_test_passes_the_tiny_phase_and_refuses_a_model_that_predicts_nothing") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 8);
+    let (_dir, target, prepared) = tiny_setup(8);
     let mut c = aerie_cmd();
     c.args(["capture", "--engine", "transformers", "--self-test", "--python", s(&python)])
         .args(["--target", s(&target), "--data", s(&prepared), "--aux-layers", "0,1,2"])
@@ -538,8 +534,7 @@ fn self_test_passes_the_tiny_phase_and_refuses_a_model_that_predicts_nothing() {
 #[test]
 fn the_worker_dies_with_a_killed_aerie() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let (target, prepared) = tiny_setup(dir.path(), 2);
+    let (dir, target, prepared) = tiny_setup(2);
     let pid_file = dir.path().join("worker.pid");
     let fake = dir.path().join("fake-python");
     std::fs::write(&fake, format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 120\n", pid_file.display())).unwrap();

@@ -8,27 +8,29 @@ mod common;
 mod fixture;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{aerie_cmd, ok_json, s};
+use common::{aerie_cmd, aerie_run, ok_json, s};
 use serde_json::Value;
+
+/// A scratch directory with the fixture target (`hidden`, `layers`, `seed`) in `target/` and
+/// `n` fixture conversations in `chat.jsonl`: (dir, target, data).
+fn target_and_chats(hidden: usize, layers: usize, seed: u64, n: usize) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, hidden, layers, seed);
+    let data = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&data, &fixture::conversations(n));
+    (dir, target, data)
+}
 
 #[test]
 fn regenerated_data_is_read_back_by_data_prepare() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("target");
-    fixture::write_target(&target, 32, 2, 3);
-    let data = dir.path().join("chat.jsonl");
-    fixture::write_jsonl(&data, &fixture::conversations(6));
+    let (dir, target, data) = target_and_chats(32, 2, 3, 6);
     let out = dir.path().join("regen.jsonl");
-    let report = ok_json(
-        aerie_cmd()
-            .args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(&out)])
-            .args(["--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--seed", "4", "--json"])
-            .output()
-            .unwrap(),
-    );
+    let flags = ["--max-new-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--seed", "4", "--json"];
+    let report = ok_json(aerie_run("regenerate", &target, &data, &out, &flags).output().unwrap());
     assert_eq!(report["records"], 6);
     assert_eq!(report["turns_regenerated"], 12);
     assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
@@ -54,36 +56,19 @@ fn regenerated_data_is_read_back_by_data_prepare() {
     assert_eq!(prep["read"]["malformed"], 0);
 
     // A missing input and a finished output are clear errors.
-    let err = aerie_cmd()
-        .args(["regenerate", "--target", s(&target), "--data", s(&dir.path().join("nope.json")), "--out"])
-        .arg(dir.path().join("x.jsonl"))
+    let err = aerie_run("regenerate", &target, &dir.path().join("nope.json"), &dir.path().join("x.jsonl"), &[])
         .output()
         .unwrap();
     assert!(!err.status.success());
     assert!(String::from_utf8_lossy(&err.stderr).contains("nope.json"));
-    let again = aerie_cmd()
-        .args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(&out)])
-        .output()
-        .unwrap();
+    let again = aerie_run("regenerate", &target, &data, &out, &[]).output().unwrap();
     assert!(String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
 }
 
 #[test]
 fn sigkill_then_rerun_gives_the_uninterrupted_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("target");
-    fixture::write_target(&target, 128, 4, 8);
-    let data = dir.path().join("chat.jsonl");
-    fixture::write_jsonl(&data, &fixture::conversations(10));
-    let run = |out: &Path| {
-        let mut c = aerie_cmd();
-        c.args(["regenerate", "--target", s(&target), "--data", s(&data), "--out", s(out)]).args([
-            "--max-new-tokens",
-            "24",
-            "--json",
-        ]);
-        c
-    };
+    let (dir, target, data) = target_and_chats(128, 4, 8, 10);
+    let run = |out: &Path| aerie_run("regenerate", &target, &data, out, &["--max-new-tokens", "24", "--json"]);
     let full = dir.path().join("full.jsonl");
     ok_json(run(&full).output().unwrap());
     let want = std::fs::read(&full).unwrap();
@@ -140,51 +125,45 @@ fn hub_ids_resolve_from_an_offline_cache_and_local_paths_win() {
     hub_cache_with(&cache, "org/tiny", &model);
     let data = dir.path().join("chat.jsonl");
     fixture::write_jsonl(&data, &fixture::conversations(2));
-    let offline = |c: &mut Command| {
+    let offline = || {
+        let mut c = aerie_cmd();
         c.env("HF_HUB_CACHE", &cache).env("HF_HUB_OFFLINE", "1").env_remove("HF_HOME").current_dir(dir.path());
+        c
+    };
+    // `data prepare --data <out> --tokenizer <tokenizer> --out <dir/prep>`, offline.
+    let prepare = |out: &Path, tokenizer: &str, prep: &str| {
+        ok_json(
+            offline()
+                .args(["data", "prepare", "--data", s(out), "--tokenizer", tokenizer, "--out"])
+                .arg(dir.path().join(prep))
+                .arg("--json")
+                .output()
+                .unwrap(),
+        )
     };
     let snapshot = cache.join("models--org--tiny/snapshots").join(COMMIT);
 
     // regenerate --target and data prepare --tokenizer take the hub id (and @revision).
     let out = dir.path().join("regen.jsonl");
-    let mut c = aerie_cmd();
-    offline(&mut c);
     let r = ok_json(
-        c.args(["regenerate", "--target", "org/tiny", "--data", s(&data), "--out", s(&out), "--max-new-tokens", "4"])
+        offline()
+            .args(["regenerate", "--target", "org/tiny", "--data", s(&data), "--out", s(&out), "--max-new-tokens", "4"])
             .arg("--json")
             .output()
             .unwrap(),
     );
     assert_eq!(r["records"], 2);
-    let mut c = aerie_cmd();
-    offline(&mut c);
-    let prep = ok_json(
-        c.args(["data", "prepare", "--data", s(&out), "--tokenizer", "org/tiny@main", "--out"])
-            .arg(dir.path().join("prep"))
-            .arg("--json")
-            .output()
-            .unwrap(),
-    );
+    let prep = prepare(&out, "org/tiny@main", "prep");
     assert_eq!(Path::new(prep["tokenizer"].as_str().unwrap()), snapshot);
 
     // A local directory named like the hub id wins over the cache.
     let local = dir.path().join("org/tiny");
     fixture::write_tokenizer(&local, Some(&format!("{}{{# local #}}", fixture::CHATML)));
-    let mut c = aerie_cmd();
-    offline(&mut c);
-    let prep = ok_json(
-        c.args(["data", "prepare", "--data", s(&out), "--tokenizer", "org/tiny", "--out"])
-            .arg(dir.path().join("prep-local"))
-            .arg("--json")
-            .output()
-            .unwrap(),
-    );
+    let prep = prepare(&out, "org/tiny", "prep-local");
     assert_eq!(prep["tokenizer"], "org/tiny");
 
     // A hub id missing from the offline cache is a clear error naming it.
-    let mut c = aerie_cmd();
-    offline(&mut c);
-    let miss = c.args(["capture", "--target", "org/absent", "--data", "x", "--out", "y"]).output().unwrap();
+    let miss = offline().args(["capture", "--target", "org/absent", "--data", "x", "--out", "y"]).output().unwrap();
     assert!(!miss.status.success());
     let err = String::from_utf8_lossy(&miss.stderr);
     assert!(err.contains("org/absent") && err.contains("--target"), "{err}");

@@ -223,8 +223,11 @@ fn chatml_ids(text: &str) -> Vec<u64> {
     ids
 }
 
-fn sglang_regen<'a>(url: &'a str, tok: &'a Path, data: &'a Path, out: &'a Path) -> Vec<&'a str> {
-    vec![
+/// `aerie regenerate --server <url> --tokenizer <tok> --data <data> --out <out> --max-new-tokens 7`,
+/// not yet started.
+fn sglang_regen(url: &str, tok: &Path, data: &Path, out: &Path) -> Command {
+    let mut c = aerie_cmd();
+    c.args([
         "regenerate",
         "--server",
         url,
@@ -236,7 +239,8 @@ fn sglang_regen<'a>(url: &'a str, tok: &'a Path, data: &'a Path, out: &'a Path) 
         s(out),
         "--max-new-tokens",
         "7",
-    ]
+    ]);
+    c
 }
 
 #[test]
@@ -245,13 +249,8 @@ fn sglang_generate_dialect_sends_aerie_ids_and_keeps_the_output_ids() {
     let (tok, data) = sglang_setup(dir.path());
     let fake = start_fake(FakeConfig::default());
     let out = dir.path().join("regen.jsonl");
-    let report = ok_json(
-        aerie_cmd()
-            .args(sglang_regen(&fake.url, &tok, &data, &out))
-            .args(["--concurrency", "3", "--json"])
-            .output()
-            .unwrap(),
-    );
+    let report =
+        ok_json(sglang_regen(&fake.url, &tok, &data, &out).args(["--concurrency", "3", "--json"]).output().unwrap());
     assert_eq!(report["records"], 6, "{report}");
     assert_eq!(report["turns_regenerated"], 12);
     assert_eq!(report["server"]["api"], "sglang");
@@ -318,17 +317,12 @@ fn sglang_generate_dialect_sends_aerie_ids_and_keeps_the_output_ids() {
     }
     // In flight 3 at a time and answered out of order, the file equals a one-at-a-time run's.
     let one = dir.path().join("one.jsonl");
-    ok(aerie_cmd()
-        .args(sglang_regen(&fake.url, &tok, &data, &one))
-        .args(["--concurrency", "1", "--api", "sglang"])
-        .output()
-        .unwrap());
+    ok(sglang_regen(&fake.url, &tok, &data, &one).args(["--concurrency", "1", "--api", "sglang"]).output().unwrap());
     assert_eq!(std::fs::read(&one).unwrap(), text.as_bytes());
     // Sampling sends SGLang's sampling_seed, derived from (seed, record, turn).
     let sampled = dir.path().join("sampled.jsonl");
     let n = fake.log.lock().unwrap().len();
-    ok(aerie_cmd()
-        .args(sglang_regen(&fake.url, &tok, &data, &sampled))
+    ok(sglang_regen(&fake.url, &tok, &data, &sampled)
         .args(["--temperature", "0.7", "--top-p", "0.9", "--seed", "3", "--max-samples", "1"])
         .output()
         .unwrap());
@@ -343,13 +337,8 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     let (tok, data) = sglang_setup(dir.path());
     let flaky = start_fake(FakeConfig { fail_first: 2, context: 0 });
     let out = dir.path().join("regen.jsonl");
-    let report = ok_json(
-        aerie_cmd()
-            .args(sglang_regen(&flaky.url, &tok, &data, &out))
-            .args(["--concurrency", "2", "--json"])
-            .output()
-            .unwrap(),
-    );
+    let report =
+        ok_json(sglang_regen(&flaky.url, &tok, &data, &out).args(["--concurrency", "2", "--json"]).output().unwrap());
     assert_eq!(report["records"], 6);
     assert_eq!(report["server"]["retries"], 2, "{report}");
     assert_eq!(report["server"]["retried"], json!({"503": 2}));
@@ -357,8 +346,7 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     // Conversation 0 has a system prompt: its first prompt is longer than the context.
     let short = start_fake(FakeConfig { fail_first: 0, context: 60 });
     let bad = dir.path().join("bad.jsonl");
-    let o =
-        aerie_cmd().args(sglang_regen(&short.url, &tok, &data, &bad)).args(["--concurrency", "1"]).output().unwrap();
+    let o = sglang_regen(&short.url, &tok, &data, &bad).args(["--concurrency", "1"]).output().unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     for want in ["conversation `conv-0`", "turn 0", "/generate", "HTTP 400", "longer than the model's context length"] {
@@ -370,7 +358,7 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     let url = gone.url.clone();
     drop(gone);
     std::thread::sleep(Duration::from_millis(50));
-    let o = aerie_cmd().args(sglang_regen(&url, &tok, &data, &bad)).output().unwrap();
+    let o = sglang_regen(&url, &tok, &data, &bad).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("get_model_info"), "{}", String::from_utf8_lossy(&o.stderr));
     // --server needs --tokenizer.
@@ -563,36 +551,19 @@ fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured(
 
     // `aerie measure` (plain decode costs) through the same server's chat stream: the stream's
     // token count equals the server's own usage count of the unstreamed requests.
+    let measure = |extra: &[&str]| {
+        let base = ["measure", "--server", url.as_str(), "--prompts", s(&mt), "--max-new-tokens", "16"];
+        ok_json(aerie(&[&base[..], extra].concat()))
+    };
     let costs = dir.path().join("costs.toml");
-    let m = ok_json(aerie(&[
-        "measure",
-        "--server",
-        &url,
-        "--prompts",
-        s(&mt),
-        "--max-new-tokens",
-        "16",
-        "--out",
-        s(&costs),
-        "--json",
-    ]));
+    let m = measure(&["--out", s(&costs), "--json"]);
     println!("aerie measure: {m}");
     assert_eq!(m["requests"], 4);
     assert!(!m["speculative"].as_bool().unwrap());
     let td = m["t_d_ms"].as_f64().unwrap();
     assert!(td > 0.0 && td.is_finite());
     assert!(m["itl_ms"].as_f64().is_some() && m["ttft_ms"].as_f64().is_some());
-    let plain = ok_json(aerie(&[
-        "measure",
-        "--server",
-        &url,
-        "--prompts",
-        s(&mt),
-        "--max-new-tokens",
-        "16",
-        "--no-stream",
-        "--json",
-    ]));
+    let plain = measure(&["--no-stream", "--json"]);
     assert_eq!(plain["completion_tokens"], m["completion_tokens"], "stream count vs usage");
     assert!(std::fs::read_to_string(&costs).unwrap().contains("t_d_ms"));
     drop(server);

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::{Error, Result};
@@ -40,6 +41,9 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 type DrawResult = std::result::Result<(), String>;
+
+/// A chart on linear f64 axes, the kind every panel here draws.
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 fn s<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
@@ -113,18 +117,33 @@ fn rate_panel<DB: DrawingBackend>(
         .draw()
         .map_err(s)?;
     for (j, (name, values)) in series.iter().enumerate() {
-        let color = COLORS[j % COLORS.len()];
-        let pts: Vec<(f64, f64)> = values.iter().enumerate().map(|(i, &v)| ((i + 1) as f64, v)).collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(s)?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(s)?;
+        let pts = values.iter().enumerate().map(|(i, &v)| ((i + 1) as f64, v)).collect();
+        draw_candidate(&mut chart, name, COLORS[j % COLORS.len()], pts)?;
     }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
+}
+
+/// One candidate's line with a marker at each point, named in the legend.
+fn draw_candidate<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    name: &str,
+    color: RGBColor,
+    pts: Vec<(f64, f64)>,
+) -> DrawResult {
+    chart
+        .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+        .map_err(s)?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(s)?;
+    Ok(())
+}
+
+/// The legend box, in the corner the lines leave free.
+fn draw_legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>, position: SeriesLabelPosition) -> DrawResult {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font((FONT, 14))
@@ -173,23 +192,10 @@ fn draw_speedup<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &[Ser
         .label("break-even (S = 1)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     for (j, c) in series.iter().enumerate() {
-        let color = COLORS[j % COLORS.len()];
-        let pts: Vec<(f64, f64)> = c.speedup.iter().map(|&(k, v)| (k as f64, v)).collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(s)?
-            .label(c.name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(s)?;
+        let pts = c.speedup.iter().map(|&(k, v)| (k as f64, v)).collect();
+        draw_candidate(&mut chart, &c.name, COLORS[j % COLORS.len()], pts)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .draw()
-        .map_err(s)?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(s)
 }
 

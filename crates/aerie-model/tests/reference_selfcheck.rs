@@ -244,15 +244,7 @@ fn rope_position_zero_is_identity_and_norm_is_preserved() {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 64,
         },
-        RopeScaling::Yarn {
-            factor: 4.0,
-            original_max_position_embeddings: 64,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            attention_factor: None,
-            mscale: None,
-            mscale_all_dim: None,
-        },
+        plain_yarn(4.0, 64),
     ] {
         let cfg = cfg_with_rope(12, 500.0, scaling.clone());
         let (f, s) = ref_rope_inv_freq(&cfg);
@@ -655,15 +647,7 @@ fn ttt_step_equals_causal_chain_serving_view() {
     // Step k at position t sees step-0 keys at 0..=t and its own diagonal keys of steps 1..k at
     // RoPE positions t+1..t+k: exactly a causal pass over the draft chain of length t+1+k at
     // consecutive positions, which is what serving computes. Checked for every (k, t).
-    let yarn = RopeScaling::Yarn {
-        factor: 4.0,
-        original_max_position_embeddings: 16,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        attention_factor: None,
-        mscale: None,
-        mscale_all_dim: None,
-    };
+    let yarn = plain_yarn(4.0, 16);
     for (variant, fc_norm, nout, nbr, scaling) in [
         ("plain", false, false, false, RopeScaling::Default),
         ("fc_norm+yarn", true, false, false, yarn.clone()),

@@ -16,7 +16,7 @@ use aerie_model::{Drafter, DrafterConfig, RopeScaling, TargetHead, TeacherTarget
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
-use reference::{RefSequence, RefTtt, random_sequence, random_tiny_checkpoint, ref_ttt, tiny_config};
+use reference::{RefSequence, RefTtt, plain_yarn, random_sequence, random_tiny_checkpoint, ref_ttt, tiny_config};
 
 type B = Flex;
 
@@ -162,15 +162,7 @@ fn ttt_matches_reference_rope_scalings() {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 16,
         },
-        RopeScaling::Yarn {
-            factor: 4.0,
-            original_max_position_embeddings: 16,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            attention_factor: None,
-            mscale: None,
-            mscale_all_dim: None,
-        },
+        plain_yarn(4.0, 16),
     ]
     .into_iter()
     .enumerate()

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use aerie_capture::{CaptureOptions, PythonCapture, PythonEngine, capture};
 use aerie_data::prepare::PreparedDataset;
-use aerie_data::shard::{HiddenDtype, Teacher};
+use aerie_data::shard::{HiddenDtype, Teacher, VerifyReport};
 use aerie_model::TargetModel;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
@@ -115,6 +115,24 @@ pub fn run(args: CaptureArgs) -> Result<()> {
     }
 }
 
+/// The `verified` object of both engines' `--json` reports.
+fn verified_json(v: &VerifyReport) -> serde_json::Value {
+    serde_json::json!({"shards": v.shards, "samples": v.samples, "tokens": v.tokens, "masked_tokens": v.masked_tokens})
+}
+
+/// What to capture, for either engine; the target is named by its path as given.
+fn capture_options(args: &CaptureArgs) -> CaptureOptions {
+    CaptureOptions {
+        target_name: args.target.display().to_string(),
+        aux_layers: args.aux_layers.clone(),
+        dtype: args.dtype,
+        teacher: args.teacher,
+        shard_tokens: args.shard_tokens,
+        split: args.split.clone(),
+        max_samples: args.max_samples,
+    }
+}
+
 /// The Python worker's options, from the native capture's flags (it writes every encoding the
 /// native writer does, byte for byte the same).
 fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
@@ -126,16 +144,10 @@ fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
             .unwrap_or_else(|| "python3".into()),
         engine: if args.engine == Engine::Sglang { PythonEngine::Sglang } else { PythonEngine::Transformers },
         target: args.target.clone(),
-        target_name: args.target.display().to_string(),
         data: args.data.clone(),
         out: args.out.clone(),
-        split: args.split.clone(),
-        aux_layers: args.aux_layers.clone(),
-        dtype: args.dtype,
-        teacher: args.teacher,
-        shard_tokens: args.shard_tokens,
+        capture: capture_options(args),
         max_batch_tokens: args.max_batch_tokens,
-        max_samples: args.max_samples,
         device: args.device.to_string(),
         tp: args.tp,
         extra_args: args.engine_args.clone(),
@@ -166,12 +178,7 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
             "tokens_per_second": worker["tokens_per_second"],
             "wall_seconds": t0.elapsed().as_secs_f64(),
             "bytes_per_token": report.bytes_per_token,
-            "verified": {
-                "shards": verify.shards,
-                "samples": verify.samples,
-                "tokens": verify.tokens,
-                "masked_tokens": verify.masked_tokens,
-            },
+            "verified": verified_json(verify),
         });
         println!("{v}");
     } else {
@@ -197,15 +204,7 @@ fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
     let target = TargetModel::<B>::load(&args.target, device)
         .with_context(|| format!("loading target {}", args.target.display()))?;
     let data = PreparedDataset::open(&args.data)?;
-    let opts = CaptureOptions {
-        target_name: args.target.display().to_string(),
-        aux_layers: args.aux_layers.clone(),
-        dtype: args.dtype,
-        teacher: args.teacher,
-        shard_tokens: args.shard_tokens,
-        split: args.split.clone(),
-        max_samples: args.max_samples,
-    };
+    let opts = capture_options(args);
     let pb = progress::bar(0, "capture", "samples");
     let report = capture(&target, &args.target, &data, out, &opts, &mut |p| {
         pb.set_length(p.total);
@@ -223,12 +222,7 @@ fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
             "seconds": report.seconds,
             "tokens_per_second": tps,
             "bytes_per_token": report.bytes_per_token,
-            "verified": {
-                "shards": report.verify.shards,
-                "samples": report.verify.samples,
-                "tokens": report.verify.tokens,
-                "masked_tokens": report.verify.masked_tokens,
-            },
+            "verified": verified_json(&report.verify),
         });
         println!("{v}");
     } else {

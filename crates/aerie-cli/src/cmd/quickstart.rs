@@ -150,16 +150,16 @@ struct Runner {
 impl Runner {
     /// Run `aerie ARGS` unless `done` exists; its stdout is returned when `capture` is set and goes
     /// to stderr otherwise.
-    fn stage(&mut self, name: &str, done: &Path, args: &[OsString], capture: bool) -> Result<String> {
+    fn stage(&mut self, name: &str, done: &Path, argv: &Argv, capture: bool) -> Result<String> {
         if done.exists() && !capture {
             eprintln!("== {name}: {} exists, skipped", done.display());
             self.stages.push(StageTime { stage: name.into(), seconds: 0.0, skipped: true });
             return Ok(String::new());
         }
-        eprintln!("== {name}: aerie {}", args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
+        eprintln!("== {name}: aerie {}", argv.0.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
         let start = Instant::now();
         let mut cmd = Command::new(&self.exe);
-        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::inherit());
+        cmd.args(&argv.0).stdin(Stdio::null()).stderr(Stdio::inherit());
         let out = if capture {
             cmd.stdout(Stdio::piped()).output().with_context(|| format!("running stage {name}"))?
         } else {
@@ -176,8 +176,26 @@ impl Runner {
     }
 }
 
-fn os<I: IntoIterator<Item = S>, S: Into<OsString>>(items: I) -> Vec<OsString> {
-    items.into_iter().map(Into::into).collect()
+/// The command line of one stage, `aerie WORDS --flag value ...`, with each flag beside its value.
+struct Argv(Vec<OsString>);
+
+impl Argv {
+    /// The subcommand words, e.g. `["eval", "loss"]`.
+    fn new(words: &[&str]) -> Self {
+        Self(words.iter().map(OsString::from).collect())
+    }
+
+    /// A positional argument.
+    fn arg(mut self, value: impl Into<OsString>) -> Self {
+        self.0.push(value.into());
+        self
+    }
+
+    /// `name value`.
+    fn flag(mut self, name: &str, value: impl Into<OsString>) -> Self {
+        self.0.extend([name.into(), value.into()]);
+        self
+    }
 }
 
 /// Run `aerie quickstart`.
@@ -205,7 +223,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     r.stage(
         "import",
         &target.join("config.json"),
-        &os([OsString::from("import"), "gguf".into(), gguf.into(), "--out".into(), target.clone().into()]),
+        &Argv::new(&["import", "gguf"]).arg(gguf).flag("--out", target.clone()),
         false,
     )?;
     // The chat data the drafter learns from: SmolLM2's own answers to ShareGPT prompts, or
@@ -219,25 +237,15 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
             r.stage(
                 "regenerate",
                 &regen,
-                &os([
-                    OsString::from("regenerate"),
-                    "--target".into(),
-                    target.clone().into(),
-                    "--data".into(),
-                    sharegpt.clone().into(),
-                    "--out".into(),
-                    regen.clone().into(),
-                    "--max-samples".into(),
-                    want.to_string().into(),
-                    "--max-length".into(),
-                    args.max_length.to_string().into(),
-                    "--max-new-tokens".into(),
-                    args.regenerate_max_new_tokens.to_string().into(),
-                    "--batch-size".into(),
-                    args.regenerate_batch.to_string().into(),
-                    "--max-turns".into(),
-                    "1".into(),
-                ]),
+                &Argv::new(&["regenerate"])
+                    .flag("--target", target.clone())
+                    .flag("--data", sharegpt.clone())
+                    .flag("--out", regen.clone())
+                    .flag("--max-samples", want.to_string())
+                    .flag("--max-length", args.max_length.to_string())
+                    .flag("--max-new-tokens", args.regenerate_max_new_tokens.to_string())
+                    .flag("--batch-size", args.regenerate_batch.to_string())
+                    .flag("--max-turns", "1"),
                 false,
             )?;
             let report = aerie_capture::regenerate::report_path(&regen);
@@ -253,37 +261,23 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     r.stage(
         "prepare",
         &prepared.join("report.json"),
-        &os([
-            OsString::from("data"),
-            "prepare".into(),
-            "--data".into(),
-            chat.into(),
-            "--tokenizer".into(),
-            target.clone().into(),
-            "--out".into(),
-            prepared.clone().into(),
-            "--max-length".into(),
-            args.max_length.to_string().into(),
-            "--max-samples".into(),
-            conversations.to_string().into(),
-            "--split".into(),
-            format!("eval={eval_fraction:.3}").into(),
-        ]),
+        &Argv::new(&["data", "prepare"])
+            .flag("--data", chat)
+            .flag("--tokenizer", target.clone())
+            .flag("--out", prepared.clone())
+            .flag("--max-length", args.max_length.to_string())
+            .flag("--max-samples", conversations.to_string())
+            .flag("--split", format!("eval={eval_fraction:.3}")),
         false,
     )?;
     let vocab = work.join("vocab.safetensors");
     r.stage(
         "vocab",
         &vocab,
-        &os([
-            OsString::from("vocab"),
-            "build".into(),
-            prepared.clone().into(),
-            "--draft-vocab".into(),
-            args.draft_vocab.to_string().into(),
-            "--out".into(),
-            vocab.clone().into(),
-        ]),
+        &Argv::new(&["vocab", "build"])
+            .arg(prepared.clone())
+            .flag("--draft-vocab", args.draft_vocab.to_string())
+            .flag("--out", vocab.clone()),
         false,
     )?;
     for (split, n) in [("train", train_samples), ("eval", args.eval_samples)] {
@@ -291,25 +285,17 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         r.stage(
             &format!("capture {split}"),
             &out.join(".complete"),
-            &os([
-                OsString::from("capture"),
-                "--target".into(),
-                target.clone().into(),
-                "--data".into(),
-                prepared.clone().into(),
-                "--out".into(),
-                out.clone().into(),
-                "--split".into(),
-                split.into(),
-                "--max-samples".into(),
-                n.to_string().into(),
+            &Argv::new(&["capture"])
+                .flag("--target", target.clone())
+                .flag("--data", prepared.clone())
+                .flag("--out", out.clone())
+                .flag("--split", split)
+                .flag("--max-samples", n.to_string())
                 // The final hidden state, not the default top-k teacher: on this 2-core CPU the
                 // capture's top-k pass over SmolLM2's 49,152 logits took 3.9 min more and saved
                 // training 1.0 min (33.8 min in all, over the 30-minute budget, for the same
                 // held-out τ: 1.319 against 1.311). Disk is not what bounds the quickstart.
-                "--teacher".into(),
-                "final-hidden".into(),
-            ]),
+                .flag("--teacher", "final-hidden"),
             false,
         )?;
         std::fs::write(out.join(".complete"), b"")?;
@@ -320,12 +306,8 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     // Both runs leave the held-out evaluation to the `eval loss` stages below (one evaluation
     // each, before and after, with the same command and settings).
     let train_args = |extra: &[&str]| {
-        let mut a = os([OsString::from("train"), config.clone().into()]);
-        for s in args.set.iter().map(String::as_str).chain(["data.eval=[]"]).chain(extra.iter().copied()) {
-            a.push("--set".into());
-            a.push(s.into());
-        }
-        a
+        let sets = args.set.iter().map(String::as_str).chain(["data.eval=[]"]).chain(extra.iter().copied());
+        sets.fold(Argv::new(&["train"]).arg(config.clone()), |a, s| a.flag("--set", s))
     };
     // The initial drafter (0 steps, the same recipe and seed): the "before" of the report.
     let initial_dir = work.join("initial");
@@ -341,8 +323,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     let mut main_args = train_args(&[]);
     if !run_dir.join("summary.json").exists() && latest_checkpoint(&run_dir).is_ok() {
         // An interrupted training run: continue it from its newest checkpoint.
-        main_args.push("--resume".into());
-        main_args.push(run_dir.clone().into());
+        main_args = main_args.flag("--resume", run_dir.clone());
     }
     r.stage("train", &run_dir.join("summary.json"), &main_args, false)?;
     let drafter = latest_checkpoint(&run_dir)?;
@@ -354,19 +335,12 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         let out = r.stage(
             name,
             Path::new(""),
-            &os([
-                OsString::from("eval"),
-                "loss".into(),
-                "--drafter".into(),
-                drafter.into(),
-                "--data".into(),
-                work.join("shards/eval").into(),
-                "--target-head".into(),
-                target.clone().into(),
-                "--ttt-length".into(),
-                EVAL_K.to_string().into(),
-                "--json".into(),
-            ]),
+            &Argv::new(&["eval", "loss"])
+                .flag("--drafter", drafter)
+                .flag("--data", work.join("shards/eval"))
+                .flag("--target-head", target.clone())
+                .flag("--ttt-length", EVAL_K.to_string())
+                .arg("--json"),
             true,
         )?;
         serde_json::from_str(out.trim()).with_context(|| format!("parsing `eval loss` output: {out}"))
@@ -377,16 +351,11 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     r.stage(
         "export",
         &export.join("config.json"),
-        &os([
-            OsString::from("export"),
-            drafter.clone().into(),
-            "--to".into(),
-            "sglang".into(),
-            "--out".into(),
-            export.clone().into(),
-            "--target".into(),
-            target.clone().into(),
-        ]),
+        &Argv::new(&["export"])
+            .arg(drafter.clone())
+            .flag("--to", "sglang")
+            .flag("--out", export.clone())
+            .flag("--target", target.clone()),
         false,
     )?;
 
@@ -394,29 +363,18 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     let mut decode: Option<serde_json::Value> = None;
     for &k in if args.decode_prompts > 0 { &args.decode_k[..] } else { &[] } {
         let (out, costs) = (work.join(format!("decode-k{k}.json")), work.join(format!("costs-k{k}.toml")));
-        let mut decode_args = os([
-            OsString::from("eval"),
-            "decode".into(),
-            "--target".into(),
-            target.clone().into(),
-            "--drafter".into(),
-            export.clone().into(),
-            "--prompts".into(),
-            mtbench.clone().into(),
-            "--max-prompts".into(),
-            args.decode_prompts.to_string().into(),
-            "--max-new-tokens".into(),
-            args.decode_max_new_tokens.to_string().into(),
-            "--k".into(),
-            k.to_string().into(),
-            "--out".into(),
-            out.clone().into(),
-            "--costs-out".into(),
-            costs.clone().into(),
-        ]);
+        let mut decode_args = Argv::new(&["eval", "decode"])
+            .flag("--target", target.clone())
+            .flag("--drafter", export.clone())
+            .flag("--prompts", mtbench.clone())
+            .flag("--max-prompts", args.decode_prompts.to_string())
+            .flag("--max-new-tokens", args.decode_max_new_tokens.to_string())
+            .flag("--k", k.to_string())
+            .flag("--out", out.clone())
+            .flag("--costs-out", costs.clone());
         if k == args.decode_k[0] {
             // Once: the throughput of plain decoding with every answer in flight at once.
-            decode_args.extend(os(["--plain-batch".to_string(), (2 * args.decode_prompts).to_string()]));
+            decode_args = decode_args.flag("--plain-batch", (2 * args.decode_prompts).to_string());
         }
         // `eval decode` writes the report, then the costs file: the costs file marks it done.
         r.stage(&format!("eval decode k={k}"), &costs, &decode_args, false)?;

@@ -19,6 +19,13 @@ pub fn aerie(args: &[&str]) -> Output {
     aerie_cmd().args(args).output().expect("run aerie")
 }
 
+/// `aerie <command> --target <target> --data <data> --out <out>` and `flags`, not yet started.
+pub fn aerie_run(command: &str, target: &Path, data: &Path, out: &Path, flags: &[&str]) -> Command {
+    let mut c = aerie_cmd();
+    c.args([command, "--target", s(target), "--data", s(data), "--out", s(out)]).args(flags);
+    c
+}
+
 /// Its stdout, after asserting success (stderr in the failure message).
 pub fn ok(out: Output) -> String {
     assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));

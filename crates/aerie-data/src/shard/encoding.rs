@@ -331,8 +331,7 @@ pub(crate) fn encode_scaled(
     let mut buf = vec![0f32; group];
     codes.reserve(dtype.row_bytes(n));
     scales.reserve(n / group);
-    for (g, start) in (0..n).step_by(group).enumerate() {
-        let _ = g;
+    for start in (0..n).step_by(group) {
         let values = &mut buf[..group.min(n - start)];
         match input {
             HiddenInput::F32(v) => values.copy_from_slice(&v[start..start + values.len()]),

@@ -265,36 +265,14 @@ impl JsonStyle {
             ValueKind::String => self.string(value.as_str().unwrap_or_default(), out),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = value.try_iter()?.collect();
-                if items.is_empty() {
-                    out.push_str("[]");
-                    return Ok(());
-                }
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(&self.item_sep);
-                    }
-                    self.newline(level + 1, out);
-                    self.write(item, level + 1, out)?;
-                }
-                self.newline(level, out);
-                out.push(']');
+                self.container(('[', ']'), &items, level, out, |item, out| self.write(item, level + 1, out))?;
             }
             ValueKind::Map | ValueKind::Plain => {
                 let mut keys: Vec<Value> = value.try_iter()?.collect();
                 if self.sort_keys {
                     keys.sort_by_key(|a| a.to_string());
                 }
-                if keys.is_empty() {
-                    out.push_str("{}");
-                    return Ok(());
-                }
-                out.push('{');
-                for (i, key) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(&self.item_sep);
-                    }
-                    self.newline(level + 1, out);
+                self.container(('{', '}'), &keys, level, out, |key, out| {
                     match key.as_str() {
                         Some(k) => self.string(k, out),
                         None => {
@@ -304,10 +282,8 @@ impl JsonStyle {
                         }
                     }
                     out.push_str(&self.key_sep);
-                    self.write(&value.get_item(key)?, level + 1, out)?;
-                }
-                self.newline(level, out);
-                out.push('}');
+                    self.write(&value.get_item(key)?, level + 1, out)
+                })?;
             }
             other => {
                 return Err(Error::new(
@@ -316,6 +292,33 @@ impl JsonStyle {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// A list or an object: `open`, the entries separated by `item_sep`, each on its own line
+    /// when indenting, then `close`; an empty one is written `[]` or `{}` on one line.
+    fn container(
+        &self,
+        (open, close): (char, char),
+        entries: &[Value],
+        level: usize,
+        out: &mut String,
+        mut entry: impl FnMut(&Value, &mut String) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if entries.is_empty() {
+            out.push(close);
+            return Ok(());
+        }
+        for (i, e) in entries.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item_sep);
+            }
+            self.newline(level + 1, out);
+            entry(e, out)?;
+        }
+        self.newline(level, out);
+        out.push(close);
         Ok(())
     }
 

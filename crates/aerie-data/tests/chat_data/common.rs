@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use aerie_data::conversation::{Conversation, Message, Role};
-use serde_json::json;
+use aerie_data::template::EncodedSample;
+use aerie_data::tokenizer::TokenizerFiles;
+use serde_json::{Value, json};
 
 /// Special tokens of the test tokenizer, ids after the bytes and merges (`special_id`).
 pub const SPECIALS: [&str; 13] = [
@@ -123,6 +125,24 @@ pub fn conv(id: &str, turns: &[(Role, &str)]) -> Conversation {
     Conversation { id: id.into(), messages: turns.iter().map(|(r, c)| Message::new(*r, *c)).collect(), tools: None }
 }
 
+/// Decoded runs of consecutive tokens of `s` whose loss mask is 1 (`masked`) or 0 (`!masked`).
+pub fn decoded_runs(tok: &TokenizerFiles, s: &EncodedSample, masked: bool) -> Vec<String> {
+    let mut runs = Vec::new();
+    let mut cur: Vec<u32> = Vec::new();
+    for (&id, &m) in s.input_ids.iter().zip(&s.loss_mask) {
+        if (m == 1) == masked {
+            cur.push(id);
+        } else if !cur.is_empty() {
+            runs.push(tok.tokenizer.decode(&cur, false).unwrap());
+            cur.clear();
+        }
+    }
+    if !cur.is_empty() {
+        runs.push(tok.tokenizer.decode(&cur, false).unwrap());
+    }
+    runs
+}
+
 /// SmolLM2-135M-Instruct's chat template, as its GGUF metadata (`tokenizer.chat_template`)
 /// carries it.
 pub const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -164,6 +184,29 @@ pub fn kimi_fixtures(what: &str) -> Option<PathBuf> {
         eprintln!("skipping {what}: {} is absent (Moonshot's Kimi templates and tokenizer config)", dir.display());
         None
     }
+}
+
+/// Run `scripts/<script>` through `python` on `input`, written as JSON to a scratch file (its
+/// first argument), and read back the JSON list it writes to its second; a failure names the
+/// script (and `needs`, what it needs installed, when given).
+pub fn json_script<T: serde::Serialize + ?Sized>(
+    python: &Path,
+    script: &str,
+    input: &T,
+    needs: Option<&str>,
+) -> Vec<Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let (i, o) = (dir.path().join("in.json"), dir.path().join("out.json"));
+    std::fs::write(&i, serde_json::to_vec(input).unwrap()).unwrap();
+    let status = std::process::Command::new(python)
+        .arg(repo_root().join("scripts").join(script))
+        .arg(&i)
+        .arg(&o)
+        .status()
+        .unwrap();
+    let needs = needs.map(|n| format!(" (needs {n})")).unwrap_or_default();
+    assert!(status.success(), "scripts/{script} failed{needs}");
+    serde_json::from_slice(&std::fs::read(&o).unwrap()).unwrap()
 }
 
 /// A Kimi-format tokenizer directory in `dir`: `tiktoken.model` = o200k_base's first 163,584

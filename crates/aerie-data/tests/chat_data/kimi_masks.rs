@@ -3,7 +3,7 @@
 //! hand-checked spans on a reasoning conversation with a tool call.
 
 use aerie_data::conversation::{Conversation, DropReason};
-use aerie_data::template::{ChatEncoder, ChatTemplate, EncodeOptions, EncodedSample, TemplateChoice};
+use aerie_data::template::{ChatEncoder, ChatTemplate, EncodeOptions, TemplateChoice};
 use aerie_data::tokenizer::TokenizerFiles;
 use serde_json::{Value, json};
 
@@ -22,30 +22,20 @@ fn k25_dir(py: &std::path::Path, fixtures: &std::path::Path, dir: &std::path::Pa
     std::fs::copy(fixtures.join(template), dir.join("chat_template.jinja")).unwrap();
 }
 
-fn runs(tok: &TokenizerFiles, s: &EncodedSample, masked: bool) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = Vec::new();
-    for (&id, &m) in s.input_ids.iter().zip(&s.loss_mask) {
-        if (m == 1) == masked {
-            cur.push(id);
-        } else if !cur.is_empty() {
-            out.push(tok.tokenizer.decode(&cur, false).unwrap());
-            cur.clear();
-        }
-    }
-    if !cur.is_empty() {
-        out.push(tok.tokenizer.decode(&cur, false).unwrap());
-    }
-    out
+/// `k25_dir` with `template` in a scratch directory, loaded; `None` after a skip message (naming
+/// `what`) when the Python or the Kimi fixtures are missing.
+fn k25_tokenizer(what: &str, template: &str) -> Option<(tempfile::TempDir, TokenizerFiles)> {
+    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return None };
+    let dir = tempfile::tempdir().unwrap();
+    k25_dir(&py, &fixtures, dir.path(), template);
+    let tok = TokenizerFiles::load(dir.path()).unwrap();
+    Some((dir, tok))
 }
 
 #[test]
 fn k25_reasoning_chains_are_trained_and_history_is_not() {
     let what = "the Kimi-K2.5 turn-chain mask check";
-    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return };
-    let dir = tempfile::tempdir().unwrap();
-    k25_dir(&py, &fixtures, dir.path(), "kimi-k2.5.chat_template.jinja");
-    let tok = TokenizerFiles::load(dir.path()).unwrap();
+    let Some((_dir, tok)) = k25_tokenizer(what, "kimi-k2.5.chat_template.jinja") else { return };
     assert_eq!(tok.tokenizer.token_to_id("</think>"), Some(163_607));
     let template = ChatTemplate::resolve(&TemplateChoice::Auto, &tok).unwrap();
     let enc = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
@@ -57,7 +47,7 @@ fn k25_reasoning_chains_are_trained_and_history_is_not() {
     assert_eq!(samples.len(), 2);
     assert_eq!((samples[0].chain, samples[1].chain), (Some(0), Some(1)));
     // Chain 0: the first answer, its reasoning put back after the prompt's <think>.
-    assert_eq!(runs(&tok, &samples[0], true), ["A greeting.</think>Hello! How can I help?<|im_end|>"]);
+    assert_eq!(decoded_runs(&tok, &samples[0], true), ["A greeting.</think>Hello! How can I help?<|im_end|>"]);
     assert!(tok.tokenizer.decode(&samples[0].input_ids, false).unwrap().ends_with(
         "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|><think>A greeting.</think>\
              Hello! How can I help?<|im_end|>"
@@ -65,14 +55,14 @@ fn k25_reasoning_chains_are_trained_and_history_is_not() {
     // Chain 1: the tool-call turn and the final answer with their reasoning; the first answer
     // is history, rendered stripped (`<think></think>`) and not trained.
     assert_eq!(
-        runs(&tok, &samples[1], true),
+        decoded_runs(&tok, &samples[1], true),
         [
             "I should call the tool.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0\
              <|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
             "The tool says 21.</think>It is 21 °C in Paris.<|im_end|>",
         ]
     );
-    let unmasked = runs(&tok, &samples[1], false);
+    let unmasked = decoded_runs(&tok, &samples[1], false);
     assert!(unmasked[0].contains("<think></think>Hello! How can I help?<|im_end|>"), "{unmasked:?}");
     assert!(
         unmasked[1].starts_with("<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0"),
@@ -91,9 +81,12 @@ fn k25_reasoning_chains_are_trained_and_history_is_not() {
                     unit?: \"c\" | \"f\"\n}) => any;\n}\n<|im_end|>";
     for s in &samples {
         assert!(tok.tokenizer.decode(&s.input_ids, false).unwrap().starts_with(declared));
-        assert!(!runs(&tok, s, true).iter().any(|r| r.contains("get_weather = ")), "the declaration is not trained");
+        assert!(
+            !decoded_runs(&tok, s, true).iter().any(|r| r.contains("get_weather = ")),
+            "the declaration is not trained"
+        );
     }
-    assert_eq!(runs(&tok, &samples[1], true).len(), 2);
+    assert_eq!(decoded_runs(&tok, &samples[1], true).len(), 2);
     // A tools list aerie's port does not reproduce exactly: dropped with its own reason.
     let odd = json!([{"type": "function", "function": {"name": "f", "parameters": {"properties": {
         "x": {"enum": [["é"]]}}}}}]);
@@ -107,25 +100,22 @@ fn k25_reasoning_chains_are_trained_and_history_is_not() {
     let samples = off.encode_all(&conv).unwrap().unwrap();
     assert_eq!(samples.len(), 1);
     assert_eq!(samples[0].chain, None);
-    let trained = runs(&tok, &samples[0], true);
+    let trained = decoded_runs(&tok, &samples[0], true);
     assert_eq!(trained[0], "Hello! How can I help?<|im_end|>", "{trained:?}");
 }
 
 #[test]
 fn k2_thinking_puts_the_reasoning_inside_the_turns_own_think_tag() {
     let what = "the Kimi-K2-Thinking turn-chain mask check";
-    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return };
-    let dir = tempfile::tempdir().unwrap();
-    k25_dir(&py, &fixtures, dir.path(), "kimi-k2-thinking.chat_template.jinja");
-    let tok = TokenizerFiles::load(dir.path()).unwrap();
+    let Some((_dir, tok)) = k25_tokenizer(what, "kimi-k2-thinking.chat_template.jinja") else { return };
     let template = ChatTemplate::resolve(&TemplateChoice::Auto, &tok).unwrap();
     let enc = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
     assert!(enc.chain_mode());
     let (messages, _) = conversations().remove(1);
     let samples = enc.encode_all(&Conversation { id: "p".into(), messages, tools: None }).unwrap().unwrap();
     assert_eq!(samples.len(), 2);
-    assert_eq!(runs(&tok, &samples[0], true), ["<think>Add them.</think>4<|im_end|>"]);
-    assert_eq!(runs(&tok, &samples[1], true), ["<think>Add again.\n\nSure.</think>6<|im_end|>"]);
+    assert_eq!(decoded_runs(&tok, &samples[0], true), ["<think>Add them.</think>4<|im_end|>"]);
+    assert_eq!(decoded_runs(&tok, &samples[1], true), ["<think>Add again.\n\nSure.</think>6<|im_end|>"]);
     let text = tok.tokenizer.decode(&samples[1].input_ids, false).unwrap();
     assert!(text.contains("<think></think>4<|im_end|>"), "history stripped: {text}");
     assert!(text.starts_with("<|im_system|>system<|im_middle|>You are Kimi"), "default system prompt: {text}");

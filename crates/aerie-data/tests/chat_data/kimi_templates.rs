@@ -114,17 +114,7 @@ pub const TEMPLATES: [&str; 4] = [
 
 /// Render `cases` with jinja2 through AERIE_PYTHON.
 pub fn jinja2_render(py: &std::path::Path, cases: &[Value]) -> Vec<Value> {
-    let dir = tempfile::tempdir().unwrap();
-    let (i, o) = (dir.path().join("cases.json"), dir.path().join("out.json"));
-    std::fs::write(&i, serde_json::to_vec(cases).unwrap()).unwrap();
-    let status = std::process::Command::new(py)
-        .arg(repo_root().join("scripts/render_chat_template.py"))
-        .arg(&i)
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/render_chat_template.py failed");
-    serde_json::from_slice(&std::fs::read(&o).unwrap()).unwrap()
+    json_script(py, "render_chat_template.py", cases, None)
 }
 
 #[test]

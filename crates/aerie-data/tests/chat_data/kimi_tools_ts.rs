@@ -407,17 +407,7 @@ impl Gen {
 
 /// Run the reference on `tools`: one answer per list.
 fn reference(py: &std::path::Path, tools: &[&Value]) -> Vec<Value> {
-    let dir = tempfile::tempdir().unwrap();
-    let (input, output) = (dir.path().join("tools.json"), dir.path().join("out.json"));
-    std::fs::write(&input, serde_json::to_vec(tools).unwrap()).unwrap();
-    let status = std::process::Command::new(py)
-        .arg(repo_root().join("scripts/kimi_tools_ts_reference.py"))
-        .arg(&input)
-        .arg(&output)
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/kimi_tools_ts_reference.py failed (needs tinker-cookbook==0.6.1, --no-deps)");
-    let want: Vec<Value> = serde_json::from_slice(&std::fs::read(&output).unwrap()).unwrap();
+    let want = json_script(py, "kimi_tools_ts_reference.py", tools, Some("tinker-cookbook==0.6.1, --no-deps"));
     assert_eq!(want.len(), tools.len());
     want
 }

@@ -6,7 +6,7 @@ use aerie_data::conversation::{Conversation, DropReason, Role, TrimReason};
 use aerie_data::template::{BuiltinTemplate, ChatEncoder, ChatTemplate, EncodeOptions, EncodedSample, Rejected};
 use aerie_data::tokenizer::TokenizerFiles;
 
-use super::common::{SMOLLM2_TEMPLATE, conv, tempdir, tokenizer_dir};
+use super::common::{SMOLLM2_TEMPLATE, conv, decoded_runs, tempdir, tokenizer_dir};
 
 fn tokenizer() -> (tempfile::TempDir, TokenizerFiles) {
     let dir = tempdir();
@@ -22,24 +22,6 @@ fn encode(
     opts: EncodeOptions,
 ) -> Result<EncodedSample, Rejected> {
     ChatEncoder::new(t, &tok.tokenizer, opts).unwrap().encode(c).unwrap()
-}
-
-/// Decoded runs of consecutive masked tokens.
-fn masked_runs(tok: &TokenizerFiles, s: &EncodedSample) -> Vec<String> {
-    let mut runs = Vec::new();
-    let mut cur: Vec<u32> = Vec::new();
-    for (&id, &m) in s.input_ids.iter().zip(&s.loss_mask) {
-        if m == 1 {
-            cur.push(id);
-        } else if !cur.is_empty() {
-            runs.push(tok.tokenizer.decode(&cur, false).unwrap());
-            cur.clear();
-        }
-    }
-    if !cur.is_empty() {
-        runs.push(tok.tokenizer.decode(&cur, false).unwrap());
-    }
-    runs
 }
 
 fn chat() -> Conversation {
@@ -72,7 +54,7 @@ fn masked_spans_are_assistant_content_plus_end_of_turn() {
         assert_eq!(tok.tokenizer.decode(&s.input_ids, false).unwrap(), full, "{}", t.name());
         assert!(s.input_ids.len() > 8, "tokenizer.json's truncation must be off");
         let want: Vec<String> = [2, 4].iter().map(|&i| format!("{}{eot}", c.messages[i].content)).collect();
-        assert_eq!(masked_runs(&tok, &s), want, "{}", t.name());
+        assert_eq!(decoded_runs(&tok, &s, true), want, "{}", t.name());
         assert_eq!(s.assistant_turns, 2);
         assert!(s.trims.is_empty());
     }
@@ -138,7 +120,7 @@ fn prefix_unstable_templates_are_cut_or_dropped() {
     let s = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
     assert_eq!(s.trims, [TrimReason::TemplateNotPrefixStable]);
     assert_eq!(tok.tokenizer.decode(&s.input_ids, false).unwrap(), "user:u1<|im_end|>assistant:a1<|im_end|>");
-    assert_eq!(masked_runs(&tok, &s), ["a1<|im_end|>"]);
+    assert_eq!(decoded_runs(&tok, &s, true), ["a1<|im_end|>"]);
     // Rewriting the first turn depending on the length: dropped.
     let t = ChatTemplate::from_source(
         "unstable2",
@@ -165,7 +147,7 @@ fn spans_without_a_special_token_end_at_the_last_visible_token() {
     let s = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
     // The prompt ends in a space that BPE merges into the first answer token (`Ġthe`): a token
     // straddling the span start counts toward the assistant side.
-    assert_eq!(masked_runs(&tok, &s), [" the answer is 42"]);
+    assert_eq!(decoded_runs(&tok, &s, true), [" the answer is 42"]);
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use aerie_hub::inspect::{CountSource, EmbeddingSource};
 use aerie_hub::{InspectReport, Severity, inspect};
-use aerie_model::checkpoint::{Dialect, Dtype, keys, validate};
+use aerie_model::checkpoint::{Dialect, Dtype, TensorMap, keys, validate};
 use aerie_model::{AuxConvention, DrafterConfig};
 use serde_json::{Value, json};
 
@@ -34,6 +34,16 @@ fn setup(
     let emb = [("model.embed_tokens.weight".to_string(), ckpt.tensors[keys::EMBED].clone())];
     write_target(&target, cfg, 10, &emb.into_iter().collect());
     (dir, target)
+}
+
+/// The tiny drafter of `setup` with its files' tensors edited by `edit` (written without
+/// validation); its directory.
+fn edited_drafter(tmp: &Path, edit: impl FnOnce(&mut TensorMap)) -> std::path::PathBuf {
+    let (dir, _) = setup(tmp, &tiny(), |_| {});
+    let mut t = file_tensors(&drafter(&tiny(), Dtype::BF16), Dialect::Sglang, false);
+    edit(&mut t);
+    write_raw(&dir, &config_json(&tiny(), Dialect::Sglang), &t);
+    dir
 }
 
 #[test]
@@ -78,11 +88,10 @@ fn clean_drafter_report() {
 #[test]
 fn reduced_vocab_without_d2t_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = setup(tmp.path(), &tiny(), |_| {});
-    let mut t = file_tensors(&drafter(&tiny(), Dtype::BF16), Dialect::Sglang, false);
-    t.remove(keys::D2T);
-    t.remove(keys::T2D);
-    write_raw(&dir, &config_json(&tiny(), Dialect::Sglang), &t);
+    let dir = edited_drafter(tmp.path(), |t| {
+        t.remove(keys::D2T);
+        t.remove(keys::T2D);
+    });
     let r = inspect(&dir, None).unwrap();
     assert_eq!(codes(&r), vec![(Severity::Error, "reduced-vocab-without-d2t".to_string())]);
     assert_eq!(r.exit_code(false), 2);
@@ -132,11 +141,10 @@ fn config_lints() {
 #[test]
 fn unknown_and_missing_keys() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = setup(tmp.path(), &tiny(), |_| {});
-    let mut t = file_tensors(&drafter(&tiny(), Dtype::BF16), Dialect::Sglang, false);
-    t.remove("midlayer.hidden_norm.weight");
-    t.insert("midlayer.extra.weight".into(), ramp(vec![4], Dtype::BF16));
-    write_raw(&dir, &config_json(&tiny(), Dialect::Sglang), &t);
+    let dir = edited_drafter(tmp.path(), |t| {
+        t.remove("midlayer.hidden_norm.weight");
+        t.insert("midlayer.extra.weight".into(), ramp(vec![4], Dtype::BF16));
+    });
     let r = inspect(&dir, None).unwrap();
     assert!(has(&r, Severity::Error, "missing-key") && has(&r, Severity::Error, "unexpected-key"), "{:?}", r.findings);
 }
@@ -171,13 +179,12 @@ fn speculators_lints_and_unknown_aux_ids() {
 #[test]
 fn broken_d2t_is_reported_from_the_tensor_values() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = setup(tmp.path(), &tiny(), |_| {});
-    let mut t = file_tensors(&drafter(&tiny(), Dtype::BF16), Dialect::Sglang, false);
-    t.remove(keys::T2D);
-    let mut d2t = t[keys::D2T].to_i64("d2t").unwrap();
-    d2t[0] = -1;
-    t.insert(keys::D2T.into(), aerie_model::checkpoint::HostTensor::from_i64(vec![64], &d2t));
-    write_raw(&dir, &config_json(&tiny(), Dialect::Sglang), &t);
+    let dir = edited_drafter(tmp.path(), |t| {
+        t.remove(keys::T2D);
+        let mut d2t = t[keys::D2T].to_i64("d2t").unwrap();
+        d2t[0] = -1;
+        t.insert(keys::D2T.into(), aerie_model::checkpoint::HostTensor::from_i64(vec![64], &d2t));
+    });
     let r = inspect(&dir, None).unwrap();
     assert!(has(&r, Severity::Error, "d2t-invariant"), "{:?}", r.findings);
     assert!(r.notes.iter().any(|n| n.contains("t2d absent")));

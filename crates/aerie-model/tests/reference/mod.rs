@@ -899,6 +899,20 @@ pub fn random_tiny_checkpoint(cfg: &DrafterConfig, seed: u64) -> TensorMap {
     m
 }
 
+/// YaRN with the default betas (32, 1) and neither attention factor nor mscale: the scaling the
+/// tiny tests run, stretched by `factor` over an original context of `original` positions.
+pub fn plain_yarn(factor: f64, original: usize) -> RopeScaling {
+    RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: None,
+        mscale: None,
+        mscale_all_dim: None,
+    }
+}
+
 /// A tiny config whose every dimension differs, so transposed or confused shapes fail loudly:
 /// H 16, Ht 12, I 24, nH 4, nKV 2, d 6 (not H/nH), V 40, Vd 24, A 3, default RoPE theta 10000.
 pub fn tiny_config() -> DrafterConfig {
