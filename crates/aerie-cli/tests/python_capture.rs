@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::{ShardDataset, ShardWriter, ShardWriterOptions};
-use common::{aerie, aerie_cmd, ok, ok_json, python, s};
+use common::{aerie, aerie_cmd, aerie_run, ok, ok_json, python, s};
 use serde_json::Value;
 
 fn python_dir() -> PathBuf {
@@ -74,10 +74,11 @@ fn prepare(root: &Path, target: &Path, n: usize) -> PathBuf {
     prepared
 }
 
-fn capture_args<'a>(target: &'a Path, prepared: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec!["capture", "--target", s(target), "--data", s(prepared), "--out", s(out), "--json"];
-    v.extend_from_slice(extra);
-    v
+/// `aerie capture --target … --data … --out … --json` and `extra`, not yet started.
+fn capture_cmd(target: &Path, prepared: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut c = aerie_run("capture", target, prepared, out, &["--json"]);
+    c.args(extra);
+    c
 }
 
 fn f32_rows(rows: aerie_data::shard::HiddenRows<'_>) -> Vec<f32> {
@@ -154,10 +155,10 @@ fn transformers_engine_equals_the_native_capture_and_verifies() {
     let flags =
         ["--aux-layers", "0,1,2", "--dtype", "f32", "--teacher", "final-hidden+topk:8", "--shard-tokens", "300"];
     let native = dir.path().join("native");
-    ok_json(aerie(&capture_args(&target, &prepared, &native, &flags)));
+    ok_json(capture_cmd(&target, &prepared, &native, &flags).output().unwrap());
     let hf = dir.path().join("hf");
-    let mut c = aerie_cmd();
-    c.args(capture_args(&target, &prepared, &hf, &flags)).args(["--engine", "transformers", "--python", s(&python)]);
+    let mut c = capture_cmd(&target, &prepared, &hf, &flags);
+    c.args(["--engine", "transformers", "--python", s(&python)]);
     c.env("OMP_NUM_THREADS", "1");
     let report = ok_json(c.output().unwrap());
     assert_eq!(report["engine"], "transformers");
@@ -182,13 +183,8 @@ fn python_compact_encodings_equal_aerie_shards_convert() {
     let (dir, target, prepared) = tiny_setup(8);
     let capture = |dtype: &str, out: &Path| {
         let flags = ["--aux-layers", "0,1,2", "--dtype", dtype, "--teacher", "final-hidden", "--shard-tokens", "300"];
-        let mut c = aerie_cmd();
-        c.args(capture_args(&target, &prepared, out, &flags)).args([
-            "--engine",
-            "transformers",
-            "--python",
-            s(&python),
-        ]);
+        let mut c = capture_cmd(&target, &prepared, out, &flags);
+        c.args(["--engine", "transformers", "--python", s(&python)]);
         c.env("OMP_NUM_THREADS", "1");
         let report = ok_json(c.output().unwrap());
         assert_eq!(report["verified"]["samples"], 8, "{report}");
@@ -248,7 +244,7 @@ fn python_reads_and_verifies_what_aerie_writes() {
         let native = dir.path().join(format!("native-{dtype}"));
         let flags =
             ["--aux-layers", "1,2", "--dtype", dtype, "--teacher", "final-hidden+topk:4", "--shard-tokens", "200"];
-        ok_json(aerie(&capture_args(&target, &prepared, &native, &flags)));
+        ok_json(capture_cmd(&target, &prepared, &native, &flags).output().unwrap());
         let script = "import json, sys\n\
 from aerie_capture.shards import ShardDataset\n\
 ds = ShardDataset(sys.argv[1])\n\
@@ -344,7 +340,7 @@ fn the_lock_keeps_a_python_and_a_rust_writer_apart() {
     let Some(python) = python("the_lock_keeps_a_python_and_a_rust_writer_apart") else { return };
     let (dir, target, prepared) = tiny_setup(2);
     let ds = dir.path().join("ds");
-    ok_json(aerie(&capture_args(&target, &prepared, &ds, &["--aux-layers", "0,1"])));
+    ok_json(capture_cmd(&target, &prepared, &ds, &["--aux-layers", "0,1"]).output().unwrap());
 
     // Python holds the lock (until its stdin closes): the Rust writer is refused.
     let hold = "import sys\nfrom aerie_capture.shards import ShardWriter\nw, _ = ShardWriter.resume(sys.argv[1])\n\
@@ -385,9 +381,9 @@ fn tiny_deepseek_v3_capture_verifies_and_feeds_train_and_eval_loss() {
     fixture::write_tokenizer(&target, Some(fixture::CHATML));
     let prepared = prepare(dir.path(), &target, 6);
     let shards = dir.path().join("shards");
-    let mut c = aerie_cmd();
-    c.args(capture_args(&target, &prepared, &shards, &["--aux-layers", "1,2,3", "--teacher", "final-hidden+topk:8"]))
-        .args(["--engine", "transformers", "--python", s(&python)]);
+    let mut c =
+        capture_cmd(&target, &prepared, &shards, &["--aux-layers", "1,2,3", "--teacher", "final-hidden+topk:8"]);
+    c.args(["--engine", "transformers", "--python", s(&python)]);
     let report = ok_json(c.output().unwrap());
     assert_eq!(report["verified"]["samples"], 6, "{report}");
     let ds = ShardDataset::open(&shards).unwrap();
@@ -483,11 +479,11 @@ fn real_assets_smollm2_transformers_engine_equals_the_native_capture() {
     let flags = ["--aux-layers", "1,14,26", "--dtype", "f32", "--teacher", "final-hidden+topk:8"];
     let native = dir.path().join("native");
     let t0 = Instant::now();
-    let n = ok_json(aerie(&capture_args(&target, &prepared, &native, &flags)));
+    let n = ok_json(capture_cmd(&target, &prepared, &native, &flags).output().unwrap());
     let native_secs = t0.elapsed().as_secs_f64();
     let hf = dir.path().join("hf");
-    let mut c = aerie_cmd();
-    c.args(capture_args(&target, &prepared, &hf, &flags)).args(["--engine", "transformers", "--python", s(&python)]);
+    let mut c = capture_cmd(&target, &prepared, &hf, &flags);
+    c.args(["--engine", "transformers", "--python", s(&python)]);
     let report = ok_json(c.output().unwrap());
     println!(
         "SmolLM2, {} tokens: native {:.0} tokens/s ({native_secs:.1} s with load), transformers {:.0} tokens/s",
@@ -540,8 +536,11 @@ fn the_worker_dies_with_a_killed_aerie() {
     std::fs::write(&fake, format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 120\n", pid_file.display())).unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = dir.path().join("shards");
-    let args = capture_args(&target, &prepared, &out, &["--engine", "transformers", "--python", s(&fake)]);
-    let mut child = aerie_cmd().args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = capture_cmd(&target, &prepared, &out, &["--engine", "transformers", "--python", s(&fake)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let t0 = Instant::now();
     let pid = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
