@@ -139,9 +139,9 @@ fn crash_after(s: &Setup, o: &RegenerateOptions, after_tokens: u64) {
 fn interrupted_run_is_byte_identical(temperature: f32) {
     let s = setup(7);
     let mut full = opts(&s, "full.jsonl", 10);
-    full.temperature = temperature;
-    full.top_p = 0.9;
-    full.seed = 11;
+    full.sampling.temperature = temperature;
+    full.sampling.top_p = 0.9;
+    full.sampling.seed = 11;
     let report = regenerate(&s.model, &s.target, &full, &mut |_| {}).unwrap();
     let want = std::fs::read(&full.out).unwrap();
 
@@ -182,8 +182,8 @@ fn sampling_depends_on_the_seed_only() {
     let s = setup(3);
     let run = |seed: u64, name: &str| {
         let mut o = opts(&s, name, 8);
-        o.temperature = 1.0;
-        o.seed = seed;
+        o.sampling.temperature = 1.0;
+        o.sampling.seed = seed;
         regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
         std::fs::read_to_string(&o.out).unwrap()
     };
@@ -275,7 +275,7 @@ fn bad_input_is_refused_naming_the_file() {
     let o = opts(&s, "w.jsonl", 4);
     crash_after(&s, &o, 2);
     let mut other = o.clone();
-    other.temperature = 0.5;
+    other.sampling.temperature = 0.5;
     let err = regenerate(&s.model, &s.target, &other, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("w.jsonl.partial") && err.contains("temperature"), "{err}");
     other.overwrite = true;
@@ -305,9 +305,9 @@ fn batched_regeneration_writes_the_batch_one_bytes() {
     for temperature in [0.0, 0.9] {
         let run = |batch: usize| {
             let mut o = opts(&s, &format!("b{batch}-t{temperature}.jsonl"), 10);
-            o.temperature = temperature;
-            o.top_p = 0.9;
-            o.seed = 5;
+            o.sampling.temperature = temperature;
+            o.sampling.top_p = 0.9;
+            o.sampling.seed = 5;
             o.batch_size = batch;
             let report = regenerate(&s.model, &s.target, &o, &mut |_| {}).unwrap();
             assert_eq!(report.batch_size, batch);

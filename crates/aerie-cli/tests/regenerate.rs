@@ -34,6 +34,10 @@ fn regenerated_data_is_read_back_by_data_prepare() {
     assert_eq!(report["records"], 6);
     assert_eq!(report["turns_regenerated"], 12);
     assert!(report["tokens_per_second"].as_f64().unwrap() > 0.0);
+    // The sampling settings stand at the report's top level, as asked.
+    assert_eq!(report["seed"], 4);
+    assert!((report["temperature"].as_f64().unwrap() - 0.7).abs() < 1e-6, "{report}");
+    assert!((report["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6, "{report}");
     assert!(dir.path().join("regen.report.json").is_file());
     let text = std::fs::read_to_string(&out).unwrap();
     let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();

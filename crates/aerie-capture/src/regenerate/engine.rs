@@ -15,23 +15,11 @@ use aerie_model::native::batch::{BatchGenerator, GenerationRequest, greedy, host
 use burn::tensor::{Tensor, backend::Backend};
 
 use super::RegenerateReport;
-use super::sampling::{Rng, sample};
+use super::sampling::{Rng, Sampling, sample};
 use crate::Result;
 
 /// Which in-flight conversation a job belongs to: the driver's slot index (< capacity).
 pub(super) type JobKey = usize;
-
-/// How the answer is drawn: greedy at temperature 0, else seeded temperature/top-p sampling.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Sampling {
-    /// 0 = greedy.
-    pub temperature: f32,
-    /// Nucleus mass; 1 = no cut.
-    pub top_p: f32,
-    /// The run's `--seed`; with the record position and turn it seeds the turn's stream
-    /// ([`Rng::for_turn`]; servers get [`super::sampling::turn_seed`]).
-    pub seed: u64,
-}
 
 /// One assistant turn to answer.
 #[derive(Debug, Clone)]
@@ -142,7 +130,7 @@ impl<'a, B: Backend> NativeEngine<'a, B> {
         let mut pick = |ids: &[u64], logits: Tensor<B, 2>| -> aerie_model::Result<Vec<u32>> {
             picked += ids.len() as u64;
             let s = jobs[&ids[0]].0.sampling;
-            if s.temperature == 0.0 {
+            if s.is_greedy() {
                 return greedy(ids, logits);
             }
             let rows = host_rows(logits)?;

@@ -11,7 +11,7 @@ use aerie_data::template::ChatTemplate;
 use aerie_data::tokenizer::TokenizerFiles;
 use serde_json::{Value, json};
 
-use super::engine::{Finish, JobKey, Sampling, TurnDone, TurnJob};
+use super::engine::{Finish, JobKey, TurnDone, TurnJob};
 use super::{RegenerateOptions, RegenerateReport};
 use crate::{Error, Result};
 
@@ -177,7 +177,7 @@ impl<'a> Turns<'a> {
                 messages: conv.answered.clone(),
                 tools: conv.tools.clone(),
                 max_new_tokens: conv.budget,
-                sampling: Sampling { temperature: opts.temperature, top_p: opts.top_p, seed: opts.seed },
+                sampling: opts.sampling,
             }));
         }
         Ok(Step::Finished(self.finish(conv, None)))

@@ -84,6 +84,7 @@ use generate::{
 pub use options::{RegenerateOptions, RegenerateProgress, RegenerateReport};
 use output::{Generator, PartialOutput, run_meta};
 pub use output::{REGENERATE_FORMAT, meta_path, partial_path, report_path};
+pub use sampling::Sampling;
 pub use server::{Api, ServerOptions, ServerReport};
 
 /// Regenerate the assistant turns of `opts.data` with `target` (loaded from `target_dir`,

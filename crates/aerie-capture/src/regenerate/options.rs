@@ -9,6 +9,7 @@ use aerie_data::readers::{ProgressUnit, ReadOptions, ReadReport};
 use aerie_data::template::{ChatTemplate, TemplateChoice};
 use serde::Serialize;
 
+use super::sampling::Sampling;
 use super::server::ServerReport;
 
 use crate::{Error, Result};
@@ -32,12 +33,8 @@ pub struct RegenerateOptions {
     pub template: TemplateChoice,
     /// Extra template variables (`--template-kwarg`, e.g. K2.5's `thinking`), as JSON.
     pub template_kwargs: BTreeMap<String, serde_json::Value>,
-    /// 0 = greedy; otherwise softmax temperature.
-    pub temperature: f32,
-    /// Nucleus mass in (0, 1]; 1 = no nucleus cut. Ignored when greedy.
-    pub top_p: f32,
-    /// Sampling seed.
-    pub seed: u64,
+    /// Greedy, or seeded temperature / top-p sampling.
+    pub sampling: Sampling,
     /// New tokens per assistant turn at most.
     pub max_new_tokens: usize,
     /// Prompt plus answer at most this many tokens; `None` = no limit.
@@ -65,9 +62,7 @@ impl RegenerateOptions {
             normalize: NormalizeOptions::default(),
             template: TemplateChoice::Auto,
             template_kwargs: BTreeMap::new(),
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 0,
+            sampling: Sampling::default(),
             max_new_tokens: 512,
             max_length: Some(2048),
             max_samples: None,
@@ -78,12 +73,7 @@ impl RegenerateOptions {
     }
 
     pub(super) fn validate(&self) -> Result<()> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(Error::Invalid(format!("temperature {} must be a finite number >= 0", self.temperature)));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Error::Invalid(format!("top-p {} must be in (0, 1]", self.top_p)));
-        }
+        self.sampling.validate()?;
         if self.max_new_tokens == 0 {
             return Err(Error::Invalid("max-new-tokens must be at least 1".into()));
         }
@@ -133,12 +123,9 @@ pub struct RegenerateReport {
     pub target: String,
     /// The chat template's name.
     pub template: String,
-    /// Sampling temperature (0 = greedy).
-    pub temperature: f32,
-    /// Nucleus mass.
-    pub top_p: f32,
-    /// Sampling seed.
-    pub seed: u64,
+    /// Sampling (`temperature`, `top_p`, `seed`), as asked.
+    #[serde(flatten)]
+    pub sampling: Sampling,
     /// Cap on new tokens per turn.
     pub max_new_tokens: usize,
     /// Cap on prompt plus answer.
@@ -199,9 +186,7 @@ impl RegenerateReport {
             out: opts.out.clone(),
             target: opts.target_name.clone(),
             template: template.name().to_owned(),
-            temperature: opts.temperature,
-            top_p: opts.top_p,
-            seed: opts.seed,
+            sampling: opts.sampling,
             max_new_tokens: opts.max_new_tokens,
             max_length: opts.max_length,
             eos_token_ids: eos.to_vec(),

@@ -3,6 +3,47 @@
 //! uninterrupted one draws.
 
 use aerie_model::rng::SplitMix;
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+/// How answers are drawn: greedy at temperature 0, else seeded temperature / top-p sampling.
+/// One value serves the options, each turn's job and the report (flattened there, so the
+/// report's `temperature`, `top_p` and `seed` keys stay where they were).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Sampling {
+    /// 0 = greedy; otherwise softmax temperature.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 = no nucleus cut. Ignored when greedy.
+    pub top_p: f32,
+    /// The run's `--seed`; with the record position and turn it seeds the turn's stream
+    /// ([`Rng::for_turn`]; servers get [`turn_seed`]).
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    /// Greedy.
+    fn default() -> Self {
+        Self { temperature: 0.0, top_p: 1.0, seed: 0 }
+    }
+}
+
+impl Sampling {
+    /// Whether every token is the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::Invalid(format!("temperature {} must be a finite number >= 0", self.temperature)));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::Invalid(format!("top-p {} must be in (0, 1]", self.top_p)));
+        }
+        Ok(())
+    }
+}
 
 /// The sampling stream of one (seed, record, turn): aerie's splitmix64, seeded from the three.
 pub(super) struct Rng(SplitMix);
@@ -80,5 +121,16 @@ mod tests {
         // A low temperature is nearly greedy.
         let mut r = Rng::for_turn(0, 0, 0);
         assert!((0..50).all(|_| sample(&logits, 0.01, 1.0, &mut r) == 3));
+    }
+
+    #[test]
+    fn sampling_settings_outside_their_range_are_refused() {
+        let ok = |temperature, top_p| Sampling { temperature, top_p, seed: 0 }.validate().is_ok();
+        assert!(Sampling::default().is_greedy() && ok(0.0, 1.0));
+        assert!(ok(0.7, 0.9) && ok(2.0, 1e-3));
+        assert!(!ok(-0.1, 1.0) && !ok(f32::NAN, 1.0) && !ok(f32::INFINITY, 1.0));
+        assert!(!ok(0.7, 0.0) && !ok(0.7, 1.5) && !ok(0.7, f32::NAN));
+        let err = Sampling { temperature: 0.5, top_p: 0.0, seed: 0 }.validate().unwrap_err().to_string();
+        assert!(err.contains("top-p 0"), "{err}");
     }
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aerie_capture::regenerate::{Api, ServerOptions, report_path};
+use aerie_capture::regenerate::{Api, Sampling, ServerOptions, report_path};
 use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate, regenerate_server};
 use aerie_data::readers::ProgressUnit;
 use aerie_data::template::TemplateChoice;
@@ -117,9 +117,7 @@ impl RegenerateArgs {
         o.read = self.input.read_options()?;
         o.normalize = self.input.normalize_options();
         o.template = self.template.parse::<TemplateChoice>()?;
-        o.temperature = self.temperature;
-        o.top_p = self.top_p;
-        o.seed = self.seed;
+        o.sampling = Sampling { temperature: self.temperature, top_p: self.top_p, seed: self.seed };
         o.max_new_tokens = self.max_new_tokens;
         o.max_length = (self.max_length > 0).then_some(self.max_length);
         o.max_samples = self.max_samples;

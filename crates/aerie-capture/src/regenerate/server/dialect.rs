@@ -76,7 +76,7 @@ pub(in crate::regenerate) fn request_body(
     kwargs: &BTreeMap<String, Value>,
 ) -> Value {
     let s = job.sampling;
-    let sampled = s.temperature > 0.0;
+    let sampled = !s.is_greedy();
     let seed = turn_seed(s.seed, job.source_index, job.turn);
     match resolved.api {
         Api::Sglang => {
@@ -191,7 +191,7 @@ pub(in crate::regenerate) fn parse_response(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::regenerate::engine::Sampling;
+    use crate::regenerate::sampling::Sampling;
     use aerie_data::conversation::{Message, Role};
 
     fn job(temperature: f32) -> TurnJob {
