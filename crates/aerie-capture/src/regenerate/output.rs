@@ -85,15 +85,15 @@ pub(super) fn run_meta(
             meta["model"] = json!(model);
         }
     }
-    let s = opts.sampling;
+    let s = opts.sampling.effective();
     let rest = json!({
         "tokenizer_sha256": tok.digest,
         "template": template.name(),
         "template_sha256": sha256_hex(template.source().as_bytes()),
         "eos_token_ids": eos,
         "temperature": s.temperature,
-        "top_p": if s.is_greedy() { 1.0 } else { s.top_p },
-        "seed": if s.is_greedy() { 0 } else { s.seed },
+        "top_p": s.top_p,
+        "seed": s.seed,
         "max_new_tokens": opts.max_new_tokens,
         "max_length": opts.max_length,
         "max_turns": opts.max_turns,

@@ -34,6 +34,12 @@ impl Sampling {
         self.temperature == 0.0
     }
 
+    /// The settings the output depends on: a greedy run ignores top-p and the seed, so they
+    /// read as 1 and 0 (a resumed greedy run may name other values and still match).
+    pub(super) fn effective(self) -> Self {
+        if self.is_greedy() { Self { top_p: 1.0, seed: 0, ..self } } else { self }
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(Error::Invalid(format!("temperature {} must be a finite number >= 0", self.temperature)));
