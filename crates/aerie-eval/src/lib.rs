@@ -1,7 +1,7 @@
 //! aerie-eval: how good is a drafter, in the numbers serving cares about.
 //!
 //! Acceptance on captured shards ([`verify`], [`accept`]), decoding against the native target
-//! ([`decode`]), serving-engine measurements ([`measure`], [`sglang`]), cost models and reports.
+//! ([`decode`]), serving-engine measurements ([`measure`], [`sglang`]) and evaluation inside an engine aerie starts ([`serve`]), cost models and reports.
 //! The teacher-forced TTT metrics of eagle3.md §3 (`aerie eval loss`) live with the objective in
 //! [`aerie_model::ttt::eval`], shared with training's periodic evaluation; shard batches come
 //! from [`aerie_model::ttt::batch::collate`].
@@ -10,12 +10,15 @@
 pub mod accept;
 pub mod compare;
 pub mod cost;
+pub mod counters;
 pub mod decode;
 mod error;
 pub mod measure;
 pub mod offline;
 pub mod plot;
 pub mod prompts;
+pub mod serve;
+pub mod server_api;
 pub mod sglang;
 pub mod verify;
 

@@ -148,7 +148,10 @@ pub fn request_body(
                 "return_meta_info": true,
             });
             if stream {
-                body["stream_options"] = json!({"include_usage": true});
+                // `continuous_usage_stats` (vLLM, SGLang) puts the cumulative token count in
+                // every chunk: a speculative engine streams several tokens per chunk, so counting
+                // chunks would undercount its decode rate.
+                body["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
             }
             body
         }
@@ -226,21 +229,51 @@ pub fn sse_data(line: &str) -> Option<&str> {
 }
 
 /// Tokens a streamed chunk carries, as far as it shows: for `/generate` the cumulative
-/// `completion_tokens` (returned as is), for chat 1 per non-empty content delta.
+/// `completion_tokens` (returned as is); for chat the cumulative `usage.completion_tokens` of a
+/// chunk with generated text when the server sends it (continuous usage statistics), else 1 per
+/// non-empty content delta.
 pub fn chunk_progress(endpoint: Endpoint, chunk: &Value) -> ChunkProgress {
     match endpoint {
         Endpoint::Generate => match meta_info(chunk).and_then(|m| first_u64(m, &["completion_tokens"])) {
             Some(n) => ChunkProgress::Cumulative(n),
             None => ChunkProgress::None,
         },
-        Endpoint::Chat => {
-            let delta =
-                chunk.get("choices").and_then(|c| c.get(0)).and_then(|c| c.get("delta")).and_then(|d| d.get("content"));
-            match delta.and_then(Value::as_str) {
-                Some(s) if !s.is_empty() => ChunkProgress::Delta,
-                _ => ChunkProgress::None,
+        Endpoint::Chat => match chunk_text(endpoint, chunk) {
+            Some(s) if !s.is_empty() => {
+                match chunk.get("usage").and_then(|u| first_u64(u, &["completion_tokens"])) {
+                    Some(n) => ChunkProgress::Cumulative(n),
+                    None => ChunkProgress::Delta,
+                }
             }
-        }
+            _ => ChunkProgress::None,
+        },
+    }
+}
+
+/// The generated text a streamed chunk carries: the chat delta's `content`, or `/generate`'s
+/// cumulative `text`.
+pub fn chunk_text(endpoint: Endpoint, chunk: &Value) -> Option<&str> {
+    match endpoint {
+        Endpoint::Generate => chunk.get("text").and_then(Value::as_str),
+        Endpoint::Chat => chunk
+            .get("choices")
+            .and_then(|c| c.get(0))
+            .and_then(|c| c.get("delta"))
+            .and_then(|d| d.get("content"))
+            .and_then(Value::as_str),
+    }
+}
+
+/// The answer text of a complete (unstreamed) response.
+pub fn response_text(endpoint: Endpoint, response: &Value) -> Option<&str> {
+    match endpoint {
+        Endpoint::Generate => response.get("text").and_then(Value::as_str),
+        Endpoint::Chat => response
+            .get("choices")
+            .and_then(|c| c.get(0))
+            .and_then(|c| c.get("message"))
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_str),
     }
 }
 
@@ -279,6 +312,7 @@ mod tests {
         assert_eq!(c["return_meta_info"], true);
         assert_eq!(c["messages"][0]["role"], "user");
         assert_eq!(c["stream_options"]["include_usage"], true);
+        assert_eq!(c["stream_options"]["continuous_usage_stats"], true);
         let msgs = Prompt::Messages(vec![Message { role: "user".into(), content: "x".into() }]);
         assert!(request_body(Endpoint::Generate, &msgs, 8, false, "m").is_err());
     }
@@ -320,5 +354,11 @@ mod tests {
         assert_eq!(chunk_progress(Endpoint::Generate, &gen_chunk), ChunkProgress::Cumulative(3));
         let chat_chunk = json!({"choices": [{"delta": {"content": "ab"}}]});
         assert_eq!(chunk_progress(Endpoint::Chat, &chat_chunk), ChunkProgress::Delta);
+        // vLLM with continuous usage statistics: three tokens in one speculative chunk.
+        let counted = json!({"choices": [{"delta": {"content": "abc"}}], "usage": {"completion_tokens": 7}});
+        assert_eq!(chunk_progress(Endpoint::Chat, &counted), ChunkProgress::Cumulative(7));
+        assert_eq!(chunk_text(Endpoint::Chat, &counted), Some("abc"));
+        let usage_only = json!({"choices": [], "usage": {"completion_tokens": 7}});
+        assert_eq!(chunk_progress(Endpoint::Chat, &usage_only), ChunkProgress::None);
     }
 }

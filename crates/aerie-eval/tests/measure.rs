@@ -8,6 +8,7 @@ use std::time::Duration;
 use aerie_eval::Error;
 use aerie_eval::cost::Provenance;
 use aerie_eval::measure::{MeasureOptions, costs_from_report, measure};
+use aerie_eval::server_api::ServerApi;
 use aerie_eval::sglang::{Endpoint, Prompt};
 use mock_sglang::{
     Reply, UNSUPPORTED_MEDIA_TYPE, chat_response, error_body, generate_events, generate_response, plain_meta,
@@ -32,6 +33,8 @@ fn opts(url: &str, endpoint: Endpoint, stream: bool) -> MeasureOptions {
         retries: 2,
         backoff: Duration::from_millis(10),
         label: "mock".into(),
+        // The mock speaks SGLang only and counts every request: no detection round.
+        api: Some(ServerApi::Sglang),
         ..MeasureOptions::default()
     }
 }

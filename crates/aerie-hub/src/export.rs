@@ -55,6 +55,8 @@ pub struct ExportReport {
     pub from: Dialect,
     /// Dialect written.
     pub to: Dialect,
+    /// The serving engine this output is for (SGLang or vLLM).
+    pub engine: String,
     /// `torch_dtype` written.
     pub dtype: Dtype,
     /// Aux layer ids as written into the config.
@@ -117,6 +119,7 @@ pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Resul
         out: out.to_path_buf(),
         from: ckpt.dialect,
         to,
+        engine: to.engine().to_string(),
         dtype,
         aux_layer_ids: aux,
         aux_convention: match to {

@@ -115,6 +115,8 @@ pub struct InspectReport {
     pub dir: PathBuf,
     /// Config dialect.
     pub dialect: Dialect,
+    /// The serving engine that reads this layout's aux ids in their own convention.
+    pub engine: String,
     /// `architectures` as written.
     pub architectures: Vec<String>,
     /// The resolved config (aux ids empty when unknown).
@@ -158,6 +160,18 @@ impl InspectReport {
     /// Number of warning findings.
     pub fn warnings(&self) -> usize {
         self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
+    }
+
+    /// Add the warning for serving this layout with `engine` (`vllm`, `sglang`) as it is, when
+    /// that engine reads its aux ids in the other convention (an SGLang export given to vLLM).
+    pub fn served_by(&mut self, engine: &str) {
+        let ids = match self.aux.convention_in_config {
+            aerie_model::AuxConvention::OutputOfLayer => &self.aux.output_of_layer,
+            aerie_model::AuxConvention::InputOfLayer => &self.aux.input_of_layer,
+        };
+        if let Some(w) = self.dialect.served_by_warning(engine, ids) {
+            self.findings.push(Finding { severity: Severity::Warning, code: "layout-engine".into(), message: w });
+        }
     }
 
     /// Process exit code for the CLI: 0 clean, 2 with errors; warnings count as errors only
@@ -285,6 +299,7 @@ pub fn inspect(dir: &Path, target: Option<&Path>) -> Result<InspectReport> {
     Ok(InspectReport {
         dir: dir.to_path_buf(),
         dialect: parsed.dialect,
+        engine: parsed.dialect.engine().to_string(),
         architectures: parsed.architectures.clone(),
         config_dtype: parsed.torch_dtype,
         weight_files: files.map(|f| f.files()).unwrap_or_default(),

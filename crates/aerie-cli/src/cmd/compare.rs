@@ -1,6 +1,7 @@
 //! `aerie compare`: `eval accept` for each candidate drafter on the same data (or, with
-//! `--target --prompts`, `eval decode` on the same prompts), projected through a costs file,
-//! written as one table (Markdown, CSV, Parquet, JSON) with PNG and SVG plots.
+//! `--target --prompts`, `eval decode` on the same prompts; or, with `--engine`, `eval serve` in
+//! a serving engine, ranked by its measured speedup), projected through a costs file, written as
+//! one table (Markdown, CSV, Parquet, JSON) with PNG and SVG plots.
 
 use std::path::PathBuf;
 
@@ -8,6 +9,8 @@ use aerie_eval::compare::{Candidate, rows, write_report};
 use aerie_eval::cost::Costs;
 use aerie_eval::decode::{DecodeOptions, DecodeSession, measured_costs};
 use aerie_eval::offline::ShardEval;
+use aerie_eval::serve::evaluate;
+use aerie_model::drafter::shape::DraftShape;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
@@ -15,6 +18,7 @@ use clap::Args;
 use aerie_data::clock::today;
 
 use crate::cmd::common::AcceptCommon;
+use crate::cmd::common::engine::{Bars, EngineArgs, serve_options, served_drafters, workdir};
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.
@@ -45,6 +49,11 @@ pub struct CompareArgs {
     /// Decode mode: chat template (`auto`, a built-in name, or a .jinja file).
     #[arg(long, default_value = "auto")]
     pub template: String,
+    /// Compare inside a serving engine aerie starts (`--engine vllm`, with --target and
+    /// --prompts): one plain run shared, each candidate served at --k, ranked by the engine's
+    /// measured speedup, projected through the engine's measured costs unless --costs is given.
+    #[command(flatten)]
+    pub serving: EngineArgs,
     /// Print the table rows as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -61,6 +70,9 @@ pub fn run(args: CompareArgs) -> Result<()> {
     }
     args.common.options()?;
     let costs = args.costs.as_deref().map(Costs::load).transpose().context("reading the costs file")?;
+    if args.serving.engine.is_some() {
+        return compare_serving(&args, costs.as_ref());
+    }
     with_backend!(args.common.pass.device, |B, dev| compare::<B>(&args, costs.as_ref(), &dev))
 }
 
@@ -89,6 +101,38 @@ fn finish(args: &CompareArgs, cands: &[Candidate], costs: Option<&Costs>) -> Res
         }
     }
     Ok(())
+}
+
+/// Engine mode: every candidate served by the engine over the same prompts, against one plain run.
+fn compare_serving(args: &CompareArgs, costs: Option<&Costs>) -> Result<()> {
+    let (Some(target), Some(prompts)) = (args.common.target.as_deref(), args.prompts.as_deref()) else {
+        bail!("--engine compares inside a serving engine: give --target DIR and --prompts FILE");
+    };
+    let shape = args.common.draft.shape()?;
+    let DraftShape::Chain { k } = shape else {
+        bail!("--engine serves chains of --k drafts (vLLM's EAGLE-3 has no draft trees)");
+    };
+    let dir = workdir(args.serving.workdir.as_deref())?;
+    let opts =
+        serve_options(&args.serving, target, prompts, args.common.pass.max_samples, &[k], args.max_new_tokens, &dir)?;
+    let drafters = served_drafters(&args.serving, target, &args.drafters, &args.names, &dir)?;
+    let bars = Bars::new();
+    let result = evaluate(&opts, &drafters, &bars);
+    bars.bar.finish_and_clear();
+    let report = result.with_context(|| format!("comparing in {} (engine logs in {})", args.serving.kind(), dir.display()))?;
+    let measured = report.costs(&today());
+    let costs = costs.unwrap_or(&measured);
+    let mut cands: Vec<Candidate> = report
+        .runs
+        .iter()
+        .map(|r| {
+            let mut c = Candidate::new(r.drafter.clone(), r.drafter_dir.display().to_string(), r.accept_report(), Some(costs));
+            c.measured_speedup = Some(r.speedup);
+            c
+        })
+        .collect();
+    cands.sort_by(|a, b| b.measured_speedup.unwrap_or(0.0).total_cmp(&a.measured_speedup.unwrap_or(0.0)));
+    finish(args, &cands, Some(costs))
 }
 
 /// Decode mode: every candidate decodes the same prompts on the native target.

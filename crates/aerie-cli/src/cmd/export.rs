@@ -70,6 +70,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             report.aux_layer_ids,
             report.aux_convention
         );
+        println!("for        {} (`{}` layout: serve it with {})", report.engine, report.to, report.engine);
     }
     Ok(())
 }

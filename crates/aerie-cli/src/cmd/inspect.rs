@@ -23,11 +23,18 @@ pub struct InspectArgs {
     /// Warnings fail too.
     #[arg(long)]
     pub strict: bool,
+    /// The engine that will serve it (`vllm`, `sglang`): warn when it reads this layout's aux
+    /// ids in the other convention.
+    #[arg(long, value_parser = ["vllm", "sglang"])]
+    pub engine: Option<String>,
 }
 
 /// Run `aerie inspect`; returns the exit code.
 pub fn run(args: InspectArgs) -> Result<i32> {
-    let report = inspect(&args.dir, args.target.as_deref())?;
+    let mut report = inspect(&args.dir, args.target.as_deref())?;
+    if let Some(engine) = &args.engine {
+        report.served_by(engine);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -39,6 +46,7 @@ pub fn run(args: InspectArgs) -> Result<i32> {
 fn print_human(r: &InspectReport) {
     let c = &r.config;
     println!("{}  ({}, {})", r.dir.display(), r.dialect, r.architectures.join(","));
+    println!("layout     for {} (its aux ids are read in {}'s convention)", r.engine, r.engine);
     println!(
         "shape      H {} (target {}), {} heads / {} KV of {}, I {}, eps {}",
         c.hidden_size,

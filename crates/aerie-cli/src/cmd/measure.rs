@@ -1,11 +1,13 @@
 //! `aerie measure`: τ, acceptance by position, tokens/s, inter-token latency and the implied
-//! cycle cost of a running SGLang server; against a plain server, T_d for a costs file.
+//! cycle cost of a running SGLang or vLLM server; against a plain server (any OpenAI-compatible
+//! one too), T_d for a costs file.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use aerie_eval::cost::{Costs, Provenance};
 use aerie_eval::measure::{MeasureOptions, MeasureReport, costs_from_report, measure};
+use aerie_eval::server_api::ServerApi;
 use aerie_eval::sglang::{Endpoint, load_prompts};
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -18,6 +20,10 @@ pub struct MeasureArgs {
     /// Server base URL, e.g. http://127.0.0.1:30000.
     #[arg(long)]
     pub server: String,
+    /// The server's engine: auto (asked: vLLM's /metrics, SGLang's /get_server_info, an
+    /// OpenAI-compatible /v1/models), sglang, vllm or openai.
+    #[arg(long, default_value = "auto")]
+    pub api: String,
     /// JSONL prompts: MT-Bench (`turns`, first turn used), `{"prompt": ...}` or `{"messages": [...]}`.
     #[arg(long)]
     pub prompts: PathBuf,
@@ -42,7 +48,7 @@ pub struct MeasureArgs {
     /// Do not stream: no per-token timing (ITL, T_d and the cycle then include prefill).
     #[arg(long)]
     pub no_stream: bool,
-    /// Fail unless the server speculates (meta_info carries spec_verify_ct).
+    /// Fail unless the server speculates (SGLang's meta_info or vLLM's counters show it).
     #[arg(long)]
     pub expect_spec: bool,
     /// Whole-request timeout, seconds.
@@ -71,6 +77,10 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     if let Some(n) = args.max_prompts {
         prompts.truncate(n.max(1));
     }
+    let api = match args.api.as_str() {
+        "auto" => None,
+        other => Some(other.parse::<ServerApi>().map_err(anyhow::Error::msg)?),
+    };
     let opts = MeasureOptions {
         server: args.server.clone(),
         endpoint: args.endpoint,
@@ -83,6 +93,7 @@ pub fn run(args: MeasureArgs) -> Result<()> {
         backoff: Duration::from_millis(500),
         label: args.label.clone(),
         model: args.model.clone(),
+        api,
     };
     let pb = progress::bar(prompts.len() as u64, "measure", "requests");
     let result = measure(&prompts, &opts, &|done, _| pb.set_position(done as u64));
@@ -131,7 +142,14 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Res
 
 fn print_report(r: &MeasureReport) {
     let opt = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |x| format!("{x:.d$}"));
-    println!("server     {} ({}), {} requests, concurrency {}", r.server, r.endpoint.path(), r.requests, r.concurrency);
+    println!(
+        "server     {} ({:?}, {}), {} requests, concurrency {}",
+        r.server,
+        r.api,
+        r.endpoint.path(),
+        r.requests,
+        r.concurrency
+    );
     println!(
         "output     {} tokens in {:.2} s: {:.1} tok/s (server), {:.1} tok/s per request",
         r.completion_tokens, r.wall_s, r.output_tokens_per_s, r.request_tokens_per_s

