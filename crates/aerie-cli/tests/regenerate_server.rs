@@ -564,7 +564,8 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     // `aerie measure` (plain decode costs) through the same server's chat stream: the stream's
     // token count equals the server's own usage count of the unstreamed requests.
     let measure = |extra: &[&str]| {
-        let base = ["measure", "--server", url.as_str(), "--prompts", s(&mt), "--max-new-tokens", "16", "--model", "smollm2"];
+        let base =
+            ["measure", "--server", url.as_str(), "--prompts", s(&mt), "--max-new-tokens", "16", "--model", "smollm2"];
         ok_json(aerie(&[&base[..], extra].concat()))
     };
     let costs = dir.path().join("costs.toml");

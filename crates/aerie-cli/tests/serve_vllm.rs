@@ -114,8 +114,7 @@ fn start_vllm(python: &Path, target: &Path, speculative: &str, log: &Path) -> Se
 }
 
 fn answers_200(url: &str) -> bool {
-    let agent: ureq::Agent =
-        ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().into();
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().into();
     agent.get(url).call().is_ok_and(|r| r.status().as_u16() == 200)
 }
 
@@ -142,8 +141,17 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert_eq!(clean.status.code(), Some(0), "{}", String::from_utf8_lossy(&clean.stdout));
     // eval serve --as-is warns before it starts anything (here nothing can start).
     let as_is = aerie(&[
-        "eval", "serve", "--target", s(&target), "--drafter", s(&fixture), "--prompts", s(&prompts), "--as-is",
-        "--python", "/nonexistent/python3",
+        "eval",
+        "serve",
+        "--target",
+        s(&target),
+        "--drafter",
+        s(&fixture),
+        "--prompts",
+        s(&prompts),
+        "--as-is",
+        "--python",
+        "/nonexistent/python3",
     ]);
     let err = String::from_utf8_lossy(&as_is.stderr);
     assert!(!as_is.status.success());
@@ -171,15 +179,30 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert_eq!(runs.len(), 2);
     for r in runs {
         for key in [
-            "engine", "engine_version", "tau", "accept_rate_conditional", "accept_rate_unconditional", "drafts",
-            "plain_tokens_per_s", "speculative_tokens_per_s", "speedup", "greedy_identical", "answers", "t_d_ms",
-            "cycle_ms", "break_even_tau",
+            "engine",
+            "engine_version",
+            "tau",
+            "accept_rate_conditional",
+            "accept_rate_unconditional",
+            "drafts",
+            "plain_tokens_per_s",
+            "speculative_tokens_per_s",
+            "speedup",
+            "greedy_identical",
+            "answers",
+            "t_d_ms",
+            "cycle_ms",
+            "break_even_tau",
         ] {
             assert!(!r[key].is_null(), "{key} missing in {r}");
         }
         let tau = r["tau"].as_f64().unwrap();
         assert!(tau > 1.1, "the fixture accepts drafts in vLLM: τ {tau}");
-        assert_eq!(r["greedy_identical"], r["answers"], "greedy speculation changed an answer: {}", r["first_difference"]);
+        assert_eq!(
+            r["greedy_identical"], r["answers"],
+            "greedy speculation changed an answer: {}",
+            r["first_difference"]
+        );
         assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), 2);
         let p = &r["prediction"];
         let (pred, diff) = (p["tau"].as_f64().unwrap(), p["tau_difference"].as_f64().unwrap());
@@ -209,7 +232,15 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     let spec = serde_json::json!({"method": "eagle3", "model": s(&speculators), "num_speculative_tokens": 2});
     let server = start_vllm(&python, &target, &spec.to_string(), &dir.path().join("measure-server.log"));
     let m = ok_json(aerie(&[
-        "measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target", "--max-new-tokens", "48",
+        "measure",
+        "--server",
+        &server.url,
+        "--prompts",
+        s(&prompts),
+        "--model",
+        "target",
+        "--max-new-tokens",
+        "48",
         "--json",
     ]));
     println!("aerie measure: {m}");
@@ -222,8 +253,18 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert!(m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
     // A second run on the same server: the counters' difference, not their totals.
     let m2 = ok_json(aerie(&[
-        "measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target", "--max-new-tokens", "48",
-        "--api", "vllm", "--json",
+        "measure",
+        "--server",
+        &server.url,
+        "--prompts",
+        s(&prompts),
+        "--model",
+        "target",
+        "--max-new-tokens",
+        "48",
+        "--api",
+        "vllm",
+        "--json",
     ]));
     assert_eq!(m2["spec_verify_ct"], m["spec_verify_ct"], "the same prompts draft the same cycles again");
     drop(server);
@@ -262,8 +303,10 @@ fn group_members(pgid: u32) -> Vec<u32> {
 }
 
 /// Start `aerie eval serve` in the background and wait until its plain engine answers.
+// The child is handed to the caller, which kills and waits for it.
+#[allow(clippy::zombie_processes)]
 fn serve_until_ready(python: &Path, target: &Path, prompts: &Path, work: &Path) -> (Child, u32) {
-    let child = aerie_cmd()
+    let mut child = aerie_cmd()
         .env("AERIE_PYTHON", python)
         .args(["eval", "serve", "--target", s(target), "--prompts", s(prompts), "--drafter", s(&fixture_drafter())])
         .args(["--k", "1", "--max-new-tokens", "256", "--workdir", s(work), "--json"])
@@ -274,7 +317,11 @@ fn serve_until_ready(python: &Path, target: &Path, prompts: &Path, work: &Path) 
     let record = work.join("plain/engine.json");
     let t0 = Instant::now();
     loop {
-        assert!(t0.elapsed() < Duration::from_secs(900), "the plain engine did not come up in 900 s");
+        if t0.elapsed() > Duration::from_secs(900) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("the plain engine did not come up in 900 s: {}", String::from_utf8_lossy(&out.stderr));
+        }
         if let Ok(text) = std::fs::read_to_string(&record)
             && let Ok(v) = serde_json::from_str::<Value>(&text)
         {

@@ -324,7 +324,12 @@ pub fn break_even(costs: &Costs, max_k: usize) -> Vec<BreakEven> {
     (1..=max_k.max(measured_max))
         .filter_map(|k| {
             let (cycle, source) = costs.cycle(k, k + 1)?;
-            Some(BreakEven { k, cycle_ms: cycle, cycle_source: source, break_even_tau: break_even_tau(cycle, costs.t_d_ms) })
+            Some(BreakEven {
+                k,
+                cycle_ms: cycle,
+                cycle_source: source,
+                break_even_tau: break_even_tau(cycle, costs.t_d_ms),
+            })
         })
         .collect()
 }

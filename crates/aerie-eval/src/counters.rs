@@ -67,7 +67,7 @@ fn parse_line(line: &str) -> std::result::Result<Sample, String> {
             }
             let eq = body[i..].find('=').ok_or("label without `=`")? + i;
             let key = body[i..eq].trim().to_string();
-            if body[eq + 1..].chars().next() != Some('"') {
+            if !body[eq + 1..].starts_with('"') {
                 return Err("label value not quoted".into());
             }
             let mut value = String::new();

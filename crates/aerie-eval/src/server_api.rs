@@ -62,7 +62,7 @@ pub fn detect_api(base_url: &str) -> Result<ServerApi> {
     match get(&agent, &metrics) {
         Ok((200, body)) => match parse_prometheus(&body) {
             Ok(samples) if is_vllm(&samples) => return Ok(ServerApi::Vllm),
-            Ok(_) => seen.push(format!("GET /metrics: 200 without vllm: metrics")),
+            Ok(_) => seen.push("GET /metrics: 200 without vllm: metrics".to_string()),
             Err(_) => seen.push("GET /metrics: 200, not Prometheus text".to_string()),
         },
         Ok((status, body)) => seen.push(format!("GET /metrics: HTTP {status} {}", error_message(&body))),
@@ -101,7 +101,6 @@ pub fn vllm_counters(base_url: &str) -> Result<SpecCounters> {
     vllm_spec_counters(&samples).map_err(|m| server(m, Some(status)))
 }
 
-
 /// vLLM's counters once two readings half a second apart agree: the engine records a step's
 /// statistics as it streams that step's outputs, so the last step's may land just after the
 /// last answer arrived.
@@ -133,7 +132,8 @@ mod tests {
                 let mut s = stream.unwrap();
                 let mut buf = [0u8; 2048];
                 let _ = s.read(&mut buf);
-                let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\nconnection: close\r\n\r\nnot here\n");
+                let _ =
+                    s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\nconnection: close\r\n\r\nnot here\n");
             }
         });
         let e = detect_api(&url).unwrap_err().to_string();

@@ -239,12 +239,10 @@ pub fn chunk_progress(endpoint: Endpoint, chunk: &Value) -> ChunkProgress {
             None => ChunkProgress::None,
         },
         Endpoint::Chat => match chunk_text(endpoint, chunk) {
-            Some(s) if !s.is_empty() => {
-                match chunk.get("usage").and_then(|u| first_u64(u, &["completion_tokens"])) {
-                    Some(n) => ChunkProgress::Cumulative(n),
-                    None => ChunkProgress::Delta,
-                }
-            }
+            Some(s) if !s.is_empty() => match chunk.get("usage").and_then(|u| first_u64(u, &["completion_tokens"])) {
+                Some(n) => ChunkProgress::Cumulative(n),
+                None => ChunkProgress::Delta,
+            },
             _ => ChunkProgress::None,
         },
     }

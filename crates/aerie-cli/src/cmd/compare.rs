@@ -119,14 +119,16 @@ fn compare_serving(args: &CompareArgs, costs: Option<&Costs>) -> Result<()> {
     let bars = Bars::new();
     let result = evaluate(&opts, &drafters, &bars);
     bars.bar.finish_and_clear();
-    let report = result.with_context(|| format!("comparing in {} (engine logs in {})", args.serving.kind(), dir.display()))?;
+    let report =
+        result.with_context(|| format!("comparing in {} (engine logs in {})", args.serving.kind(), dir.display()))?;
     let measured = report.costs(&today());
     let costs = costs.unwrap_or(&measured);
     let mut cands: Vec<Candidate> = report
         .runs
         .iter()
         .map(|r| {
-            let mut c = Candidate::new(r.drafter.clone(), r.drafter_dir.display().to_string(), r.accept_report(), Some(costs));
+            let mut c =
+                Candidate::new(r.drafter.clone(), r.drafter_dir.display().to_string(), r.accept_report(), Some(costs));
             c.measured_speedup = Some(r.speedup);
             c
         })

@@ -37,7 +37,12 @@ pub fn run(args: ProjectArgs) -> Result<()> {
             let v = serde_json::json!({"costs": costs.name, "t_d_ms": costs.t_d_ms, "break_even": rows});
             println!("{}", serde_json::to_string(&v)?);
         } else {
-            println!("costs      {} (T_d {} ms: {:.1} tok/s without speculation)", costs.name, costs.t_d_ms, 1000.0 / costs.t_d_ms);
+            println!(
+                "costs      {} (T_d {} ms: {:.1} tok/s without speculation)",
+                costs.name,
+                costs.t_d_ms,
+                1000.0 / costs.t_d_ms
+            );
             println!("k  cycle ms  (source)  break-even τ");
             for r in &rows {
                 let src = match r.cycle_source {

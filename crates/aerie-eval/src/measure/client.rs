@@ -196,4 +196,3 @@ pub fn send(agent: &ureq::Agent, prompt: &Prompt, opts: &MeasureOptions) -> Resu
     }
     unreachable!("the loop returns on its last attempt")
 }
-

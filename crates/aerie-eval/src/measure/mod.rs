@@ -78,7 +78,6 @@ impl Default for MeasureOptions {
     }
 }
 
-
 /// The result of `aerie measure` (its `--json` output).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeasureReport {
@@ -190,8 +189,11 @@ pub fn measure(
         let after = settled_vllm_counters(&opts.server)?;
         if after.drafts > before.drafts {
             let k = after.accepted_per_pos.len();
-            let acceptance = RunAcceptance::between(&before, &after, k)
-                .map_err(|e| Error::Server { url: opts.server.clone(), status: None, message: e.to_string() })?;
+            let acceptance = RunAcceptance::between(&before, &after, k).map_err(|e| Error::Server {
+                url: opts.server.clone(),
+                status: None,
+                message: e.to_string(),
+            })?;
             apply_counters(&mut report, &acceptance);
         }
     }
@@ -204,7 +206,10 @@ pub fn measure(
                 report.requests,
                 api,
                 opts.model,
-                match opts.endpoint { Endpoint::Chat => "chat", Endpoint::Generate => "generate" }
+                match opts.endpoint {
+                    Endpoint::Chat => "chat",
+                    Endpoint::Generate => "generate",
+                }
             ),
         });
     }
@@ -302,7 +307,10 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         (cycle, None)
     } else {
         let td = itl_ms.or_else(|| {
-            warnings.push("T_d from e2e / tokens includes prefill: stream (drop --no-stream) to time the decode step alone".into());
+            warnings.push(
+                "T_d from e2e / tokens includes prefill: stream (drop --no-stream) to time the decode step alone"
+                    .into(),
+            );
             (completion > 0).then(|| 1000.0 * e2e / completion as f64)
         });
         (None, td)

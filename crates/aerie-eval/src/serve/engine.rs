@@ -88,8 +88,11 @@ pub struct EngineLaunch {
 /// Bind port 0 on the loopback interface and return what the OS chose; the engine binds it a
 /// moment later (another process could take it in between, which the readiness wait reports).
 pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::Server { url: "127.0.0.1:0".into(), status: None, message: format!("no free port: {e}") })?;
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Server {
+        url: "127.0.0.1:0".into(),
+        status: None,
+        message: format!("no free port: {e}"),
+    })?;
     let port = l.local_addr().map(|a| a.port()).map_err(|e| Error::Server {
         url: "127.0.0.1:0".into(),
         status: None,
@@ -379,9 +382,9 @@ impl Drop for RunningEngine {
 pub fn spec_counters(base_url: &str, kind: EngineKind) -> Result<SpecCounters> {
     match kind {
         EngineKind::Vllm => vllm_counters(base_url),
-        EngineKind::Sglang => Err(Error::Incompatible(
-            "SGLang reports acceptance in each response's meta_info, not as counters".into(),
-        )),
+        EngineKind::Sglang => {
+            Err(Error::Incompatible("SGLang reports acceptance in each response's meta_info, not as counters".into()))
+        }
     }
 }
 

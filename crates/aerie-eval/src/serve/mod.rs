@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::counters::{RunAcceptance, SpecCounters};
 pub use answers::{Answer, FirstDifference, PassTimings, compare_answers, run_pass};
 pub use engine::{EngineKind, EngineLaunch, RunningEngine};
-pub use crate::counters::{RunAcceptance, SpecCounters};
 
 use crate::accept::{AcceptReport, AcceptRule};
 use crate::cost::{Costs, Provenance, VerifyCost, break_even_tau, speedup};
@@ -214,8 +214,8 @@ impl ServeReport {
         let mut cycle_ms = std::collections::BTreeMap::new();
         let mut measured = vec!["t_d_ms".to_string(), "t_v.table.1 (= t_d_ms)".to_string()];
         for r in &self.runs {
-            if !cycle_ms.contains_key(&r.k.to_string()) {
-                cycle_ms.insert(r.k.to_string(), r.cycle_ms);
+            if let std::collections::btree_map::Entry::Vacant(e) = cycle_ms.entry(r.k.to_string()) {
+                e.insert(r.cycle_ms);
                 measured.push(format!("cycle_ms.{} (drafter {})", r.k, r.drafter));
             }
         }

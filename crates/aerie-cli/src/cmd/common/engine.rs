@@ -232,4 +232,3 @@ pub fn serve_options(
         request_timeout: Duration::from_secs(1800),
     })
 }
-

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use crate::cmd::common::engine::{Bars, EngineArgs, served_drafters, serve_options, workdir};
+use crate::cmd::common::engine::{Bars, EngineArgs, serve_options, served_drafters, workdir};
 use crate::device::{DeviceArg, with_backend};
 
 /// Arguments of `aerie eval serve`.
@@ -65,13 +65,21 @@ pub struct ServeArgs {
 /// Run `aerie eval serve`.
 pub fn run(args: ServeArgs) -> Result<()> {
     let dir = workdir(args.engine.workdir.as_deref())?;
-    let opts =
-        serve_options(&args.engine, &args.target, &args.prompts, args.max_prompts, &args.ks, args.max_new_tokens, &dir)?;
+    let opts = serve_options(
+        &args.engine,
+        &args.target,
+        &args.prompts,
+        args.max_prompts,
+        &args.ks,
+        args.max_new_tokens,
+        &dir,
+    )?;
     let drafters = served_drafters(&args.engine, &args.target, &args.drafters, &args.names, &dir)?;
     let bars = Bars::new();
     let result = evaluate(&opts, &drafters, &bars);
     bars.bar.finish_and_clear();
-    let mut report = result.with_context(|| format!("evaluating in {} (engine logs in {})", args.engine.kind(), dir.display()))?;
+    let mut report =
+        result.with_context(|| format!("evaluating in {} (engine logs in {})", args.engine.kind(), dir.display()))?;
     if args.predict {
         with_backend!(args.device, |B, dev| predict::<B>(&args, &drafters, &mut report, &dev))?;
     }
@@ -99,7 +107,11 @@ fn predict<B: Backend>(
     device: &B::Device,
 ) -> Result<()> {
     let session = DecodeSession::<B>::load(&args.target, &args.prompts, args.max_prompts, &args.template, device)?;
-    let pb = crate::progress::bar((report.runs.len() * 2 * session.answers() * args.max_new_tokens) as u64, "predict", "tok");
+    let pb = crate::progress::bar(
+        (report.runs.len() * 2 * session.answers() * args.max_new_tokens) as u64,
+        "predict",
+        "tok",
+    );
     for run in &mut report.runs {
         let d = drafters.iter().find(|d| d.name == run.drafter).expect("every run is of a given drafter");
         let opts = DecodeOptions {
@@ -118,12 +130,20 @@ fn predict<B: Backend>(
 
 fn print_report(r: &ServeReport) {
     println!("engine     {} {} serving {}", r.engine, r.engine_version, r.target.display());
-    println!("prompts    {} ({} answers of at most {} tokens, concurrency {})", r.prompts.display(), r.answers, r.max_new_tokens, r.concurrency);
+    println!(
+        "prompts    {} ({} answers of at most {} tokens, concurrency {})",
+        r.prompts.display(),
+        r.answers,
+        r.max_new_tokens,
+        r.concurrency
+    );
     println!(
         "plain      {:.1} tokens/s: T_d {:.2} ms, TTFT {:.0} ms",
         r.plain.tokens_per_s, r.plain.t_d_ms, r.plain.ttft_ms
     );
-    println!("drafter              k  τ       α_i (conditional)        tok/s   speedup  cycle ms  break-even τ  identical");
+    println!(
+        "drafter              k  τ       α_i (conditional)        tok/s   speedup  cycle ms  break-even τ  identical"
+    );
     for x in &r.runs {
         let alpha: Vec<String> = x.accept_rate_conditional.iter().map(|a| format!("{a:.3}")).collect();
         println!(
