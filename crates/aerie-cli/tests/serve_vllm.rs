@@ -302,14 +302,16 @@ fn group_members(pgid: u32) -> Vec<u32> {
     out
 }
 
-/// Start `aerie eval serve` in the background and wait until its plain engine answers.
+/// Start `aerie eval serve` in the background and wait until its plain engine has started its
+/// engine process (the API server and at least one worker in its process group): killed then,
+/// something could be left behind. (Not until it answers: that is minutes on two cores.)
 // The child is handed to the caller, which kills and waits for it.
 #[allow(clippy::zombie_processes)]
 fn serve_until_ready(python: &Path, target: &Path, prompts: &Path, work: &Path) -> (Child, u32) {
     let mut child = aerie_cmd()
         .env("AERIE_PYTHON", python)
         .args(["eval", "serve", "--target", s(target), "--prompts", s(prompts), "--drafter", s(&fixture_drafter())])
-        .args(["--k", "1", "--max-new-tokens", "256", "--workdir", s(work), "--json"])
+        .args(["--k", "1", "--max-new-tokens", "32", "--workdir", s(work), "--json"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -325,7 +327,10 @@ fn serve_until_ready(python: &Path, target: &Path, prompts: &Path, work: &Path) 
         if let Ok(text) = std::fs::read_to_string(&record)
             && let Ok(v) = serde_json::from_str::<Value>(&text)
         {
-            return (child, v["pid"].as_u64().unwrap() as u32);
+            let pid = v["pid"].as_u64().unwrap() as u32;
+            if group_members(pid).len() >= 2 {
+                return (child, pid);
+            }
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -343,9 +348,10 @@ fn wait_gone(pgid: u32, what: &str) {
 fn an_engine_never_outlives_aerie_and_its_death_is_named() {
     let Some(python) = vllm_python("an_engine_never_outlives_aerie_and_its_death_is_named") else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (target, prompts) = target_and_prompts(dir.path(), 8);
+    let (target, prompts) = target_and_prompts(dir.path(), 2);
 
-    // The engine dies mid-run (SIGKILL of its API server): aerie stops, names it, leaves nothing.
+    // The engine dies mid-run (SIGKILL of its API server while it loads the model): aerie stops,
+    // names it with its log, and leaves none of its processes behind.
     let (child, engine) = serve_until_ready(&python, &target, &prompts, &dir.path().join("a"));
     // SAFETY: a signal to the engine's API server, which this test found in engine.json.
     unsafe { libc::kill(engine as i32, libc::SIGKILL) };

@@ -1,5 +1,6 @@
-//! A serving engine started by aerie: one Python process on a loopback port, its log in a file,
-//! a readiness wait that fails with the log's tail, and a stop on every exit path.
+//! A serving engine started by aerie: one Python process on a loopback port, its log in a file
+//! and its pid, URL and command line in `engine.json` beside it, a readiness wait that fails with
+//! the log's tail, and a stop on every exit path.
 //!
 //! The engine must not outlive aerie. Dropping [`RunningEngine`] terminates the engine's whole
 //! process group (the API server and the engine workers it forked), SIGTERM first and SIGKILL
@@ -221,6 +222,10 @@ impl EngineLaunch {
             log: self.log.clone(),
             command: std::iter::once(self.python.display().to_string()).chain(self.args(port)).collect(),
         };
+        // Beside the log, at once: who to look at (or signal) while the engine starts.
+        let record = serde_json::json!({"pid": engine.pid(), "url": engine.base_url, "command": engine.command});
+        let record_path = self.log.with_file_name("engine.json");
+        std::fs::write(&record_path, record.to_string()).map_err(|source| Error::Io { path: record_path, source })?;
         engine.wait_ready(self.startup_timeout)?;
         Ok(engine)
     }

@@ -288,9 +288,6 @@ fn one_run(
     let t0 = Instant::now();
     let mut engine = launch.start()?;
     let startup_s = t0.elapsed().as_secs_f64();
-    let record = serde_json::json!({"pid": engine.pid(), "url": engine.base_url(), "command": engine.command()});
-    let record_path = dir.join("engine.json");
-    std::fs::write(&record_path, record.to_string()).map_err(|source| Error::Io { path: record_path, source })?;
     let answers_total: usize = opts.prompts.iter().map(Prompt::turns).sum();
     progress.serving(label, answers_total);
     let counted = k.is_some() && opts.launch.kind == EngineKind::Vllm;

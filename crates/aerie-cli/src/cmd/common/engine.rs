@@ -83,7 +83,8 @@ impl ServeProgress for Bars {
         self.bar.set_position(done as u64);
     }
     fn finished(&self, line: &str) {
-        self.bar.println(line);
+        // A hidden bar (stderr not a terminal: CI, a log file) prints nothing: say it plainly.
+        if self.bar.is_hidden() { eprintln!("{line}") } else { self.bar.println(line) }
     }
 }
 
