@@ -50,7 +50,8 @@ fn vllm_python(test: &str) -> Option<PathBuf> {
 
 /// The target (imported from the cached GGUF) and a prompt file of `n` MT-Bench first turns.
 fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
-    ok(aerie(&["assets", "fetch", "smollm2", "mtbench"]));
+    ok(aerie(&["assets", "fetch", "smollm2"]));
+    ok(aerie(&["assets", "fetch", "mtbench"]));
     let home = std::env::var_os("AERIE_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/aerie"));
