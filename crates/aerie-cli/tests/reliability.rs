@@ -238,7 +238,7 @@ fn a_second_train_into_one_output_dir_is_refused() {
     let other_seed = f.train_config("b.toml", &run, 2, 1, &[&data], &[]);
     let mut train = aerie_cmd();
     train.args(["train", s(&slow), "--json"]);
-    let first = start_and_freeze(train, &run.join(".aerie.lock"));
+    let first = start_and_freeze(train, &f.root().join(".run.aerie-lock"));
     let before = snapshot(f.root());
     refused(aerie(&["train", s(&other_seed), "--json"]), &[s(&run), &format!("pid {}", first.id())]);
     assert_eq!(snapshot(f.root()), before, "the refused run changed files");
@@ -261,7 +261,7 @@ fn a_second_data_prepare_or_shards_convert_into_one_out_is_refused() {
         c.args(["data", "prepare", "--data", s(&chats), "--tokenizer", s(&target), "--out", s(&prepared), "--json"]);
         c
     };
-    let first = start_and_freeze(prepare(), &prepared.join(".aerie.lock"));
+    let first = start_and_freeze(prepare(), &dir.path().join(".prepared.aerie-lock"));
     let before = snapshot(dir.path());
     refused(prepare().output().unwrap(), &[s(&prepared), &format!("pid {}", first.id())]);
     assert_eq!(snapshot(dir.path()), before);

@@ -11,15 +11,16 @@
 //! the file, only to name it in the refusal.
 //!
 //! Where the lock file lives:
-//! - inside a directory the writer owns and never swaps ([`OutputLock::inside`]): shard datasets
-//!   (`.aerie-shard.lock`, the name the Python capture worker locks too), training runs and
-//!   prepared data (`.aerie.lock`). The file stays behind after the run, empty: a writer that
-//!   deleted it could let two later writers lock different files of the same name.
-//! - beside an output that is a single file or a directory replaced whole
-//!   ([`OutputLock::beside`]): `.<name>.aerie-lock` in the same parent (a lock inside a directory
-//!   that `atomic::replace_dir` swaps would be swapped away with it). These are removed when the
-//!   run ends, which is safe because every taker checks, once it holds the lock, that the path
-//!   still names the file it locked, and starts over otherwise.
+//! - beside the output ([`OutputLock::beside`]): `.<name>.aerie-lock` in the same parent, for
+//!   training runs, prepared data, regenerated chat files and GGUF imports. Beside, not inside:
+//!   an output replaced whole (`atomic::replace_dir`) would swap a lock inside it away, and a
+//!   lock inside would be a stray file in the output's listing. It is removed when the run
+//!   ends, which is safe because every taker checks, once it holds the lock, that the path still
+//!   names the file it locked, and starts over otherwise.
+//! - inside a shard dataset ([`OutputLock::inside`]): `.aerie-shard.lock`, the file the Python
+//!   capture worker locks too (docs/shard-format.md §2). It stays behind after the run, empty:
+//!   the Python writer does not check what it locked, so deleting the file could let two
+//!   writers lock two files of one name.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -27,10 +28,6 @@ use std::path::{Path, PathBuf};
 
 use crate::paths::parent_dir;
 use crate::{Error, Result};
-
-/// The lock file a directory output holds (shard datasets keep their own name, see
-/// [`crate::shard`]).
-pub const DIR_LOCK_FILE: &str = ".aerie.lock";
 
 /// An exclusive lock on one output, held until dropped.
 #[derive(Debug)]
@@ -43,7 +40,7 @@ pub struct OutputLock {
 
 impl OutputLock {
     /// Lock the directory `dir` through its lock file `name` (created if missing, kept after the
-    /// run). `dir` must exist.
+    /// run, emptied). `dir` must exist.
     pub fn inside(dir: &Path, name: &str) -> Result<Self> {
         Self::take(dir, dir.join(name), false)
     }
@@ -135,6 +132,8 @@ fn holder(file: &mut File) -> Option<u32> {
 mod tests {
     use super::*;
 
+    const NAME: &str = ".aerie-shard.lock";
+
     #[test]
     fn a_second_taker_is_refused_naming_the_holder_and_the_lock_returns_on_release() {
         let dir = tempfile::tempdir().unwrap();
@@ -154,19 +153,19 @@ mod tests {
     #[test]
     fn a_lock_inside_a_directory_stays_empty_after_the_run() {
         let dir = tempfile::tempdir().unwrap();
-        let lock = OutputLock::inside(dir.path(), DIR_LOCK_FILE).unwrap();
-        assert!(OutputLock::inside(dir.path(), DIR_LOCK_FILE).is_err());
+        let lock = OutputLock::inside(dir.path(), NAME).unwrap();
+        assert!(OutputLock::inside(dir.path(), NAME).is_err());
         drop(lock);
-        assert_eq!(fs::read(dir.path().join(DIR_LOCK_FILE)).unwrap(), b"");
-        drop(OutputLock::inside(dir.path(), DIR_LOCK_FILE).unwrap());
+        assert_eq!(fs::read(dir.path().join(NAME)).unwrap(), b"");
+        drop(OutputLock::inside(dir.path(), NAME).unwrap());
     }
 
     #[test]
     fn a_dead_holders_pid_in_the_file_is_taken_over() {
         let dir = tempfile::tempdir().unwrap();
         // What `kill -9` leaves: the file with a pid, no lock.
-        fs::write(dir.path().join(DIR_LOCK_FILE), "4194303\n").unwrap();
-        let lock = OutputLock::inside(dir.path(), DIR_LOCK_FILE).unwrap();
+        fs::write(dir.path().join(NAME), "4194303\n").unwrap();
+        let lock = OutputLock::inside(dir.path(), NAME).unwrap();
         assert_eq!(fs::read_to_string(lock.path()).unwrap().trim(), std::process::id().to_string());
     }
 }

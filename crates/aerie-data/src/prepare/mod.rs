@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use rayon::prelude::*;
 
 use crate::conversation::{DropReason, NormalizeOptions, NormalizeReport, Normalized, normalize};
-use crate::lock::{DIR_LOCK_FILE, OutputLock};
+use crate::lock::OutputLock;
 use crate::readers::{ConversationReader, ProgressUnit, ReadOptions, ReadReport};
 use crate::template::{ChatEncoder, ChatTemplate, EncodeOptions, TemplateChoice};
 use crate::tokenizer::TokenizerFiles;
@@ -223,7 +223,7 @@ fn check_options(opts: &PrepareOptions) -> Result<OutputLock> {
         return Err(Error::InvalidOption("max_samples must be at least 1".into()));
     }
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
-    let lock = OutputLock::inside(&opts.out, DIR_LOCK_FILE)?;
+    let lock = OutputLock::beside(&opts.out)?;
     let existing: Vec<_> = [REPORT_FILE, "train.parquet", "eval.parquet"]
         .iter()
         .map(|f| opts.out.join(f))

@@ -193,6 +193,7 @@ impl Tiktoken {
         let mut decoder: Vec<Option<Vec<u8>>> = vec![None; n_entries];
         let mut encoder: FxHashMap<Vec<u8>, u32> = FxHashMap::default();
         encoder.reserve(n_entries);
+        let mut out_of_range: Option<(usize, u32)> = None;
         for (lineno, line) in lines().enumerate() {
             if line.is_empty() {
                 continue;
@@ -209,10 +210,10 @@ impl Tiktoken {
                 .ok_or_else(|| bad("the rank is not a non-negative integer"))?;
             let r = rank as usize;
             if r >= n_entries {
-                return Err(bad(&format!(
-                    "rank {rank} is out of range: the file has {n_entries} entries, so ranks must be 0..{}",
-                    n_entries - 1
-                )));
+                // Not stored (nothing is allocated for it); reported below with the rank it
+                // leaves missing.
+                out_of_range.get_or_insert((lineno + 1, rank));
+                continue;
             }
             if decoder[r].is_some() {
                 return Err(bad(&format!("rank {rank} appears twice")));
@@ -221,6 +222,17 @@ impl Tiktoken {
                 return Err(bad("the same token bytes appear twice"));
             }
             decoder[r] = Some(tok);
+        }
+        if let Some((line, rank)) = out_of_range {
+            let missing = decoder.iter().position(Option::is_none).unwrap_or(0);
+            return Err(err(
+                path,
+                format!(
+                    "line {line}: rank {rank} is out of range: the file has {n_entries} entries, so ranks must be \
+                     0..{} (rank {missing} is missing)",
+                    n_entries - 1
+                ),
+            ));
         }
         let decoder: Vec<Vec<u8>> = decoder
             .into_iter()

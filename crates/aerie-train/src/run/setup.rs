@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use aerie_data::lock::{DIR_LOCK_FILE, OutputLock};
+use aerie_data::lock::OutputLock;
 use aerie_model::checkpoint::{DrafterCheckpoint, load_drafter};
 use aerie_model::ttt::batch::check_compatible;
 use aerie_model::{Drafter, TargetHead};
@@ -21,12 +21,11 @@ use crate::init::{initial_drafter, load_head};
 use crate::step::Trainer;
 use crate::{Error, Result};
 
-/// Hold the run directory (created if missing) for the whole run: two runs into one
+/// Hold the run directory for the whole run: two runs into one
 /// `output_dir` would each write checkpoints the other then resumes from or overwrites. Taken
 /// before anything looks at the directory's checkpoints.
 pub(super) fn lock_run(run: &Path) -> Result<OutputLock> {
-    std::fs::create_dir_all(run).map_err(|e| Error::io(run, e))?;
-    Ok(OutputLock::inside(run, DIR_LOCK_FILE)?)
+    Ok(OutputLock::beside(run)?)
 }
 
 /// Where a run starts from.
