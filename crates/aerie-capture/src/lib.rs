@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod provenance;
 pub mod python;
 pub mod regenerate;
 mod run;

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use aerie_data::shard::{ShardDataset, VerifyReport};
+use aerie_data::shard::{MANIFEST_FILE, ShardDataset, VerifyReport};
 
 use crate::{CaptureOptions, Error, Result};
 
@@ -158,6 +158,9 @@ impl PythonCapture {
     /// Run the capture, then verify the dataset with aerie's reader.
     pub fn run(&self) -> Result<PythonReport> {
         let dir = self.out.as_ref().ok_or_else(|| Error::Invalid("a capture needs --out".into()))?;
+        // The worker takes the dataset's lock itself, so this check runs just before it starts.
+        let on_disk = if dir.join(MANIFEST_FILE).exists() { ShardDataset::open(dir)?.len() as u64 } else { 0 };
+        crate::provenance::check_or_record(dir, &self.data, &self.capture.split, on_disk)?;
         let mut cmd = self.command(None);
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let out = cmd.output().map_err(|e| self.start_error(e))?;

@@ -13,7 +13,7 @@ use aerie_model::{AuxConvention, AuxLayers, CaptureRequest, LogitsMode, TargetMo
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
-use crate::{Error, Result};
+use crate::{Error, Result, provenance};
 
 /// What to capture.
 #[derive(Debug, Clone)]
@@ -123,6 +123,7 @@ pub fn capture<B: Backend>(
     let options = ShardWriterOptions { shard_tokens: opts.shard_tokens, ..Default::default() };
     let (mut writer, resumed) = ShardWriter::open_or_create(out, metadata, options)?;
     let resumed_samples = resumed.map_or(0, |r| r.samples);
+    provenance::check_or_record(out, data.dir(), &opts.split, resumed_samples)?;
     let available = data.len(&opts.split);
     let total = opts.max_samples.map_or(available, |m| (m as u64).min(available));
 

@@ -88,10 +88,41 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// The exit status of a process killed by SIGPIPE (128 + 13), what `cat` or `grep` report.
+const EXIT_BROKEN_PIPE: i32 = 141;
+
+/// A closed stdout (`aerie regenerate ... | head`) ends the process quietly with
+/// [`EXIT_BROKEN_PIPE`], as it ends every Unix tool, instead of a panic (exit 101) from
+/// `println!`. Everything aerie writes to files is durable before it prints its report, so
+/// stopping here loses nothing. Other panics keep the default report.
+fn exit_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
+        default(info);
+    }));
+}
+
 fn main() {
+    exit_quietly_on_broken_pipe();
     kernel_cache::configure();
     let code = match run(Cli::parse()) {
         Ok(code) => code,
+        // `writeln!(stdout)?` to a closed stdout: the same quiet end as `println!`'s (above).
+        // Only a bare I/O error: the crates' own errors name their file or request.
+        Err(err)
+            if err.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            EXIT_BROKEN_PIPE
+        }
         Err(err) => {
             eprintln!("error: {}", error_chain(&err));
             1

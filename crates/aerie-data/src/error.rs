@@ -112,11 +112,20 @@ pub enum Error {
         /// The directory.
         path: PathBuf,
     },
-    /// Another writer holds the dataset's lock.
-    #[error("{}: another writer is using this dataset", path.display())]
+    /// Another process holds the output's lock ([`crate::lock`]).
+    #[error(
+        "{}: another process{} is writing this output (it holds {}); wait for it to end, or choose another output",
+        path.display(),
+        holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+        lock.display()
+    )]
     Locked {
-        /// The lock file.
+        /// The output: a dataset or run directory, or an output file.
         path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The holder's pid, when it wrote one and is alive.
+        holder: Option<u32>,
     },
     /// Writer options that cannot work.
     #[error("invalid shard writer options: {0}")]

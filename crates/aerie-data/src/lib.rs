@@ -61,6 +61,7 @@ pub mod conversation;
 mod error;
 pub mod generation;
 pub mod hf_config;
+pub mod lock;
 mod paths;
 pub mod prepare;
 pub mod readers;

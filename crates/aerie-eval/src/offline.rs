@@ -44,7 +44,27 @@ impl<B: Backend> ShardEval<B> {
         let data = ShardDataset::open(dir).map_err(|e| Error::step(format!("opening {}", dir.display()), e))?;
         let teacher = data.metadata().teacher;
         let head = match (target_head, teacher.has_final_hidden()) {
-            (Some(path), true) => Some(head_tensor::<B>(path, device)?),
+            (Some(path), true) => {
+                let head = head_tensor::<B>(path, device)?;
+                let meta = data.metadata();
+                let want = [meta.target_vocab_size, meta.hidden_size];
+                if head.dims() != want {
+                    // Named here: found later, the mismatch would be blamed on the drafter.
+                    return Err(Error::Input {
+                        path: path.to_path_buf(),
+                        message: format!(
+                            "--target-head is [{}, {}] ([V, Ht]); the shards in {} were captured from a target of \
+                             vocabulary {} and hidden size {}",
+                            head.dims()[0],
+                            head.dims()[1],
+                            dir.display(),
+                            want[0],
+                            want[1]
+                        ),
+                    });
+                }
+                Some(head)
+            }
             (None, true) if teacher.topk().is_none() => {
                 return Err(Error::Input {
                     path: dir.to_path_buf(),

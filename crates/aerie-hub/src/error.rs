@@ -71,6 +71,16 @@ pub enum Error {
         /// The output directory.
         path: PathBuf,
     },
+    /// `--force` on an output directory that is not a previous import.
+    #[error(
+        "{path}: --force replaces only a previous import, and this directory is not one: {why}; choose another --out"
+    )]
+    ImportOutputForeign {
+        /// The output directory.
+        path: PathBuf,
+        /// What it holds that an import does not write.
+        why: String,
+    },
     /// The converted directory, read back, is not what was meant to be written (tensor shapes,
     /// `tokenizer.json` that does not load or splits a special token).
     #[error("{path}: import verification failed:\n  - {}", problems.join("\n  - "))]

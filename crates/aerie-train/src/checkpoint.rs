@@ -136,6 +136,29 @@ pub fn save<B: AutodiffBackend>(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     }
+    // A failed save (disk full, say) leaves nothing behind: the half-written directory would
+    // hold tens of MB of the space the next save needs.
+    let written = write_checkpoint(trainer, state, config_toml, &tmp);
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written?;
+    let dst = checkpoint_dir(run, step);
+    if dst.exists() {
+        std::fs::remove_dir_all(&dst).map_err(|e| Error::io(&dst, e))?;
+    }
+    std::fs::rename(&tmp, &dst).map_err(|e| Error::io(&dst, e))?;
+    sync_dir(run)?;
+    Ok(dst)
+}
+
+/// The checkpoint's files, written and synced into `tmp`.
+fn write_checkpoint<B: AutodiffBackend>(
+    trainer: &Trainer<B>,
+    state: &TrainingState,
+    config_toml: &str,
+    tmp: &Path,
+) -> Result<()> {
     let model = trainer.valid();
     let ckpt = DrafterCheckpoint {
         config: model.config().clone(),
@@ -146,7 +169,7 @@ pub fn save<B: AutodiffBackend>(
     };
     let opts =
         SaveOptions { dialect: Dialect::Sglang, dtype: Some(Dtype::F32), include_embedding: false, overwrite: false };
-    save_drafter(&ckpt, &tmp, &opts)?;
+    save_drafter(&ckpt, tmp, &opts)?;
     let sd = tmp.join(STATE_DIR);
     std::fs::create_dir(&sd).map_err(|e| Error::io(&sd, e))?;
     let optim_path = sd.join(OPTIM_FILE);
@@ -158,14 +181,7 @@ pub fn save<B: AutodiffBackend>(
     write_synced(&sd.join(CONFIG_FILE), config_toml.as_bytes())?;
     let json = serde_json::to_string_pretty(state).expect("state serialises");
     write_synced(&sd.join(STATE_FILE), json.as_bytes())?;
-    sync_dir(&sd)?;
-    let dst = checkpoint_dir(run, step);
-    if dst.exists() {
-        std::fs::remove_dir_all(&dst).map_err(|e| Error::io(&dst, e))?;
-    }
-    std::fs::rename(&tmp, &dst).map_err(|e| Error::io(&dst, e))?;
-    sync_dir(run)?;
-    Ok(dst)
+    Ok(sync_dir(&sd)?)
 }
 
 /// Delete all but the newest `keep` checkpoints (0 keeps all).

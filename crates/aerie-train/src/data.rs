@@ -72,6 +72,35 @@ impl std::fmt::Debug for Catalog {
     }
 }
 
+/// Every dataset of a run (`data.train`, `data.eval`) was captured with the first training
+/// set's tokenizer and target features: mixed ids or features train and score a drafter on
+/// noise, silently (configs/README.md).
+fn check_same_source(cfg: &DataConfig, train: &[ShardDataset], eval: &[ShardDataset]) -> Result<()> {
+    let (Some(first), Some(first_dir)) = (train.first(), cfg.train.first()) else { return Ok(()) };
+    let named = |key: &str, dirs: &[std::path::PathBuf]| {
+        dirs.iter()
+            .enumerate()
+            .map(|(i, d)| (format!("data.{key}[{i}] ({})", d.display()), d.clone()))
+            .collect::<Vec<_>>()
+    };
+    let others =
+        named("train", &cfg.train).into_iter().zip(train).skip(1).chain(named("eval", &cfg.eval).into_iter().zip(eval));
+    for ((name, dir), set) in others {
+        let differences = set.metadata().mixing_differences(first.metadata());
+        if !differences.is_empty() {
+            return Err(Error::config(
+                &dir,
+                format!(
+                    "{name} and data.train[0] ({}) were captured differently and cannot be used in one run:\n  - {}",
+                    first_dir.display(),
+                    differences.join("\n  - ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Catalog {
     /// Open every dataset of `cfg` and split the training samples.
     pub fn open(cfg: &DataConfig) -> Result<Self> {
@@ -80,6 +109,7 @@ impl Catalog {
         };
         let train_sets = open(&cfg.train)?;
         let eval_sets = open(&cfg.eval)?;
+        check_same_source(cfg, &train_sets, &eval_sets)?;
         let (mut train, mut held, mut skipped) = (Vec::new(), Vec::new(), 0);
         for (d, set) in train_sets.iter().enumerate() {
             for (index, s) in set.iter().enumerate() {

@@ -199,7 +199,10 @@ impl<'a> Turns<'a> {
         clock.seconds += done.decode_seconds;
         clock.tokens += done.decode_tokens;
         let (reasoning, content) = match (&done.ids, done.text) {
-            (Some(ids), _) => self.answer_of_ids(ids)?,
+            (Some(ids), _) => {
+                self.check_ids(conv, ids)?;
+                self.answer_of_ids(ids)?
+            }
             // A server without a reasoning parser leaves `<think>…</think>` inline.
             (None, text) => {
                 let text = text.unwrap_or_default();
@@ -225,6 +228,24 @@ impl<'a> Turns<'a> {
         conv.kept_turns += 1;
         conv.turn += 1;
         self.advance(done.key, conv)
+    }
+
+    /// Refuse an answer holding an id outside the vocabulary: the tokenizer would drop it from
+    /// the text without a word (a wrong `--tokenizer`, or a broken engine), and the dataset
+    /// would hold answers the model never gave.
+    fn check_ids(&self, conv: &InFlight, ids: &[u32]) -> Result<()> {
+        let vocab = self.tok.vocab_size();
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            None => Ok(()),
+            Some(id) => Err(Error::Server(format!(
+                "conversation `{}` (record {}), assistant turn {}: the engine returned token id {id}, outside the \
+                 vocabulary of {vocab} ids of {}; is the server running the model of this tokenizer?",
+                conv.id,
+                conv.source_index,
+                conv.turn,
+                self.tok_dir.display()
+            ))),
+        }
     }
 
     /// (reasoning, content) of generated ids, decoded with special tokens skipped: split at a

@@ -70,6 +70,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aerie_data::conversation::{RawConversation, RawTurn, Role, normalize};
+use aerie_data::lock::OutputLock;
 use aerie_data::readers::{ConversationReader, ProgressUnit};
 use aerie_data::template::ChatTemplate;
 use aerie_data::tokenizer::TokenizerFiles;
@@ -95,7 +96,7 @@ pub fn regenerate<B: Backend>(
     opts: &RegenerateOptions,
     progress: &mut dyn FnMut(&RegenerateProgress),
 ) -> Result<RegenerateReport> {
-    check_paths(opts)?;
+    let _lock = claim_output(opts)?;
     let tok_dir = opts.tokenizer.clone().unwrap_or_else(|| target_dir.to_owned());
     let tok = TokenizerFiles::load(&tok_dir)?;
     check_tokenizer(&tok, target, target_dir)?;
@@ -117,7 +118,7 @@ pub fn regenerate_server(
     progress: &mut dyn FnMut(&RegenerateProgress),
 ) -> Result<RegenerateReport> {
     server.validate()?;
-    check_paths(opts)?;
+    let _lock = claim_output(opts)?;
     let tok_dir: PathBuf = opts.tokenizer.clone().ok_or_else(|| {
         Error::Invalid(
             "--server needs --tokenizer (the served model's tokenizer directory or hub id): aerie renders and \
@@ -137,9 +138,13 @@ pub fn regenerate_server(
     run.drive(&mut engine, &meta, progress)
 }
 
-/// Validate the options and refuse a finished output or a missing input before anything runs.
-fn check_paths(opts: &RegenerateOptions) -> Result<()> {
+/// Validate the options, take the output's lock for the whole run (two runs appending to one
+/// `OUT.partial` would interleave their records), and refuse a finished output or a missing
+/// input before anything runs. The output is looked at only once the lock is held: a run that
+/// finished in between has published `OUT` by then.
+fn claim_output(opts: &RegenerateOptions) -> Result<OutputLock> {
     opts.validate()?;
+    let lock = OutputLock::beside(&opts.out)?;
     if opts.out.exists() && !opts.overwrite {
         return Err(Error::Invalid(format!(
             "{} already exists (a finished regeneration); pass --overwrite to replace it",
@@ -149,7 +154,7 @@ fn check_paths(opts: &RegenerateOptions) -> Result<()> {
     if !opts.data.exists() {
         return Err(Error::Invalid(format!("{}: no such file or directory (--data)", opts.data.display())));
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// One run: the options, the turn builder and the eos ids.

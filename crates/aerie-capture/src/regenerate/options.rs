@@ -89,6 +89,7 @@ impl RegenerateOptions {
         if self.max_samples == Some(0) {
             return Err(Error::Invalid("max-samples must be at least 1".into()));
         }
+        aerie_data::template::check_template_kwargs(&self.template_kwargs)?;
         Ok(())
     }
 }

@@ -42,6 +42,19 @@ impl PreparedDataset {
     /// Open `dir`, checking its format and that every split file the report lists exists.
     pub fn open(dir: &Path) -> Result<Self> {
         let path = dir.join(REPORT_FILE);
+        if !dir.is_dir() || !path.is_file() {
+            let what = if !dir.exists() {
+                "does not exist"
+            } else if !dir.is_dir() {
+                "is a file, not a directory"
+            } else {
+                "holds no report.json"
+            };
+            return Err(Error::Manifest {
+                path: dir.to_owned(),
+                message: format!("not a prepared dataset: it {what} (`aerie data prepare --out DIR` writes one)"),
+            });
+        }
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
         let report: PrepareReport = serde_json::from_slice(&bytes).map_err(|e| Error::Manifest {
             path: path.clone(),

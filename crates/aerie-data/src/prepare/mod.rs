@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 use rayon::prelude::*;
 
 use crate::conversation::{DropReason, NormalizeOptions, NormalizeReport, Normalized, normalize};
+use crate::lock::OutputLock;
 use crate::readers::{ConversationReader, ProgressUnit, ReadOptions, ReadReport};
 use crate::template::{ChatEncoder, ChatTemplate, EncodeOptions, TemplateChoice};
 use crate::tokenizer::TokenizerFiles;
@@ -212,7 +213,9 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn check_options(opts: &PrepareOptions) -> Result<()> {
+/// Check the options and take `out`'s lock for the whole run (two runs would write the same
+/// temp files), then refuse an existing dataset unless it may be overwritten.
+fn check_options(opts: &PrepareOptions) -> Result<OutputLock> {
     if !(0.0..1.0).contains(&opts.eval_fraction) {
         return Err(Error::InvalidOption(format!("eval fraction {} is not in [0, 1)", opts.eval_fraction)));
     }
@@ -220,6 +223,7 @@ fn check_options(opts: &PrepareOptions) -> Result<()> {
         return Err(Error::InvalidOption("max_samples must be at least 1".into()));
     }
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
+    let lock = OutputLock::beside(&opts.out)?;
     let existing: Vec<_> = [REPORT_FILE, "train.parquet", "eval.parquet"]
         .iter()
         .map(|f| opts.out.join(f))
@@ -232,12 +236,12 @@ fn check_options(opts: &PrepareOptions) -> Result<()> {
             existing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// Prepare `opts.data` into `opts.out`; `progress` is called every few records.
 pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)) -> Result<PrepareReport> {
-    check_options(opts)?;
+    let _lock = check_options(opts)?;
     let tok = TokenizerFiles::load(&opts.tokenizer)?;
     let template = ChatTemplate::resolve(&opts.template, &tok)?;
     let encoder = ChatEncoder::new(&template, &tok.tokenizer, opts.encode.clone())?;
@@ -352,8 +356,9 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
             path: opts.data.clone(),
             at: format!("{} records", read.records),
             message: format!(
-                "no sample kept; dropped per reason: {}{}",
+                "no sample kept; dropped per reason: {}{}{}",
                 serde_json::to_string(&conversations.dropped).unwrap_or_default(),
+                read.warnings.first().map(|w| format!("; first: {w}")).unwrap_or_default(),
                 examples.first().map(|e| format!("; first rejection: {e}")).unwrap_or_default()
             ),
         });

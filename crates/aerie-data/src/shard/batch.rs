@@ -190,6 +190,7 @@ pub fn gather(
     };
     let mut non_finite: Option<NonFinite> = None;
     for (i, s) in samples.iter().enumerate() {
+        s.check_ids_and_mask()?;
         let n = s.len();
         let at = i * l;
         ids[at..at + n].copy_from_slice(&s.input_ids());
@@ -272,5 +273,24 @@ impl ShardMetadata {
     /// data's side of the check that a drafter fits the data.
     pub fn aux_output_of_layer_ids(&self) -> Vec<usize> {
         self.aux_convention.output_of_layer(&self.aux_layer_ids)
+    }
+
+    /// What keeps two datasets out of one run (training on both, training on one and evaluating
+    /// on the other): token ids of another tokenizer, or features of another target, layer set or
+    /// width, which a drafter would take for the same thing. One line per field, `field: this vs
+    /// other`; storage, teacher and provenance may differ.
+    pub fn mixing_differences(&self, other: &ShardMetadata) -> Vec<String> {
+        let fields: [(&str, String, String); 5] = [
+            ("tokenizer_digest", self.tokenizer_digest.clone(), other.tokenizer_digest.clone()),
+            ("target", self.target.clone(), other.target.clone()),
+            ("target_vocab_size", self.target_vocab_size.to_string(), other.target_vocab_size.to_string()),
+            (
+                "aux_layer_ids (output-of-layer)",
+                format!("{:?}", self.aux_output_of_layer_ids()),
+                format!("{:?}", other.aux_output_of_layer_ids()),
+            ),
+            ("hidden_size", self.hidden_size.to_string(), other.hidden_size.to_string()),
+        ];
+        fields.into_iter().filter(|(_, a, b)| a != b).map(|(f, a, b)| format!("{f}: `{a}` vs `{b}`")).collect()
     }
 }

@@ -124,6 +124,7 @@ pub fn convert(
     let shards = source.num_shards();
     let mut index = source.manifest().shards[..resumed_shards].iter().map(|s| s.samples as usize).sum::<usize>();
     for (s, entry) in source.manifest().shards.iter().enumerate().skip(resumed_shards) {
+        source.check_shard_checksum(s)?;
         for _ in 0..entry.samples {
             let view = source.sample(index).expect("the manifest counts the samples");
             index += 1;

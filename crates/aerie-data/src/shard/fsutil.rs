@@ -3,9 +3,9 @@
 //! and one writer at a time holds a lock. Readers therefore never see a half-written shard or
 //! manifest, whatever moment a capture process dies at.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
@@ -58,32 +58,6 @@ pub fn sha256_file(path: impl AsRef<Path>) -> Result<String> {
         hasher.update(&buf[..n]);
     }
     Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// An exclusive lock on a dataset directory, released on drop.
-#[derive(Debug)]
-pub(crate) struct DirLock {
-    _file: File,
-}
-
-impl DirLock {
-    pub(crate) fn acquire(dir: &Path) -> Result<Self> {
-        let path: PathBuf = dir.join(LOCK_FILE);
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => return Err(Error::Locked { path }),
-            // File systems without locks: go on unprotected rather than refuse to work.
-            Err(fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {}
-            Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
-        }
-        Ok(Self { _file: file })
-    }
 }
 
 #[cfg(test)]

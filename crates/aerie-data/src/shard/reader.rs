@@ -55,6 +55,7 @@ impl ShardDataset {
             dtype: metadata.dtype,
             k: metadata.teacher.topk().unwrap_or(0),
             logprobs_dtype: None,
+            vocab: metadata.target_vocab_size,
         };
         let mut shards: Vec<Shard> = Vec::with_capacity(manifest.shards.len());
         let mut first_sample = vec![0];

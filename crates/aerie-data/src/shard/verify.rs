@@ -39,11 +39,7 @@ impl ShardDataset {
         let mut report = VerifyReport::default();
         for (shard, entry) in self.shards.iter().zip(&self.manifest.shards) {
             let path = &shard.path;
-            if let Some(expected) = &entry.sha256 {
-                let found = fsutil::sha256_file(path)?;
-                if !found.eq_ignore_ascii_case(expected) {
-                    return Err(Error::Checksum { path: path.clone(), expected: expected.clone(), found });
-                }
+            if check_checksum(path, entry.sha256.as_deref())? {
                 report.checksums += 1;
             }
             let map = &shard.mmap[..];
@@ -87,6 +83,25 @@ impl ShardDataset {
         }
         Ok(report)
     }
+}
+
+impl ShardDataset {
+    /// Check shard `index` against the sha256 its manifest entry records (a no-op without one):
+    /// what a reader that copies the data elsewhere (`shards convert`) runs before it reads the
+    /// shard, so a corrupted source is refused instead of laundered into a valid-looking copy.
+    pub fn check_shard_checksum(&self, index: usize) -> Result<()> {
+        check_checksum(&self.shards[index].path, self.manifest.shards[index].sha256.as_deref()).map(|_| ())
+    }
+}
+
+/// Whether `path` had a recorded digest to check (and it matched).
+fn check_checksum(path: &Path, expected: Option<&str>) -> Result<bool> {
+    let Some(expected) = expected else { return Ok(false) };
+    let found = fsutil::sha256_file(path)?;
+    if !found.eq_ignore_ascii_case(expected) {
+        return Err(Error::Checksum { path: path.to_path_buf(), expected: expected.to_owned(), found });
+    }
+    Ok(true)
 }
 
 /// One stored [T, width] hidden tensor and its scales (empty unless scaled).

@@ -25,6 +25,8 @@ pub(crate) struct Layout {
     pub(crate) k: usize,
     /// Storage of `teacher_topk_logprobs`: the same in every shard.
     pub(crate) logprobs_dtype: Option<FloatDtype>,
+    /// The target vocabulary V: token ids lie in `0..V`.
+    pub(crate) vocab: usize,
 }
 
 /// One sample: `len()` tokens of every tensor, borrowed from the dataset.
@@ -92,6 +94,23 @@ impl<'a> SampleView<'a> {
     /// or by the `safetensors` libraries), copied otherwise.
     pub fn input_ids(&self) -> Cow<'a, [i32]> {
         codec::i32s(self.rows(&self.shard.input_ids, 1, 4))
+    }
+
+    /// Refuse a token id outside the target vocabulary or a loss-mask value other than 0 and 1,
+    /// as `verify` does, naming the shard, the sample and the position. Cheap (ids and mask are
+    /// a few bytes per token); every batch runs it before its ids index an embedding, where an
+    /// out-of-range id would abort the process instead.
+    pub fn check_ids_and_mask(&self) -> Result<()> {
+        let at = || {
+            let id = self.sample_id().map_or_else(String::new, |id| format!(" (id {id})"));
+            format!("sample {}{id}: ", self.index)
+        };
+        let path = self.shard_path();
+        super::checks::token_ids(super::names::INPUT_IDS, &self.input_ids(), self.layout.vocab)
+            .map_err(|m| Error::tensor(path, super::names::INPUT_IDS, format!("{}{m}", at())))?;
+        super::checks::loss_mask(self.loss_mask())
+            .map_err(|m| Error::tensor(path, super::names::LOSS_MASK, format!("{}{m}", at())))?;
+        Ok(())
     }
 
     /// 1 where the token is trained on (assistant tokens), else 0. Not shifted.

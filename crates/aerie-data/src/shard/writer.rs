@@ -12,12 +12,13 @@ use safetensors::{Dtype, View};
 
 use super::checks;
 use super::codec;
-use super::fsutil::{self, DirLock, MANIFEST_FILE, TMP_PREFIX};
+use super::fsutil::{self, LOCK_FILE, MANIFEST_FILE, TMP_PREFIX};
 use super::input::SampleRef;
 use super::manifest::{Manifest, ShardEntry};
 use super::metadata::ShardMetadata;
 use super::names;
 use super::reader::ShardDataset;
+use crate::lock::OutputLock;
 use crate::{Error, Result};
 
 /// How a [`ShardWriter`] cuts and records shards.
@@ -118,7 +119,7 @@ pub struct ShardWriter {
     /// Whether samples carry ids; set by the first sample of the dataset.
     with_ids: Option<bool>,
     next_shard: usize,
-    _lock: DirLock,
+    _lock: OutputLock,
 }
 
 impl ShardWriter {
@@ -130,7 +131,7 @@ impl ShardWriter {
         options.validate()?;
         metadata.validate().map_err(|source| Error::Metadata { path: dir.clone(), source })?;
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let lock = DirLock::acquire(&dir)?;
+        let lock = OutputLock::inside(&dir, LOCK_FILE)?;
         let occupied =
             dir.join(MANIFEST_FILE).exists() || list_dir(&dir)?.iter().any(|name| fsutil::is_shard_file_name(name));
         if occupied {
@@ -162,7 +163,7 @@ impl ShardWriter {
             let e = std::io::Error::new(std::io::ErrorKind::NotFound, "no shard dataset here");
             return Err(Error::io(manifest_path, e));
         }
-        let lock = DirLock::acquire(&dir)?;
+        let lock = OutputLock::inside(&dir, LOCK_FILE)?;
         let (manifest, _) = Manifest::read(&dir)?;
         let listed: HashSet<&str> = manifest.shards.iter().map(|s| s.file.as_str()).collect();
         let mut removed = Vec::new();

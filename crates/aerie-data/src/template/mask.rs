@@ -116,6 +116,7 @@ impl<'a> ChatEncoder<'a> {
         if opts.max_length == Some(0) {
             return Err(Error::InvalidOption("max_length must be at least 1".into()));
         }
+        super::check_template_kwargs(&opts.template_kwargs)?;
         let added = tokenizer.added_tokens();
         let special_ids = added.iter().filter(|t| t.special).map(|t| t.id).collect();
         let cut_tokens: Vec<(String, u32)> =

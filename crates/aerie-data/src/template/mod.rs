@@ -369,6 +369,22 @@ fn render_error_message(e: &minijinja::Error) -> String {
     }
 }
 
+/// Variables every render sets itself: the conversation and whether a generation prompt
+/// follows. A template variable of that name (`--template-kwarg messages=...`) would silently
+/// replace what is rendered, so it is refused.
+pub const RESERVED_VARIABLES: [&str; 2] = ["messages", "add_generation_prompt"];
+
+/// Refuse template variables that [`ChatTemplate::render_conversation`] sets itself.
+pub fn check_template_kwargs(kwargs: &BTreeMap<String, serde_json::Value>) -> Result<()> {
+    match kwargs.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(Error::InvalidOption(format!(
+            "--template-kwarg {k}: `{k}` is set by aerie for every render (reserved: {}); it cannot be given",
+            RESERVED_VARIABLES.join(", ")
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,11 +186,15 @@ impl Tiktoken {
 
     /// [`Tiktoken::load`] on the file's bytes (`path` names it in errors).
     pub fn from_bytes(path: &Path, bytes: &[u8], config: &Map<String, Json>) -> Result<Self> {
-        let mut decoder: Vec<Option<Vec<u8>>> = Vec::new();
+        // Ranks are exactly 0..n-1 for the n entries the file has: the table is sized by the
+        // file, never by a rank it claims (one line `... 4000000000` must not allocate 96 GB).
+        let lines = || bytes.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+        let n_entries = lines().filter(|l| !l.is_empty()).count();
+        let mut decoder: Vec<Option<Vec<u8>>> = vec![None; n_entries];
         let mut encoder: FxHashMap<Vec<u8>, u32> = FxHashMap::default();
-        encoder.reserve(bytes.len() / 16);
-        for (lineno, line) in bytes.split(|&b| b == b'\n').enumerate() {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
+        encoder.reserve(n_entries);
+        let mut out_of_range: Option<(usize, u32)> = None;
+        for (lineno, line) in lines().enumerate() {
             if line.is_empty() {
                 continue;
             }
@@ -205,8 +209,11 @@ impl Tiktoken {
                 .and_then(|r| r.parse().ok())
                 .ok_or_else(|| bad("the rank is not a non-negative integer"))?;
             let r = rank as usize;
-            if r >= decoder.len() {
-                decoder.resize(r + 1, None);
+            if r >= n_entries {
+                // Not stored (nothing is allocated for it); reported below with the rank it
+                // leaves missing.
+                out_of_range.get_or_insert((lineno + 1, rank));
+                continue;
             }
             if decoder[r].is_some() {
                 return Err(bad(&format!("rank {rank} appears twice")));
@@ -215,6 +222,17 @@ impl Tiktoken {
                 return Err(bad("the same token bytes appear twice"));
             }
             decoder[r] = Some(tok);
+        }
+        if let Some((line, rank)) = out_of_range {
+            let missing = decoder.iter().position(Option::is_none).unwrap_or(0);
+            return Err(err(
+                path,
+                format!(
+                    "line {line}: rank {rank} is out of range: the file has {n_entries} entries, so ranks must be \
+                     0..{} (rank {missing} is missing)",
+                    n_entries - 1
+                ),
+            ));
         }
         let decoder: Vec<Vec<u8>> = decoder
             .into_iter()
@@ -237,9 +255,15 @@ impl Tiktoken {
                 Special { content, id: id as u32, skip_on_decode }
             })
             .collect();
-        let special_by_name: HashMap<String, u32> = specials.iter().map(|s| (s.content.clone(), s.id)).collect();
-        if special_by_name.len() != NUM_SPECIAL {
-            return Err(err(path, "two special tokens of added_tokens_decoder have the same name"));
+        let mut special_by_name: HashMap<String, u32> = HashMap::with_capacity(NUM_SPECIAL);
+        for s in &specials {
+            if let Some(first) = special_by_name.insert(s.content.clone(), s.id) {
+                // The names come from the config beside the model, not from the model file.
+                return Err(err(
+                    &path.with_file_name("tokenizer_config.json"),
+                    format!("added_tokens_decoder names ids {first} and {} both `{}`", s.id, s.content),
+                ));
+            }
         }
         let special_matcher = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
@@ -499,6 +523,47 @@ mod tests {
             let bounds = |v: Vec<(usize, u32)>| v.into_iter().map(|(p, _)| p).collect::<Vec<_>>();
             assert_eq!(bounds(byte_pair_merge(&ranks, &piece)), bounds(byte_pair_merge_long(&ranks, &piece)), "{len}");
         }
+    }
+
+    /// The 256 single bytes as `base64 rank` lines, then `extra`.
+    fn model_file(extra: &str) -> Vec<u8> {
+        const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut text: String = (0..=255u8)
+            .map(|b| format!("{}{}== {b}\n", B64[(b >> 2) as usize] as char, B64[((b & 3) << 4) as usize] as char))
+            .collect();
+        text.push_str(extra);
+        text.into_bytes()
+    }
+
+    #[test]
+    fn a_rank_beyond_the_files_entries_is_refused_naming_the_line_before_any_allocation() {
+        let path = Path::new("tiktoken.model");
+        let config = Map::new();
+        assert_eq!(Tiktoken::from_bytes(path, &model_file("YWI= 256\n"), &config).unwrap().num_ranks(), 257);
+        for rank in ["4000000000", "300000000", "257"] {
+            let started = std::time::Instant::now();
+            let err =
+                Tiktoken::from_bytes(path, &model_file(&format!("YWI= {rank}\n")), &config).unwrap_err().to_string();
+            assert!(
+                err.contains("tiktoken.model")
+                    && err.contains("line 257")
+                    && err.contains(&format!("rank {rank} is out of range")),
+                "{err}"
+            );
+            assert!(started.elapsed().as_secs_f64() < 1.0, "rank {rank}: {:?}", started.elapsed());
+        }
+    }
+
+    #[test]
+    fn a_duplicate_special_name_is_blamed_on_the_config_naming_both_ids() {
+        let config: Map<String, Json> = serde_json::from_str(
+            r#"{"added_tokens_decoder": {"256": {"content": "<|x|>"}, "300": {"content": "<|x|>"}}}"#,
+        )
+        .unwrap();
+        let path = Path::new("/m/tiktoken.model");
+        let err = Tiktoken::from_bytes(path, &model_file(""), &config).unwrap_err().to_string();
+        assert!(err.starts_with("/m/tokenizer_config.json: "), "{err}");
+        assert!(err.contains("ids 256 and 300") && err.contains("`<|x|>`"), "{err}");
     }
 
     #[test]

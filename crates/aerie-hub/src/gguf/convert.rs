@@ -70,10 +70,41 @@ struct Planned<'a> {
     heads: usize,
 }
 
+/// The files an import writes: `--force` replaces a directory holding these only.
+const IMPORT_FILES: [&str; 5] =
+    ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
+
+/// `--force` replaces a previous import, recognised by its files (an empty directory too), and
+/// never a directory holding the input: anything else in `out` is not aerie's to delete.
+fn check_replaceable(file: &Path, out: &Path) -> Result<()> {
+    let refuse = |why: String| Error::ImportOutputForeign { path: out.to_path_buf(), why };
+    if !out.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    if let (Ok(f), Ok(o)) = (file.canonicalize(), out.canonicalize())
+        && f.starts_with(&o)
+    {
+        return Err(refuse(format!("it holds the input {}", file.display())));
+    }
+    for entry in fs::read_dir(out).map_err(io(out))? {
+        let name = entry.map_err(io(out))?.file_name();
+        let name = name.to_string_lossy();
+        if !IMPORT_FILES.contains(&name.as_ref()) {
+            return Err(refuse(format!("it holds `{name}`, which no import writes")));
+        }
+    }
+    Ok(())
+}
+
 /// Convert the llama-architecture GGUF `file` into an HF directory at `out`.
 pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<ImportReport> {
-    if out.exists() && !opts.force {
-        return Err(Error::ImportOutputExists { path: out.to_path_buf() });
+    // One import into `out` at a time; the lock is beside `out`, which is replaced whole.
+    let _lock = aerie_data::lock::OutputLock::beside(out)?;
+    if out.exists() {
+        if !opts.force {
+            return Err(Error::ImportOutputExists { path: out.to_path_buf() });
+        }
+        check_replaceable(file, out)?;
     }
     let gguf = GgufFile::open(file)?;
     let vocab = GgufVocab::from_gguf(&gguf)?;
@@ -122,9 +153,7 @@ pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<Impor
     write_safetensors(&gguf, &plan, &dir.join("model.safetensors"))?;
     verify_safetensors(&dir.join("model.safetensors"), &plan)?;
     verify_tokenizer(&dir.join("tokenizer.json"), &vocab)?;
-    let files =
-        ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
-    for f in files {
+    for f in IMPORT_FILES {
         File::open(dir.join(f)).and_then(|f| f.sync_all()).map_err(io(&dir.join(f)))?;
     }
     // Replaces an existing `out` (the caller checked `force`) only once the new one is complete.
@@ -145,7 +174,7 @@ pub fn import_gguf(file: &Path, out: &Path, opts: ImportOptions) -> Result<Impor
         source_types,
         tokenizer_vocab: vocab.tokens.len(),
         pre_tokenizer: vocab.pre_name.clone(),
-        files: files.iter().map(|f| f.to_string()).collect(),
+        files: IMPORT_FILES.iter().map(|f| f.to_string()).collect(),
         hparams: h,
     })
 }

@@ -266,6 +266,9 @@ impl GgufFile {
         let data_start = (r.pos as u64).next_multiple_of(alignment);
 
         let file_len = mmap.len() as u64;
+        // Data ranges [offset, offset + bytes) of the tensors with a known layout, to refuse
+        // overlaps below, as llama.cpp does: two tensors sharing bytes is a corrupt file.
+        let mut ranges: Vec<(u64, u64, &str)> = Vec::with_capacity(tensors.len());
         for t in &tensors {
             let fail = |problem: String| Error::GgufFormat { path: path.clone(), problem };
             if t.offset % alignment != 0 {
@@ -290,6 +293,17 @@ impl GgufFile {
                     t.name, n_bytes, t.offset
                 )));
             }
+            ranges.push((t.offset, t.offset + n_bytes, &t.name));
+        }
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            let ((a0, a1, a), (b0, b1, b)) = (w[0], w[1]);
+            return Err(Error::GgufFormat {
+                path: path.clone(),
+                problem: format!(
+                    "tensors `{a}` (data bytes {a0}..{a1}) and `{b}` (data bytes {b0}..{b1}) overlap: the file is corrupt"
+                ),
+            });
         }
 
         Ok(Self { path, mmap, version, alignment, data_start, metadata, index, tensors, tensor_index: names })

@@ -98,6 +98,28 @@ fn tensor_info_problems() {
     assert!(open_bytes(&w.to_bytes()).unwrap_err().to_string().contains("`dup` appears twice"));
 }
 
+/// Set the data offset of `tensor` in GGUF `bytes` (its info: name, rank, dims, type, offset).
+fn set_offset(bytes: &mut [u8], tensor: &str, offset: u64) {
+    let name = tensor.as_bytes();
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let rank = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let field = at + 4 + 8 * rank + 4;
+    bytes[field..field + 8].copy_from_slice(&offset.to_le_bytes());
+}
+
+#[test]
+fn overlapping_tensor_data_is_refused_naming_both_tensors() {
+    let m = tiny_llama(true, "smollm");
+    let mut bytes = m.writer.to_bytes();
+    assert!(open_bytes(&bytes).is_ok());
+    // The norm's data laid over the embedding's first bytes: inside the file, read back as
+    // "verified" garbage before.
+    set_offset(&mut bytes, "output_norm.weight", 0);
+    let err = open_bytes(&bytes).unwrap_err().to_string();
+    assert!(err.contains("bad.gguf") && err.contains("overlap"), "{err}");
+    assert!(err.contains("`output_norm.weight`") && err.contains("`token_embd.weight`"), "{err}");
+}
+
 #[test]
 fn unsupported_type_names_tensor_and_type() {
     let mut m = tiny_llama(true, "smollm");
@@ -165,17 +187,40 @@ fn existing_output_needs_force() {
     let err = import_gguf(&path, &out, ImportOptions::default()).unwrap_err();
     assert!(matches!(err, Error::ImportOutputExists { .. }), "{err}");
     assert!(out.join("keep.txt").exists());
+    // --force replaces a previous import only: a directory with a file no import writes is
+    // refused (it used to be deleted), and left as it was.
+    let err = import_gguf(&path, &out, ImportOptions { force: true }).unwrap_err();
+    assert!(matches!(err, Error::ImportOutputForeign { .. }), "{err}");
+    assert!(err.to_string().contains("`keep.txt`") && err.to_string().contains("out"), "{err}");
+    assert!(out.join("keep.txt").exists());
+    std::fs::remove_file(out.join("keep.txt")).unwrap();
+    // An empty directory, then a previous import, are replaced.
+    import_gguf(&path, &out, ImportOptions { force: true }).unwrap();
+    let first = std::fs::read(out.join("model.safetensors")).unwrap();
     // A failing forced import leaves the old directory untouched.
     let bad = dir.path().join("bad.gguf");
     std::fs::write(&bad, b"GGUF").unwrap();
     assert!(import_gguf(&bad, &out, ImportOptions { force: true }).is_err());
-    assert!(out.join("keep.txt").exists());
+    assert_eq!(std::fs::read(out.join("model.safetensors")).unwrap(), first);
     import_gguf(&path, &out, ImportOptions { force: true }).unwrap();
-    assert!(!out.join("keep.txt").exists() && out.join("model.safetensors").exists());
+    assert!(out.join("model.safetensors").exists());
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".aerie-import"))
+        .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn force_never_deletes_a_directory_holding_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("models");
+    std::fs::create_dir(&out).unwrap();
+    let input = out.join("m.gguf");
+    tiny_llama(true, "smollm").writer.write(&input);
+    let before = std::fs::read(&input).unwrap();
+    let err = import_gguf(&input, &out, ImportOptions { force: true }).unwrap_err().to_string();
+    assert!(err.contains("models") && err.contains("holds the input") && err.contains("m.gguf"), "{err}");
+    assert_eq!(std::fs::read(&input).unwrap(), before);
 }

@@ -319,12 +319,53 @@ pub fn validate(cfg: &DrafterConfig, tensors: &TensorMap, target_hidden_explicit
     let t2d: Option<Vec<bool>> =
         tensors.get(keys::T2D).filter(|t| t.dtype == Dtype::Bool).map(|t| t.data.iter().map(|&b| b != 0).collect());
     p.extend(check_vocab_map(cfg.vocab_size, cfg.draft_vocab_size, d2t.as_deref(), t2d.as_deref()));
+    p.extend(tensors.iter().filter_map(|(name, t)| first_non_finite(t).map(|(i, v)| (name, i, v))).map(
+        |(name, i, v)| {
+            Problem::new("non-finite", format!("`{name}`: element {i} is {v}; a drafter with a NaN or infinite weight drafts garbage and scores nothing"))
+        },
+    ));
     p
+}
+
+/// The first NaN or infinity of a float tensor (its flat index and value), found on the stored
+/// bits (an all-ones exponent) without converting the tensor: one cheap pass at load time, so
+/// no command evaluates, serves or exports a drafter whose numbers are not numbers.
+pub fn first_non_finite(t: &HostTensor) -> Option<(usize, f32)> {
+    let d = &t.data;
+    match t.dtype {
+        Dtype::F32 => d
+            .chunks_exact(4)
+            .position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000)
+            .map(|i| (i, f32::from_le_bytes(d[4 * i..4 * i + 4].try_into().expect("4 bytes")))),
+        Dtype::F16 => d
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00)
+            .map(|i| (i, half::f16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32())),
+        Dtype::BF16 => d
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80)
+            .map(|i| (i, half::bf16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32())),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_weights_are_found_in_every_float_dtype() {
+        for dtype in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let t = HostTensor::from_f32(vec![4], &[0.5, -2.0, bad, 1.0], dtype);
+                let (i, v) = first_non_finite(&t).unwrap();
+                assert_eq!(i, 2, "{dtype}");
+                assert!(v.is_nan() == bad.is_nan() && (v.is_nan() || v == bad), "{dtype}: {v}");
+            }
+            let big = HostTensor::from_f32(vec![3], &[65000.0, -1e-6, 0.0], dtype);
+            assert_eq!(first_non_finite(&big), None, "{dtype}");
+        }
+    }
 
     #[test]
     fn vocab_map_invariants() {

@@ -18,6 +18,16 @@ pub struct TreeShape {
     pub verify_tokens: usize,
 }
 
+/// Draft steps per cycle at most (`--k`): SGLang serves 3 to 8, EAGLE-3 trains 7 steps ahead,
+/// and a chain's acceptance past a few dozen steps is zero for any drafter, while its cost (KV
+/// cache, draft forwards) grows with every step: a larger K is a typo, not an experiment.
+pub const MAX_DEPTH: usize = 64;
+/// Children per tree node at most (SGLang's `--speculative-eagle-topk` runs 1 to 10).
+pub const MAX_TOPK: usize = 64;
+/// Tokens verified per tree cycle at most (SGLang's `--speculative-num-draft-tokens` runs up
+/// to a few hundred; the target's attention mask over them is quadratic).
+pub const MAX_VERIFY_TOKENS: usize = 1024;
+
 /// How drafts are laid out each cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -59,13 +69,31 @@ impl DraftShape {
     /// Why this layout cannot be drafted with a draft vocabulary of `vd` ids, if it cannot
     /// (`usize::MAX` when the vocabulary is not known yet).
     pub fn check(&self, vd: usize) -> std::result::Result<(), String> {
+        let depth = self.depth();
+        if depth > MAX_DEPTH {
+            return Err(format!(
+                "--k {depth} is above the limit of {MAX_DEPTH} draft steps (acceptance decays geometrically with depth; \
+                 deeper drafts only cost memory and time)"
+            ));
+        }
+        if let DraftShape::Tree(t) = *self
+            && (t.topk > MAX_TOPK || t.verify_tokens > MAX_VERIFY_TOKENS)
+        {
+            return Err(format!(
+                "a tree of topk {} and {} verified tokens is above the limits of topk {MAX_TOPK} and \
+                 {MAX_VERIFY_TOKENS} verified tokens per cycle",
+                t.topk, t.verify_tokens
+            ));
+        }
         match *self {
             DraftShape::Chain { k: 0 } => Err("a chain needs k >= 1".into()),
             DraftShape::Chain { .. } => Ok(()),
             DraftShape::Tree(TreeShape { depth, topk, verify_tokens }) => {
                 if depth == 0 || topk == 0 || topk > vd || verify_tokens < 2 {
+                    // `usize::MAX` stands for a vocabulary not known yet: not a number to print.
+                    let vd = if vd == usize::MAX { "Vd".to_owned() } else { format!("Vd ({vd})") };
                     Err(format!(
-                        "a tree needs depth >= 1, 1 <= topk <= Vd ({vd}) and at least 2 verified tokens; got depth {depth}, topk {topk}, tokens {verify_tokens}"
+                        "a tree needs depth >= 1, 1 <= topk <= {vd} and at least 2 verified tokens; got depth {depth}, topk {topk}, tokens {verify_tokens}"
                     ))
                 } else {
                     Ok(())
@@ -89,5 +117,18 @@ mod tests {
         assert!(DraftShape::Chain { k: 0 }.check(10).is_err());
         assert!(tree.check(1).unwrap_err().contains("topk <= Vd (1)"));
         assert!(tree.check(10).is_ok());
+    }
+
+    #[test]
+    fn sizes_past_the_limits_are_refused_with_the_limit() {
+        assert!(DraftShape::Chain { k: MAX_DEPTH }.check(10).is_ok());
+        let err = DraftShape::Chain { k: 100_000 }.check(10).unwrap_err();
+        assert!(err.contains("--k 100000") && err.contains("limit of 64"), "{err}");
+        let wide = DraftShape::Tree(TreeShape { depth: 3, topk: 65, verify_tokens: 6 });
+        assert!(wide.check(usize::MAX).unwrap_err().contains("topk 64"));
+        let none = DraftShape::Tree(TreeShape { depth: 3, topk: 0, verify_tokens: 4 }).check(usize::MAX).unwrap_err();
+        assert!(none.contains("1 <= topk <= Vd and") && !none.contains(&usize::MAX.to_string()), "{none}");
+        let many = DraftShape::Tree(TreeShape { depth: 3, topk: 2, verify_tokens: 5000 });
+        assert!(many.check(usize::MAX).unwrap_err().contains("1024 verified tokens"));
     }
 }

@@ -71,7 +71,13 @@ impl TttOptions {
 
     /// Check K ≥ 1 and one weight per step.
     pub fn validate(&self) -> Result<()> {
-        if self.ttt_length == 0 || self.step_weights.len() != self.ttt_length {
+        if self.ttt_length == 0 {
+            return Err(Error::Incompatible(
+                "ttt_length (--ttt-length) is 0; it is the number of draft steps the loss unrolls and must be at least 1"
+                    .into(),
+            ));
+        }
+        if self.step_weights.len() != self.ttt_length {
             return Err(Error::Shape(format!(
                 "ttt_length {} needs exactly that many step weights, got {}",
                 self.ttt_length,

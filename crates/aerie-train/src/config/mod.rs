@@ -379,9 +379,16 @@ impl TrainConfig {
         for (key, value) in overrides {
             keys::set(&mut table, key, value)?;
         }
-        let cfg: TrainConfig = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::config(path, e.message().to_string()))?;
+        // A value of the wrong type is named by its key, and blamed on `--set` when it came
+        // from there rather than from the file.
+        let cfg: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let key = e.path().to_string();
+            let message = format!("`{key}`: {}", e.inner().message());
+            match overrides.iter().find(|(k, _)| *k == key) {
+                Some((k, v)) => Error::config(format!("--set {k}={v}"), message),
+                None => Error::config(path, message),
+            }
+        })?;
         cfg.validate(path)?;
         Ok(cfg)
     }

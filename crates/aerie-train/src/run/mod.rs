@@ -22,7 +22,9 @@ use crate::{Error, Result};
 
 mod setup;
 
-use setup::{Position, Start, build_trainer, check_data_fits, resume_position, start, total_steps, write_run_config};
+use setup::{
+    Position, Start, build_trainer, check_data_fits, lock_run, resume_position, start, total_steps, write_run_config,
+};
 
 /// How to run a config.
 #[derive(Debug, Clone)]
@@ -70,6 +72,7 @@ pub fn train<B: AutodiffBackend>(
     let main = devices.first().cloned().ok_or_else(|| Error::Options("no device given".into()))?;
     let per_step = cfg.optim.grad_accumulation * devices.len();
     let catalog = Catalog::open(&cfg.data)?;
+    let _lock = lock_run(opts.resume.as_deref().unwrap_or(&cfg.output_dir))?;
     let st = start(cfg, opts.resume.as_deref(), per_step)?;
     let run = st.run.clone();
     let config_toml = write_run_config(cfg, &run)?;

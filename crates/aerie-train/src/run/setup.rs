@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use aerie_data::lock::OutputLock;
 use aerie_model::checkpoint::{DrafterCheckpoint, load_drafter};
 use aerie_model::ttt::batch::check_compatible;
 use aerie_model::{Drafter, TargetHead};
@@ -19,6 +20,13 @@ use crate::grads::with_stable_ids;
 use crate::init::{initial_drafter, load_head};
 use crate::step::Trainer;
 use crate::{Error, Result};
+
+/// Hold the run directory for the whole run: two runs into one
+/// `output_dir` would each write checkpoints the other then resumes from or overwrites. Taken
+/// before anything looks at the directory's checkpoints.
+pub(super) fn lock_run(run: &Path) -> Result<OutputLock> {
+    Ok(OutputLock::beside(run)?)
+}
 
 /// Where a run starts from.
 pub(super) struct Start {

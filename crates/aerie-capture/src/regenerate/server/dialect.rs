@@ -146,7 +146,11 @@ pub(in crate::regenerate) fn parse_response(
                 .and_then(Value::as_array)
                 .ok_or("no `output_ids` list in the /generate response (is this SGLang?)")?
                 .iter()
-                .map(|x| x.as_u64().map(|n| n as u32).ok_or("`output_ids` holds a non-integer"))
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| format!("`output_ids` holds {x}, not a token id"))
+                })
                 .collect::<std::result::Result<_, _>>()?;
             let reason = meta.get("finish_reason");
             let kind = reason.and_then(|r| r.get("type")).and_then(Value::as_str).unwrap_or("");

@@ -1,0 +1,508 @@
+//! What a user feeds aerie never loses data or brings it down (docs/reliability.md), each case
+//! with two real `aerie` processes or a real bad file: the refusal's exit code, that its message
+//! names the file or option and the problem, and that the output on disk is unchanged (every
+//! byte of the scratch directory before and after).
+
+mod common;
+#[path = "../../aerie-capture/tests/fixture/mod.rs"]
+mod fixture;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use aerie_data::shard::{
+    AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher, shard_file_name,
+};
+use aerie_model::checkpoint::io::write_safetensors;
+use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
+use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
+use common::{aerie, aerie_cmd, aerie_run, ok, ok_json, s};
+
+/// Every file under `dir` with its bytes: "no existing output changed" is this map's equality.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The run failed with exit code 1 (an error, not a panic), and its stderr holds every `needle`.
+fn refused(out: Output, needles: &[&str]) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "expected a refusal (exit 1):\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from:\n{err}");
+    }
+    err
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(status.success(), "kill {sig}");
+}
+
+/// Start `cmd`, wait until it holds `lock` (its pid is in the file), then freeze it (SIGSTOP):
+/// a writer in the middle of its run, for as long as the test needs.
+fn start_and_freeze(mut cmd: Command, lock: &Path) -> Child {
+    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let pid = child.id().to_string();
+    let start = Instant::now();
+    let mut child = child;
+    while !std::fs::read_to_string(lock).is_ok_and(|t| t.trim() == pid) {
+        assert!(child.try_wait().unwrap().is_none(), "the first writer ended before it could be frozen");
+        assert!(start.elapsed() < Duration::from_secs(60), "{} not taken in 60 s", lock.display());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal(&child, "-STOP");
+    child
+}
+
+/// The first writer, killed as `kill -9` would (its lock file stays behind, with its pid).
+fn kill(mut child: Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Drafter, target head and shard fixtures of the synthetic tiny drafter config.
+struct Shards {
+    dir: tempfile::TempDir,
+    drafter: PathBuf,
+    head: PathBuf,
+}
+
+impl Shards {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = tiny_config();
+        let drafter = dir.path().join("drafter");
+        let opts = SaveOptions { include_embedding: true, ..SaveOptions::default() };
+        save_drafter(&random_drafter(&cfg, Dtype::F32, 1), &drafter, &opts).unwrap();
+        let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
+        let vals: Vec<f32> = (0..v * ht).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
+        let head = dir.path().join("head.safetensors");
+        write_safetensors(&head, [("lm_head.weight", &HostTensor::from_f32(vec![v, ht], &vals, Dtype::F32))]).unwrap();
+        Self { dir, drafter, head }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `samples` samples of 10 + i % 7 tokens into `name/`, shards of `shard_tokens`, with
+    /// sha256 checksums; `tokenizer_digest` says which tokenizer the ids are of.
+    fn write(&self, name: &str, samples: usize, shard_tokens: usize, tokenizer_digest: &str) -> PathBuf {
+        self.write_with(name, samples, shard_tokens, tokenizer_digest, true)
+    }
+
+    fn write_with(
+        &self,
+        name: &str,
+        samples: usize,
+        shard_tokens: usize,
+        tokenizer_digest: &str,
+        checksums: bool,
+    ) -> PathBuf {
+        let cfg = tiny_config();
+        let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
+        let out = self.root().join(name);
+        let meta = ShardMetadata {
+            target: "synthetic/tiny-target".into(),
+            target_num_layers: 10,
+            target_vocab_size: v,
+            aux_layer_ids: vec![1, 4, 6],
+            aux_convention: AuxConvention::OutputOfLayer,
+            hidden_size: ht,
+            dtype: HiddenDtype::F32,
+            tokenizer_digest: tokenizer_digest.into(),
+            chat_template: "none".into(),
+            teacher: Teacher::FinalHidden,
+            created_by: "aerie-cli reliability tests".into(),
+            extra: BTreeMap::new(),
+        };
+        let mut w = ShardWriter::create(&out, meta, ShardWriterOptions { shard_tokens, checksums }).unwrap();
+        for s in 0..samples {
+            let n = 10 + s % 7;
+            let ids: Vec<i32> = (0..n).map(|j| ((j * 37 + s) % v) as i32).collect();
+            let mask: Vec<u8> = (0..n).map(|j| (j >= 2) as u8).collect();
+            let aux: Vec<f32> = (0..n * 3 * ht).map(|i| (((i + s) * 31 % 97) as f32 / 97.0) - 0.5).collect();
+            let fin: Vec<f32> = (0..n * ht).map(|i| (((i + s) * 13 % 89) as f32 / 89.0) - 0.5).collect();
+            w.push(SampleRef::new(&ids, &mask, &aux[..]).with_final_hidden(&fin[..])).unwrap();
+        }
+        w.finish().unwrap();
+        out
+    }
+
+    /// A train config of `epochs` over `train` (and `eval`) into `run`.
+    fn train_config(
+        &self,
+        name: &str,
+        run: &Path,
+        seed: u64,
+        epochs: usize,
+        train: &[&Path],
+        eval: &[&Path],
+    ) -> PathBuf {
+        let list = |dirs: &[&Path]| dirs.iter().map(|d| format!("{:?}", s(d))).collect::<Vec<_>>().join(", ");
+        let toml = format!(
+            "seed = {seed}\noutput_dir = {run:?}\nlog_every = 1\nttt_length = 2\n\n[data]\ntrain = [{train}]\neval = [{eval}]\n\
+             batch_tokens = 64\n\n[init]\nkind = \"warm_start\"\ndrafter = {drafter:?}\n\n[target]\nhead = {head:?}\n\n\
+             [optim]\nlr = 1e-3\nwarmup_ratio = 0.1\nepochs = {epochs}\n",
+            run = s(run),
+            train = list(train),
+            eval = list(eval),
+            drafter = s(&self.drafter),
+            head = s(&self.head),
+        );
+        let path = self.root().join(name);
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    fn eval(&self, what: &str, data: &Path, drafter: &Path, extra: &[&str]) -> Output {
+        let args = ["eval", what, "--drafter", s(drafter), "--data", s(data), "--target-head", s(&self.head)];
+        aerie(&[&args[..], extra, &["--json"]].concat())
+    }
+}
+
+/// Overwrite the first element of `tensor` in the first shard of `data` with `bytes` (behind
+/// the writer's back: what a disk or another program can do).
+fn patch_first_shard(data: &Path, tensor: &str, bytes: &[u8]) -> PathBuf {
+    let path = data.join(shard_file_name(0));
+    patch_tensor(&path, tensor, 0, bytes);
+    path
+}
+
+/// Overwrite element bytes of `tensor` in the safetensors file `path`, from byte `at` of its data.
+fn patch_tensor(path: &Path, tensor: &str, at: usize, bytes: &[u8]) {
+    let mut file = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let at = 8 + n + header[tensor]["data_offsets"][0].as_u64().unwrap() as usize + at;
+    file[at..at + bytes.len()].copy_from_slice(bytes);
+    std::fs::write(path, file).unwrap();
+}
+
+/// The names of the tensors of the safetensors file `path`.
+fn tensor_names(path: &Path) -> Vec<String> {
+    let file = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    header.keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+#[test]
+fn a_second_regenerate_into_one_out_is_refused_and_a_killed_holder_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 128, 4, 8);
+    let data = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&data, &fixture::conversations(12));
+    let run = |out: &Path| aerie_run("regenerate", &target, &data, out, &["--max-new-tokens", "24", "--json"]);
+    let full = dir.path().join("full.jsonl");
+    ok_json(run(&full).output().unwrap());
+    let want = std::fs::read(&full).unwrap();
+
+    let out = dir.path().join("regen.jsonl");
+    let lock = dir.path().join(".regen.jsonl.aerie-lock");
+    let first = start_and_freeze(run(&out), &lock);
+    let before = snapshot(dir.path());
+    refused(run(&out).output().unwrap(), &[s(&out), &format!("pid {}", first.id()), "another process"]);
+    assert_eq!(snapshot(dir.path()), before, "the refused run changed files");
+
+    // The holder dies without releasing anything: the next run takes its lock over and
+    // resumes its partial output into the uninterrupted bytes.
+    kill(first);
+    ok_json(run(&out).output().unwrap());
+    assert_eq!(std::fs::read(&out).unwrap(), want);
+    assert!(!lock.exists(), "the lock beside the output is removed at the end");
+}
+
+#[test]
+fn a_second_train_into_one_output_dir_is_refused() {
+    let f = Shards::new();
+    let data = f.write("data", 8, 1 << 20, &"0".repeat(64));
+    let run = f.root().join("run");
+    let slow = f.train_config("a.toml", &run, 1, 2000, &[&data], &[]);
+    let other_seed = f.train_config("b.toml", &run, 2, 1, &[&data], &[]);
+    let mut train = aerie_cmd();
+    train.args(["train", s(&slow), "--json"]);
+    let first = start_and_freeze(train, &f.root().join(".run.aerie-lock"));
+    let before = snapshot(f.root());
+    refused(aerie(&["train", s(&other_seed), "--json"]), &[s(&run), &format!("pid {}", first.id())]);
+    assert_eq!(snapshot(f.root()), before, "the refused run changed files");
+    kill(first);
+    let summary: serde_json::Value =
+        serde_json::from_str(ok(aerie(&["train", s(&other_seed), "--json"])).trim()).unwrap();
+    assert_eq!(summary["status"], "completed", "{summary}");
+}
+
+#[test]
+fn a_second_data_prepare_or_shards_convert_into_one_out_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_tokenizer(&target, Some(fixture::CHATML));
+    let chats = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(40_000));
+    let prepared = dir.path().join("prepared");
+    let prepare = || {
+        let mut c = aerie_cmd();
+        c.args(["data", "prepare", "--data", s(&chats), "--tokenizer", s(&target), "--out", s(&prepared), "--json"]);
+        c
+    };
+    let first = start_and_freeze(prepare(), &dir.path().join(".prepared.aerie-lock"));
+    let before = snapshot(dir.path());
+    refused(prepare().output().unwrap(), &[s(&prepared), &format!("pid {}", first.id())]);
+    assert_eq!(snapshot(dir.path()), before);
+    kill(first);
+    ok_json(prepare().output().unwrap());
+
+    let f = Shards::new();
+    let src = f.write("src", 400, 40, &"0".repeat(64));
+    let dst = f.root().join("dst");
+    let convert = || {
+        let mut c = aerie_cmd();
+        c.args(["shards", "convert", s(&src), "--dtype", "fp8-e4m3", "--out", s(&dst), "--json"]);
+        c
+    };
+    let first = start_and_freeze(convert(), &dst.join(".aerie-shard.lock"));
+    let before = snapshot(f.root());
+    refused(convert().output().unwrap(), &[s(&dst), &format!("pid {}", first.id())]);
+    assert_eq!(snapshot(f.root()), before);
+    kill(first);
+    let report = ok_json(convert().output().unwrap());
+    assert_eq!(report["tokens"], ok_json(aerie(&["shards", "verify", s(&src), "--json"]))["tokens"]);
+}
+
+#[test]
+fn shards_convert_refuses_a_source_whose_checksum_fails() {
+    let f = Shards::new();
+    let src = f.write("src", 6, 30, &"0".repeat(64));
+    let shard = patch_first_shard(&src, "aux_hidden", &0.25f32.to_le_bytes());
+    let dst = f.root().join("dst");
+    let err = refused(
+        aerie(&["shards", "convert", s(&src), "--dtype", "bf16", "--out", s(&dst), "--json"]),
+        &[s(&shard), "sha256"],
+    );
+    assert!(err.contains("manifest.json records"), "{err}");
+    let shards: Vec<_> = std::fs::read_dir(&dst)
+        .map(|d| d.map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with("shard-")).collect())
+        .unwrap_or_default();
+    assert!(shards.is_empty(), "a converted copy of the corrupt shard was written: {shards:?}");
+}
+
+#[test]
+fn a_capture_resumed_with_another_split_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 32, 4, 3);
+    let chats = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(24));
+    let prepared = dir.path().join("prepared");
+    ok_json(aerie(&[
+        "data",
+        "prepare",
+        "--data",
+        s(&chats),
+        "--tokenizer",
+        s(&target),
+        "--out",
+        s(&prepared),
+        "--split",
+        "eval=0.5",
+        "--json",
+    ]));
+    let out = dir.path().join("capture");
+    let capture = |split: &str| {
+        aerie_run(
+            "capture",
+            &target,
+            &prepared,
+            &out,
+            &["--aux-layers", "0,1,2", "--split", split, "--max-samples", "2", "--json"],
+        )
+        .output()
+        .unwrap()
+    };
+    ok_json(capture("train"));
+    let before = snapshot(dir.path());
+    refused(capture("eval"), &[s(&out), "--split: \"train\" then, \"eval\" now"]);
+    assert_eq!(snapshot(dir.path()), before);
+    // The same options resume (nothing left to do).
+    assert_eq!(ok_json(capture("train"))["resumed_samples"], 2);
+}
+
+#[test]
+fn training_on_datasets_of_other_tokenizers_is_refused_naming_both() {
+    let f = Shards::new();
+    let a = f.write("a", 4, 1 << 20, &"0".repeat(64));
+    let b = f.write("b", 4, 1 << 20, &"1".repeat(64));
+    let run = f.root().join("run");
+    for (name, train, eval) in [("eval.toml", vec![&*a], vec![&*b]), ("two.toml", vec![&*a, &*b], vec![])] {
+        let config = f.train_config(name, &run, 1, 1, &train, &eval);
+        let before = snapshot(f.root());
+        refused(
+            aerie(&["train", s(&config), "--json"]),
+            &[s(&a), s(&b), "tokenizer_digest", &"0".repeat(64), &"1".repeat(64)],
+        );
+        assert_eq!(snapshot(f.root()), before, "{name}");
+    }
+}
+
+#[test]
+fn an_input_id_outside_the_vocabulary_or_a_mask_of_two_is_an_error_not_a_panic() {
+    let f = Shards::new();
+    let cases = [
+        (
+            "ids-high",
+            "input_ids",
+            99_999i32.to_le_bytes().to_vec(),
+            "input_ids[0] = 99999 is outside the target vocabulary",
+        ),
+        (
+            "ids-negative",
+            "input_ids",
+            (-3i32).to_le_bytes().to_vec(),
+            "input_ids[0] = -3 is outside the target vocabulary",
+        ),
+        ("mask-two", "loss_mask", vec![2u8], "loss_mask[0] = 2 is neither 0 nor 1"),
+    ];
+    for (name, tensor, bytes, problem) in cases {
+        // Without checksums (as a program that records none writes it): only the values tell.
+        let data = f.write_with(name, 3, 1 << 20, &"0".repeat(64), false);
+        let shard = patch_first_shard(&data, tensor, &bytes);
+        let before = snapshot(&data);
+        refused(f.eval("loss", &data, &f.drafter, &[]), &[s(&shard), problem]);
+        refused(f.eval("accept", &data, &f.drafter, &["--k", "2"]), &[s(&shard), problem]);
+        let config =
+            f.train_config(&format!("{name}.toml"), &f.root().join(format!("run-{name}")), 1, 1, &[&data], &[]);
+        refused(aerie(&["train", s(&config), "--json"]), &[s(&shard), problem]);
+        assert_eq!(snapshot(&data), before, "{name}");
+    }
+}
+
+#[test]
+fn a_drafter_with_a_nan_weight_is_refused_on_load_naming_the_tensor() {
+    let f = Shards::new();
+    let data = f.write("data", 3, 1 << 20, &"0".repeat(64));
+    // A drafter another program saved with a NaN in one norm weight.
+    let bad = f.root().join("nan-drafter");
+    let opts = SaveOptions { include_embedding: true, ..SaveOptions::default() };
+    save_drafter(&random_drafter(&tiny_config(), Dtype::F32, 1), &bad, &opts).unwrap();
+    let weights = bad.join("model.safetensors");
+    let name = tensor_names(&weights).into_iter().find(|k| k.contains("norm")).unwrap();
+    patch_tensor(&weights, &name, 4, &f32::NAN.to_le_bytes());
+    let before = snapshot(f.root());
+    let problem = format!("`{name}`: element 1 is NaN");
+    refused(f.eval("loss", &data, &bad, &[]), &[s(&bad), &problem]);
+    refused(f.eval("accept", &data, &bad, &["--k", "2"]), &[s(&bad), &problem]);
+    let out = f.root().join("export");
+    refused(aerie(&["export", s(&bad), "--to", "sglang", "--out", s(&out), "--json"]), &[s(&bad), &problem]);
+    assert_eq!(snapshot(f.root()), before);
+}
+
+#[test]
+fn draft_sizes_past_their_limit_are_refused_with_the_limit() {
+    let f = Shards::new();
+    let data = f.write("data", 2, 1 << 20, &"0".repeat(64));
+    let start = Instant::now();
+    refused(f.eval("accept", &data, &f.drafter, &["--k", "100000"]), &["--k 100000", "limit of 64"]);
+    let wide = ["--k", "3", "--topk", "100", "--tree-tokens", "8"];
+    refused(f.eval("accept", &data, &f.drafter, &wide), &["topk 100", "limits of topk 64"]);
+    // The draft vocabulary, unknown when the flags are checked, is not printed as usize::MAX.
+    let err = refused(f.eval("accept", &data, &f.drafter, &["--topk", "0", "--tree-tokens", "4"]), &["topk <= Vd"]);
+    assert!(!err.contains(&usize::MAX.to_string()), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
+}
+
+#[test]
+fn a_closed_stdout_ends_the_run_quietly_instead_of_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 32, 2, 3);
+    let data = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&data, &fixture::conversations(2));
+    let out = dir.path().join("regen.jsonl");
+    // `aerie regenerate ... | true`: the reader is gone before the report is printed.
+    let mut child = aerie_run("regenerate", &target, &data, &out, &["--max-new-tokens", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.is_file(), "the output is complete before the report is printed");
+}
+
+#[test]
+fn unclear_errors_name_the_file_option_and_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_tokenizer(&target, Some(fixture::CHATML));
+    // A prepared-data path that is a file.
+    let file = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&file, &fixture::conversations(2));
+    let out = dir.path().join("vocab.safetensors");
+    refused(
+        aerie(&["vocab", "build", s(&file), "--draft-vocab", "8", "--out", s(&out)]),
+        &[s(&file), "not a prepared dataset", "is a file"],
+    );
+
+    // Every record malformed: the first bad line and its parse error.
+    let garbage = dir.path().join("garbage.jsonl");
+    std::fs::write(&garbage, "{\"conversations\": 3}\nnot json at all\n").unwrap();
+    let prepared = dir.path().join("prepared");
+    let prepare = |data: &Path, extra: &[&str]| {
+        let args = ["data", "prepare", "--data", s(data), "--tokenizer", s(&target), "--out", s(&prepared)];
+        aerie(&[&args[..], extra].concat())
+    };
+    refused(prepare(&garbage, &[]), &[s(&garbage), "line 1", "malformed record"]);
+
+    // Reserved template variables.
+    for name in ["messages", "add_generation_prompt"] {
+        refused(
+            prepare(&file, &["--template-kwarg", &format!("{name}=[]")]),
+            &[&format!("--template-kwarg {name}"), "reserved"],
+        );
+    }
+
+    // Train-config type errors name the key, and a `--set` value is blamed on `--set`.
+    let f = Shards::new();
+    let data = f.write("data", 2, 1 << 20, &"0".repeat(64));
+    let run = f.root().join("run");
+    let config = f.train_config("t.toml", &run, 1, 1, &[&data], &[]);
+    refused(aerie(&["train", s(&config), "--set", "optim.lr=abc"]), &["--set optim.lr=abc", "`optim.lr`"]);
+    let text = std::fs::read_to_string(&config).unwrap().replace("lr = 1e-3", "lr = \"abc\"");
+    std::fs::write(&config, text).unwrap();
+    refused(aerie(&["train", s(&config)]), &[s(&config), "`optim.lr`"]);
+    assert!(!run.exists(), "a refused config created its output_dir");
+
+    // A target head of another shape is blamed on --target-head, not on the drafter.
+    let cfg = tiny_config();
+    let wrong = f.root().join("wrong-head.safetensors");
+    let t = HostTensor::from_f32(
+        vec![cfg.vocab_size, cfg.target_hidden_size + 1],
+        &vec![0.0; cfg.vocab_size * (cfg.target_hidden_size + 1)],
+        Dtype::F32,
+    );
+    write_safetensors(&wrong, [("lm_head.weight", &t)]).unwrap();
+    let args = ["eval", "accept", "--drafter", s(&f.drafter), "--data", s(&data), "--target-head", s(&wrong)];
+    refused(aerie(&args), &[s(&wrong), "--target-head is [", "hidden size"]);
+
+    // --ttt-length 0.
+    refused(f.eval("loss", &data, &f.drafter, &["--ttt-length", "0"]), &["--ttt-length", "at least 1"]);
+}

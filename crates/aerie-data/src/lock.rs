@@ -1,0 +1,171 @@
+//! One writer per output, for every command whose output a later run resumes or replaces
+//! (capture and conversion datasets, training runs, regenerated chat files, prepared data, GGUF
+//! imports). Two processes appending to one output interleave their records or overwrite each
+//! other's checkpoints, and both report success: the data loss is silent. So each such command
+//! holds an [`OutputLock`] for its whole run, and a second one is refused at once, naming the
+//! output, the lock file and, when it can be read, the process holding it.
+//!
+//! The lock is an advisory `flock` on a lock file (`File::try_lock`), which the kernel releases
+//! when its holder exits however it exits: a lock left by a killed process is not a lock, and
+//! the next run takes it over without any stale-lock guessing. The holder writes its pid into
+//! the file, only to name it in the refusal.
+//!
+//! Where the lock file lives:
+//! - beside the output ([`OutputLock::beside`]): `.<name>.aerie-lock` in the same parent, for
+//!   training runs, prepared data, regenerated chat files and GGUF imports. Beside, not inside:
+//!   an output replaced whole (`atomic::replace_dir`) would swap a lock inside it away, and a
+//!   lock inside would be a stray file in the output's listing. It is removed when the run
+//!   ends, which is safe because every taker checks, once it holds the lock, that the path still
+//!   names the file it locked, and starts over otherwise.
+//! - inside a shard dataset ([`OutputLock::inside`]): `.aerie-shard.lock`, the file the Python
+//!   capture worker locks too (docs/shard-format.md §2). It stays behind after the run, empty:
+//!   the Python writer does not check what it locked, so deleting the file could let two
+//!   writers lock two files of one name.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::paths::parent_dir;
+use crate::{Error, Result};
+
+/// An exclusive lock on one output, held until dropped.
+#[derive(Debug)]
+pub struct OutputLock {
+    file: File,
+    path: PathBuf,
+    /// Remove the lock file on release (locks beside their output).
+    remove: bool,
+}
+
+impl OutputLock {
+    /// Lock the directory `dir` through its lock file `name` (created if missing, kept after the
+    /// run, emptied). `dir` must exist.
+    pub fn inside(dir: &Path, name: &str) -> Result<Self> {
+        Self::take(dir, dir.join(name), false)
+    }
+
+    /// Lock `output` (a file, or a directory that is replaced whole) through
+    /// `.<name>.aerie-lock` in its parent directory, created for the run and removed after it.
+    pub fn beside(output: &Path) -> Result<Self> {
+        let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let parent = parent_dir(output);
+        fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        Self::take(output, parent.join(format!(".{name}.aerie-lock")), true)
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn take(output: &Path, path: PathBuf, remove: bool) -> Result<Self> {
+        loop {
+            let mut file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(Error::Locked { path: output.to_path_buf(), lock: path, holder: holder(&mut file) });
+                }
+                // File systems without locks: go on unprotected rather than refuse to work.
+                Err(fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+            }
+            // A releasing holder may have removed (or a new taker re-created) the file between our
+            // open and our lock: then we hold a lock nobody else will look at. Start over.
+            if !same_file(&file, &path) {
+                continue;
+            }
+            file.set_len(0).map_err(|e| Error::io(&path, e))?;
+            file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&path, e))?;
+            file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(|e| Error::io(&path, e))?;
+            return Ok(Self { file, path, remove });
+        }
+    }
+}
+
+impl Drop for OutputLock {
+    fn drop(&mut self) {
+        // Still holding the lock: the next taker sees no pid, or no file at all.
+        if self.remove {
+            let _ = fs::remove_file(&self.path);
+        } else {
+            let _ = self.file.set_len(0);
+        }
+    }
+}
+
+/// Whether `path` still names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        path.exists()
+    }
+}
+
+/// The pid a holder wrote into its lock file, when that process is alive (a pid left by a
+/// killed holder, read while another program holds the lock, would name the wrong process).
+fn holder(file: &mut File) -> Option<u32> {
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    let pid: u32 = text.trim().parse().ok()?;
+    let proc = Path::new("/proc");
+    (!proc.is_dir() || proc.join(pid.to_string()).exists()).then_some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAME: &str = ".aerie-shard.lock";
+
+    #[test]
+    fn a_second_taker_is_refused_naming_the_holder_and_the_lock_returns_on_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("regen.jsonl");
+        let first = OutputLock::beside(&out).unwrap();
+        assert_eq!(fs::read_to_string(first.path()).unwrap().trim(), std::process::id().to_string());
+        let err = OutputLock::beside(&out).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("regen.jsonl") && msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        assert!(matches!(err, Error::Locked { .. }));
+        let lock_path = first.path().to_path_buf();
+        drop(first);
+        assert!(!lock_path.exists(), "a lock beside its output is removed after the run");
+        drop(OutputLock::beside(&out).unwrap());
+    }
+
+    #[test]
+    fn a_lock_inside_a_directory_stays_empty_after_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = OutputLock::inside(dir.path(), NAME).unwrap();
+        assert!(OutputLock::inside(dir.path(), NAME).is_err());
+        drop(lock);
+        assert_eq!(fs::read(dir.path().join(NAME)).unwrap(), b"");
+        drop(OutputLock::inside(dir.path(), NAME).unwrap());
+    }
+
+    #[test]
+    fn a_dead_holders_pid_in_the_file_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        // What `kill -9` leaves: the file with a pid, no lock.
+        fs::write(dir.path().join(NAME), "4194303\n").unwrap();
+        let lock = OutputLock::inside(dir.path(), NAME).unwrap();
+        assert_eq!(fs::read_to_string(lock.path()).unwrap().trim(), std::process::id().to_string());
+    }
+}
