@@ -11,7 +11,8 @@
 //!   second capture into a locked dataset is refused before vLLM starts; `aerie eval loss` reads
 //!   the shards;
 //! - a tiny random DeepSeek-V3 (MLA in the latent width vLLM's kernels take, routed and shared
-//!   experts: Kimi-K2.5's architecture) through vLLM equals the transformers engine;
+//!   experts: Kimi-K2.5's architecture) through vLLM equals the transformers engine, and its
+//!   int4 capture equals `aerie shards convert` of its f32 one byte for byte;
 //! - `--self-test` passes both phases on SmolLM2.
 
 mod common;
@@ -160,8 +161,9 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
         "f32",
         "--teacher",
         "final-hidden+topk:8",
+        // One sample per shard and per batch: six shards to kill the worker between.
         "--shard-tokens",
-        "400",
+        "150",
         "--max-batch-tokens",
         "320",
     ];
@@ -276,6 +278,14 @@ print('locked', flush=True)\nsys.stdin.read()\nw.close()\n";
     let opts = aerie_model::checkpoint::SaveOptions { include_embedding: true, ..Default::default() };
     let weights = aerie_model::checkpoint::synthetic::random_drafter(&cfg, aerie_model::checkpoint::Dtype::F32, 5);
     aerie_model::checkpoint::save_drafter(&weights, &drafter, &opts).unwrap();
+    // SmolLM2 ties its head to the embedding: hand `aerie eval loss` that matrix as the head.
+    let head = dir.path().join("head.safetensors");
+    let mut c = Command::new(&python);
+    let tie = "import sys\nfrom safetensors.torch import load_file, save_file\n\
+save_file({'lm_head.weight': load_file(sys.argv[1])['model.embed_tokens.weight']}, sys.argv[2])\n";
+    assert!(
+        vllm_env(&mut c).args(["-c", tie, s(&model.join("model.safetensors")), s(&head)]).status().unwrap().success()
+    );
     let loss = |d: &Path| -> f64 {
         let out = ok(aerie(&[
             "eval",
@@ -285,7 +295,7 @@ print('locked', flush=True)\nsys.stdin.read()\nw.close()\n";
             "--data",
             s(d),
             "--target-head",
-            s(&model.join("model.safetensors")),
+            s(&head),
             "--ttt-length",
             "2",
             "--json",
@@ -338,6 +348,37 @@ fn tiny_deepseek_v3_through_vllm_equals_the_transformers_engine() {
     // (measured 1.8e-3 to 1.1e-2 per layer on these shapes); the Llama path agrees to 1e-6.
     assert!(p.aux <= 2e-2 && p.fin <= 2e-2, "{p:?}");
     assert!(p.top1_agree >= 0.95, "{p:?}");
+
+    // Every encoding is aerie's: a vLLM capture straight to int4 equals `aerie shards convert`
+    // of the vLLM f32 capture, every tensor of every shard (vLLM gives the same rows run to run).
+    let int4 = dir.path().join("vllm-int4");
+    let mut i4 = flags.to_vec();
+    i4[3] = "int4";
+    i4.extend(["--engine", "vllm", "--python", s(&python)]);
+    ok_json(capture(&target, &data, &int4, &i4).output().unwrap());
+    let converted = dir.path().join("convert-int4");
+    ok_json(aerie(&["shards", "convert", s(&out), "--dtype", "int4", "--out", s(&converted), "--json"]));
+    let same = r#"import sys
+from pathlib import Path
+import torch
+from safetensors import safe_open
+a, b = Path(sys.argv[1]), Path(sys.argv[2])
+files = sorted(p.name for p in a.glob("shard-*.safetensors"))
+assert files and files == sorted(p.name for p in b.glob("shard-*.safetensors")), "shard files differ"
+for name in files:
+    with safe_open(a / name, framework="pt") as x, safe_open(b / name, framework="pt") as y:
+        assert sorted(x.keys()) == sorted(y.keys()), name
+        for k in x.keys():
+            assert torch.equal(x.get_tensor(k).contiguous().view(-1).view(torch.uint8), y.get_tensor(k).contiguous().view(-1).view(torch.uint8)), (name, k)
+print(len(files))
+"#;
+    let mut c = Command::new(&python);
+    let o = vllm_env(&mut c).args(["-c", same, s(&int4), s(&converted)]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    println!(
+        "int4 through vLLM: {} shards byte-identical to `aerie shards convert`",
+        String::from_utf8_lossy(&o.stdout).trim()
+    );
 }
 
 /// `aerie capture --engine vllm --self-test`: the tiny DeepSeek-V3 through vLLM against
@@ -377,4 +418,39 @@ fn vllm_self_test_passes_on_smollm2() {
     assert_eq!(real["ok"], true, "{real}");
     assert_eq!((real["aux_width"].as_u64(), real["hidden_size"].as_u64()), (Some(3 * 576), Some(576)));
     assert!(real["created_by_engine"].as_str().unwrap().starts_with("vllm 0.32.0"), "{real}");
+}
+
+/// The worker's command line for `--engine vllm` (no Python needed: a fake interpreter records
+/// its arguments): one process (vLLM starts its own tensor-parallel workers, so no torchrun),
+/// `--tp` and `--device` passed on, the capture options as for every engine, and worker
+/// arguments after `--` last.
+#[test]
+fn vllm_engine_is_one_worker_process_given_tp_and_device() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 64, 4, 7);
+    let convs = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&convs, &fixture::conversations(2));
+    let data = dir.path().join("prepared");
+    ok_json(aerie(&["data", "prepare", "--data", s(&convs), "--tokenizer", s(&target), "--out", s(&data), "--json"]));
+    let args_file = dir.path().join("args");
+    let fake = dir.path().join("fake-python");
+    std::fs::write(&fake, format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nexit 3\n", args_file.display())).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = dir.path().join("shards");
+    let o = aerie_run("capture", &target, &data, &out, &["--engine", "vllm", "--python", s(&fake)])
+        .args(["--tp", "8", "--device", "cuda:0", "--aux-layers", "1,2", "--", "--vllm-tmp", "/scratch"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the fake worker fails");
+    let args: Vec<String> = std::fs::read_to_string(&args_file).unwrap().lines().map(str::to_owned).collect();
+    assert_eq!(&args[..2], ["-m", "aerie_capture"], "no torchrun: {args:?}");
+    let after = |flag: &str| args.iter().position(|a| a == flag).map(|i| args[i + 1].as_str());
+    assert_eq!(after("--engine"), Some("vllm"));
+    assert_eq!(after("--tp"), Some("8"));
+    assert_eq!(after("--device"), Some("cuda:0"));
+    assert_eq!(after("--aux-layers"), Some("1,2"));
+    assert_eq!(after("--out"), Some(s(&out)));
+    assert_eq!(&args[args.len() - 2..], ["--vllm-tmp", "/scratch"]);
 }
