@@ -7,12 +7,12 @@
 //!   aerie's native engine): the vLLM capture equals the native one (f32: aux and final rel
 //!   ≤ 1e-3, top-k ids equal where not tied, log-probs within 1e-3, every metadata key but
 //!   `created_by`, the same samples and shard boundaries); the worker killed with SIGKILL
-//!   mid-capture and resumed by `aerie capture` gives the uninterrupted shards byte for byte; a
+//!   mid-capture and resumed by `aerie capture` gives the uninterrupted shards byte for byte; an
+//!   int4 capture equals `aerie shards convert` of the f32 one byte for byte; a
 //!   second capture into a locked dataset is refused before vLLM starts; `aerie eval loss` reads
 //!   the shards;
 //! - a tiny random DeepSeek-V3 (MLA in the latent width vLLM's kernels take, routed and shared
-//!   experts: Kimi-K2.5's architecture) through vLLM equals the transformers engine, and its
-//!   int4 capture equals `aerie shards convert` of its f32 one byte for byte;
+//!   experts: Kimi-K2.5's architecture) through vLLM equals the transformers engine;
 //! - `--self-test` passes both phases on SmolLM2.
 
 mod common;
@@ -237,6 +237,38 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
         assert_eq!((a.samples, a.tokens, &a.sha256), (b.samples, b.tokens, &b.sha256), "{}: bytes differ", a.file);
     }
 
+    // Every encoding is aerie's: a vLLM capture straight to int4 equals `aerie shards convert`
+    // of the vLLM f32 capture, every tensor of every shard (vLLM gives SmolLM2 the same rows run
+    // to run: the resume above is byte-identical).
+    let int4 = dir.path().join("vllm-int4");
+    let mut i4 = flags.to_vec();
+    i4[3] = "int4";
+    i4.extend(["--engine", "vllm", "--python", s(&python)]);
+    ok_json(capture(&model, &data, &int4, &i4).output().unwrap());
+    let converted = dir.path().join("convert-int4");
+    ok_json(aerie(&["shards", "convert", s(&full), "--dtype", "int4", "--out", s(&converted), "--json"]));
+    let same = r#"import sys
+from pathlib import Path
+import torch
+from safetensors import safe_open
+a, b = Path(sys.argv[1]), Path(sys.argv[2])
+files = sorted(p.name for p in a.glob("shard-*.safetensors"))
+assert files and files == sorted(p.name for p in b.glob("shard-*.safetensors")), "shard files differ"
+for name in files:
+    with safe_open(a / name, framework="pt") as x, safe_open(b / name, framework="pt") as y:
+        assert sorted(x.keys()) == sorted(y.keys()), name
+        for k in x.keys():
+            assert torch.equal(x.get_tensor(k).contiguous().view(-1).view(torch.uint8), y.get_tensor(k).contiguous().view(-1).view(torch.uint8)), (name, k)
+print(len(files))
+"#;
+    let mut c = Command::new(&python);
+    let o = vllm_env(&mut c).args(["-c", same, s(&int4), s(&converted)]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    println!(
+        "int4 through vLLM: {} shards byte-identical to `aerie shards convert`",
+        String::from_utf8_lossy(&o.stdout).trim()
+    );
+
     // A second writer is refused at once, before vLLM loads anything.
     let hold = "import sys\nfrom aerie_capture.shards import ShardWriter\nw, _ = ShardWriter.resume(sys.argv[1])\n\
 print('locked', flush=True)\nsys.stdin.read()\nw.close()\n";
@@ -344,41 +376,12 @@ fn tiny_deepseek_v3_through_vllm_equals_the_transformers_engine() {
     assert_eq!(v["verified"]["samples"], 8, "{v}");
     let p = compare(&hf, &out);
     println!("tiny DeepSeek-V3, transformers vs vLLM: {p:?}");
-    // vLLM's CPU MLA differs from transformers' attention by ~1e-2 relative at the first layer
-    // (measured 1.8e-3 to 1.1e-2 per layer on these shapes); the Llama path agrees to 1e-6.
+    // vLLM's CPU MLA differs from transformers' attention by ~1e-2 relative from the first
+    // layer on (measured 1.8e-3 to 1.1e-2 per layer on these shapes); the Llama path agrees to
+    // 1e-6. Nor is this path bit-reproducible run to run (final rel 1.39e-2 in one run, 1.48e-2
+    // in another), so it is compared with bounds, not bytes.
     assert!(p.aux <= 2e-2 && p.fin <= 2e-2, "{p:?}");
     assert!(p.top1_agree >= 0.95, "{p:?}");
-
-    // Every encoding is aerie's: a vLLM capture straight to int4 equals `aerie shards convert`
-    // of the vLLM f32 capture, every tensor of every shard (vLLM gives the same rows run to run).
-    let int4 = dir.path().join("vllm-int4");
-    let mut i4 = flags.to_vec();
-    i4[3] = "int4";
-    i4.extend(["--engine", "vllm", "--python", s(&python)]);
-    ok_json(capture(&target, &data, &int4, &i4).output().unwrap());
-    let converted = dir.path().join("convert-int4");
-    ok_json(aerie(&["shards", "convert", s(&out), "--dtype", "int4", "--out", s(&converted), "--json"]));
-    let same = r#"import sys
-from pathlib import Path
-import torch
-from safetensors import safe_open
-a, b = Path(sys.argv[1]), Path(sys.argv[2])
-files = sorted(p.name for p in a.glob("shard-*.safetensors"))
-assert files and files == sorted(p.name for p in b.glob("shard-*.safetensors")), "shard files differ"
-for name in files:
-    with safe_open(a / name, framework="pt") as x, safe_open(b / name, framework="pt") as y:
-        assert sorted(x.keys()) == sorted(y.keys()), name
-        for k in x.keys():
-            assert torch.equal(x.get_tensor(k).contiguous().view(-1).view(torch.uint8), y.get_tensor(k).contiguous().view(-1).view(torch.uint8)), (name, k)
-print(len(files))
-"#;
-    let mut c = Command::new(&python);
-    let o = vllm_env(&mut c).args(["-c", same, s(&int4), s(&converted)]).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    println!(
-        "int4 through vLLM: {} shards byte-identical to `aerie shards convert`",
-        String::from_utf8_lossy(&o.stdout).trim()
-    );
 }
 
 /// `aerie capture --engine vllm --self-test`: the tiny DeepSeek-V3 through vLLM against
