@@ -200,18 +200,20 @@ fn vllm_dialect_regenerates_mt_bench_with_vllms_own_greedy_ids_and_resumes() {
         let decoded = tok.tokenizer.decode(&answer, true).unwrap();
         answers.push((ids(&req["prompt"]), answer, decoded));
     }
-    for rec in &records {
+    // One request at a time, so the log is in source order: record i's two turns are requests
+    // 2i and 2i + 1. Each answer is aerie's decoding of exactly the ids the server returned;
+    // the second prompt is aerie's render of the history (text, re-tokenised, as with SGLang):
+    // the first prompt, then the first answer.
+    for (i, rec) in records.iter().enumerate() {
         let turns = rec["conversations"].as_array().unwrap();
         assert_eq!(turns.len(), 4, "{rec}");
-        let (first, second) = (turns[1]["value"].as_str().unwrap(), turns[3]["value"].as_str().unwrap());
-        let find = |v: &str| answers.iter().find(|(_, _, d)| d.trim() == v.trim()).cloned();
-        let (p1, _, _) = find(first).unwrap_or_else(|| panic!("answer `{first}` is the decoding of some answer ids"));
-        let (p2, _, _) = find(second).unwrap_or_else(|| panic!("answer `{second}` is the decoding of some answer ids"));
-        // The second prompt is aerie's render of the history (as text, re-tokenised, as with
-        // SGLang): the first prompt, then the first answer.
-        assert!(p2.starts_with(&p1), "turn 2's prompt extends turn 1's");
+        let (p1, _, a1) = &answers[2 * i];
+        let (p2, _, a2) = &answers[2 * i + 1];
+        assert_eq!(turns[1]["value"].as_str().unwrap().trim(), a1.trim(), "record {i}, turn 1");
+        assert_eq!(turns[3]["value"].as_str().unwrap().trim(), a2.trim(), "record {i}, turn 2");
+        assert!(p2.starts_with(p1), "record {i}: turn 2's prompt extends turn 1's");
         let between = tok.tokenizer.decode(&p2[p1.len()..], true).unwrap();
-        assert!(between.contains(first.trim()), "turn 2's prompt holds turn 1's answer: {between:?}");
+        assert!(between.contains(a1.trim()), "record {i}: turn 2's prompt holds turn 1's answer: {between:?}");
     }
 
     // Detected: /v1/models says owned_by vllm; the same bytes.
