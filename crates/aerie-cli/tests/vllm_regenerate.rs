@@ -42,10 +42,10 @@ fn read_message(r: &mut BufReader<TcpStream>) -> Option<(Vec<String>, Vec<u8>)> 
         if line.trim().is_empty() {
             break;
         }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().unwrap_or(0);
-            }
+        if let Some((k, v)) = line.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().unwrap_or(0);
         }
         head.push(line.trim_end().to_owned());
     }
