@@ -1,4 +1,4 @@
-"""The pre-flight self-test (`aerie capture --engine sglang --self-test`, or `python -m
+"""The pre-flight self-test (`aerie capture --engine sglang|vllm --self-test`, or `python -m
 aerie_capture --self-test`), for the GPU host before a long run. Two phases, each printing one
 JSON line (`{"phase": ..., "ok": ...}`) and exiting non-zero when a check fails:
 
@@ -7,15 +7,16 @@ JSON line (`{"phase": ..., "ok": ...}`) and exiting non-zero when a check fails:
   must equal forward hooks on the decoder layers and whose final rows must equal the final norm's
   output, exactly. With `--engine sglang` the same model then goes through the SGLang engine on
   every rank, and rank 0 compares: aux and final rel error ≤ 2e-2 (bf16 on the GPU; SGLang fuses
-  add+RMSNorm in f32) and top-1 agreement ≥ 95 %.
+  add+RMSNorm in f32) and top-1 agreement ≥ 95 %. With `--engine vllm` the same comparison runs
+  against the vLLM engine (in this process; vLLM starts its own `--tp` workers).
 - `real`: 8 samples of `--data` through the chosen engine on `--target`: the aux width is
   A·H and the final width H, every value is finite, the teacher's log-probs are ≤ 0 and
   descending, and the teacher's top-1 equals the next token on at least 30 % of the assistant
   (loss-mask) positions — a chat model on its own kind of data predicts well over that; rows
   shifted by one, a wrong head or a wrong vocabulary shard give far less.
 
-The SGLang phases run as two processes (`aerie capture` starts them one after the other), since
-SGLang's distributed state is process-global.
+The SGLang and vLLM phases run as two processes (`aerie capture` starts them one after the
+other), since SGLang's distributed state is process-global and vLLM is run one engine per process.
 """
 
 from __future__ import annotations
@@ -39,18 +40,32 @@ def _say(msg: str) -> None:
     print(f"self-test: {msg}", file=sys.stderr, flush=True)
 
 
-def tiny_model(out: str, heads: int = 4) -> None:
+def tiny_model(out: str, heads: int = 4, mla_kernel_shapes: bool = False) -> None:
+    """`mla_kernel_shapes`: DeepSeek-V3's own latent width (kv_lora_rank 512 + rope 64 = 576),
+    the only one vLLM's MLA kernels take (its CPU kernel compiles for 576 alone)."""
+    import json
+
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(0)
+    mla = dict(kv_lora_rank=512, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32) if mla_kernel_shapes else dict(
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16
+    )
     cfg = DeepseekV3Config(
         vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=6,
         first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
         routed_scaling_factor=2.827, norm_topk_prob=True, num_attention_heads=heads, num_key_value_heads=heads,
-        q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-        max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        q_lora_rank=32, max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, **mla,
     )
     DeepseekV3ForCausalLM(cfg).save_pretrained(out)
+    # transformers routes DeepSeek-V3 by sigmoid scores with a correction bias and does not
+    # write it down; vLLM reads it from the config (as DeepSeek-V3's and Kimi's configs say).
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        c = json.load(f)
+    c.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2)
 
 
 def phase_tiny(a) -> dict:
@@ -62,7 +77,7 @@ def phase_tiny(a) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         # Every rank writes the model itself (same seed, same weights): no collective is
         # available before SGLang sets up its process group.
-        tiny_model(tmp, heads=max(4, world))
+        tiny_model(tmp, heads=max(4, world), mla_kernel_shapes=a.engine == "vllm")
         ok = True
         ref = None
         if rank == 0:
@@ -102,6 +117,20 @@ def phase_tiny(a) -> dict:
                 ok &= aux <= 2e-2 and fin <= 2e-2 and top1 >= 0.95
                 _say(f"sglang engine (tp{world}) vs transformers: aux rel {aux:.2e}, final rel {fin:.2e}, top-1 agreement {top1:.3f}")
             eng.shutdown()
+        if a.engine == "vllm":
+            from .engines.vllm import VllmEngine
+
+            eng = VllmEngine(tmp, [1, 2, 3], True, 8, tp_size=a.tp, device=a.device, max_batch_tokens=4096,
+                             gpu_memory_utilization=min(a.gpu_memory_utilization, 0.3), tmp_dir=a.vllm_tmp)
+            outs = eng.capture(TINY_IDS)
+            eng.shutdown()
+            aux = max(_rel(o.aux, r.aux) for o, r in zip(outs, ref))
+            fin = max(_rel(o.final, r.final) for o, r in zip(outs, ref))
+            top1 = torch.cat([(o.topk_ids[:, 0].cpu() == r.topk_ids[:, 0].cpu()).float() for o, r in zip(outs, ref)]).mean().item()
+            lp = max(float((o.topk_logprobs.cpu() - r.topk_logprobs.cpu()).abs().max()) for o, r in zip(outs, ref))
+            result["checks"].update({"vllm_aux_rel": aux, "vllm_final_rel": fin, "vllm_top1_agreement": top1, "vllm_topk_logprob_abs": lp})
+            ok &= aux <= 2e-2 and fin <= 2e-2 and top1 >= 0.95
+            _say(f"vllm engine (tp{a.tp}) vs transformers: aux rel {aux:.2e}, final rel {fin:.2e}, top-1 agreement {top1:.3f}, top-k log-prob abs {lp:.2e}")
     result["ok"] = bool(ok)
     return result if rank == 0 else {}
 

@@ -1,5 +1,5 @@
 """The capture loop and its command line (`python -m aerie_capture`, or under `torchrun` for the
-SGLang engine; `aerie capture --engine transformers|sglang` launches it).
+SGLang engine; `aerie capture --engine transformers|sglang|vllm` launches it).
 
 Every rank walks the prepared split in file order (the order `aerie capture` uses), packs
 consecutive samples under a token budget, and runs the engine on each batch; rank 0 alone owns
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import queue
 import sys
 import threading
@@ -25,13 +26,14 @@ import torch
 from . import __version__
 from .data import PreparedDataset, token_budget_batches
 from .shards import Metadata, ShardWriter, Teacher
+from .shards.files import DirLock
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="aerie_capture", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=["transformers", "sglang"], default="transformers")
+    p.add_argument("--engine", choices=["transformers", "sglang", "vllm"], default="transformers")
     p.add_argument("--target", required=True, help="target model directory (HF layout)")
     p.add_argument("--target-name", help="name recorded as `target` (default: --target as given)")
     p.add_argument("--data", help="prepared dataset directory (`aerie data prepare`)")
@@ -44,12 +46,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-samples", type=int, help="capture only the first N samples of the split")
     p.add_argument("--max-batch-tokens", type=int, default=32768, help="token budget of one forward batch (SGLang: packed, unpadded)")
     p.add_argument("--max-batch-samples", type=int, default=64)
-    p.add_argument("--device", default="cpu", help="transformers engine: cpu or cuda:N")
-    p.add_argument("--compute-dtype", choices=list(DTYPES), help="transformers engine: weights/activations (default f32 on cpu, bf16 on cuda)")
+    p.add_argument("--device", default="cpu", help="transformers engine: cpu or cuda:N; vllm engine: where the final norm and the teacher's head run")
+    p.add_argument("--compute-dtype", choices=list(DTYPES), help="transformers and vllm engines: weights/activations (default f32 on cpu, bf16 on GPUs)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--tp", type=int, default=1, help="sglang engine: tensor-parallel size (= torchrun --nproc-per-node)")
+    p.add_argument("--tp", type=int, default=1, help="sglang engine: tensor-parallel size (= torchrun --nproc-per-node); vllm engine: tensor_parallel_size")
     p.add_argument("--attention-backend", default="flashinfer", help="sglang engine")
     p.add_argument("--mem-fraction-static", type=float, default=0.85, help="sglang engine")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm engine (leave room on the device of --device for the teacher's head)")
+    p.add_argument("--vllm-tmp", help="vllm engine: directory for vLLM's per-request hidden-state files, each deleted once read (default: the system temp dir)")
+    p.add_argument("--vllm-compile", action="store_true", help="vllm engine: let vLLM compile the model (default eager: capture is prefill only)")
     p.add_argument("--no-checksums", action="store_true", help="skip the sha256 of each shard in the manifest")
     p.add_argument("--self-test", nargs="?", const="all", choices=["all", "tiny", "real"], help="run the pre-flight self-test (aerie_capture.selftest) instead of a capture: both phases, or one")
     p.add_argument("--json", action="store_true", help="(accepted for symmetry with aerie; the report is always JSON)")
@@ -74,6 +79,24 @@ def build_engine(a: argparse.Namespace, aux: Optional[list[int]], teacher: Teach
         dev = a.device
         cdt = DTYPES[a.compute_dtype] if a.compute_dtype else (torch.float32 if dev == "cpu" else torch.bfloat16)
         return TransformersEngine(a.target, aux, teacher.final_hidden, teacher.topk, dev, cdt, a.trust_remote_code)
+    if a.engine == "vllm":
+        from .engines.vllm import VllmEngine
+
+        return VllmEngine(
+            a.target,
+            aux,
+            teacher.final_hidden,
+            teacher.topk,
+            tp_size=a.tp,
+            device=a.device,
+            compute_dtype=DTYPES[a.compute_dtype] if a.compute_dtype else None,
+            max_batch_tokens=a.max_batch_tokens,
+            max_batch_samples=a.max_batch_samples,
+            gpu_memory_utilization=a.gpu_memory_utilization,
+            enforce_eager=not a.vllm_compile,
+            tmp_dir=a.vllm_tmp,
+            trust_remote_code=a.trust_remote_code,
+        )
     from .engines.sglang import SGLangEngine
 
     return SGLangEngine(
@@ -140,6 +163,10 @@ def run(a: argparse.Namespace) -> dict:
     teacher = Teacher.parse(a.teacher)
     aux = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None
     data = PreparedDataset(a.data)
+    if Path(a.out).is_dir() and int(os.environ.get("RANK", "0")) == 0:
+        # Refuse a dataset another writer holds before loading the target (minutes for a large
+        # one, vLLM's start included); the writer takes the lock for good below.
+        DirLock(Path(a.out)).release()
     engine = build_engine(a, aux, teacher)
     info = engine.info
     rank0 = getattr(engine, "is_writer", True)

@@ -1,6 +1,8 @@
 //! The Python capture worker (`python/aerie_capture`): `aerie capture --engine transformers`
-//! (any HF causal LM, CPU or GPU) and `--engine sglang` (SGLang's `ModelRunner` on every
-//! tensor-parallel rank, under torchrun). The worker writes the shards itself (every encoding,
+//! (any HF causal LM, CPU or GPU), `--engine sglang` (SGLang's `ModelRunner` on every
+//! tensor-parallel rank, under torchrun) and `--engine vllm` (vLLM's `LLM` in the worker's
+//! process with the `extract_hidden_states` method; vLLM starts its own tensor-parallel
+//! workers). The worker writes the shards itself (every encoding,
 //! format 1 or 2 as the dtype needs); this module
 //! builds its command line from the native capture's options, runs it, and then opens the
 //! dataset with aerie's own reader and verifies every value, so a dataset that aerie refuses is
@@ -20,6 +22,8 @@ pub enum PythonEngine {
     Transformers,
     /// SGLang, `tp` processes started by torchrun.
     Sglang,
+    /// vLLM, one process that starts vLLM's own `tp` workers; the teacher's head on `device`.
+    Vllm,
 }
 
 /// A Python capture: the native capture's options plus the worker's own.
@@ -39,9 +43,9 @@ pub struct PythonCapture {
     pub capture: CaptureOptions,
     /// Token budget of one forward batch.
     pub max_batch_tokens: usize,
-    /// transformers: `cpu` or `cuda:N`.
+    /// transformers: `cpu` or `cuda:N`; vLLM: where the final norm and the teacher's head run.
     pub device: String,
-    /// SGLang: tensor-parallel ranks.
+    /// SGLang and vLLM: tensor-parallel ranks.
     pub tp: usize,
     /// Further worker arguments, passed unchanged.
     pub extra_args: Vec<String>,
@@ -114,6 +118,7 @@ impl PythonCapture {
         let engine = match self.engine {
             PythonEngine::Transformers => "transformers",
             PythonEngine::Sglang => "sglang",
+            PythonEngine::Vllm => "vllm",
         };
         c.args(["--engine", engine]);
         let o = &self.capture;
@@ -139,6 +144,7 @@ impl PythonCapture {
         match self.engine {
             PythonEngine::Transformers => c.args(["--device", &self.device]),
             PythonEngine::Sglang => c.args(["--tp", &self.tp.to_string()]),
+            PythonEngine::Vllm => c.args(["--tp", &self.tp.to_string(), "--device", &self.device]),
         };
         if let Some(phase) = self_test {
             c.args(["--self-test", phase]);
@@ -187,12 +193,13 @@ impl PythonCapture {
         Ok(PythonReport { worker, verify, bytes_per_token: bytes as f64 / dataset.num_tokens().max(1) as f64 })
     }
 
-    /// Run the self-test: for SGLang its two phases as two process groups (SGLang's
-    /// distributed state is process-global), for transformers both in one process. The
+    /// Run the self-test: for SGLang and vLLM its two phases as two processes (SGLang's
+    /// distributed state is process-global; one vLLM engine per process is what vLLM tests),
+    /// for transformers both in one process. The
     /// worker prints one JSON line per phase on stdout (inherited).
     pub fn self_test(&self) -> Result<()> {
         let phases: &[&str] = match self.engine {
-            PythonEngine::Sglang => &["tiny", "real"],
+            PythonEngine::Sglang | PythonEngine::Vllm => &["tiny", "real"],
             PythonEngine::Transformers => &["all"],
         };
         for phase in phases {

@@ -510,17 +510,24 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     }
     assert!(dir.path().join("mt-a.report.json").is_file());
 
-    // Detected (`auto`: no /get_model_info, /v1/models answers): the same bytes (greedy).
+    // Detected (`auto`): vLLM names itself (its ids-in, ids-out dialect is tested in
+    // vllm_regenerate.rs); `--api openai` again gives the same bytes (greedy).
     let b = dir.path().join("mt-b.jsonl");
-    let rb = ok_json(regen(&url, &mt, &b, &["--concurrency", "1"]).output().unwrap());
+    let rb = ok_json(regen(&url, &mt, &b, &["--concurrency", "1", "--max-samples", "1"]).output().unwrap());
     assert_eq!(rb["server"]["api_source"], "detected");
-    assert_eq!(std::fs::read_to_string(&b).unwrap(), text);
+    assert_eq!(rb["server"]["api"], "vllm");
+    let b2 = dir.path().join("mt-b2.jsonl");
+    ok_json(regen(&url, &mt, &b2, &["--api", "openai", "--concurrency", "1"]).output().unwrap());
+    assert_eq!(std::fs::read_to_string(&b2).unwrap(), text);
 
     // SIGKILL once the first record is durable, then rerun: the uninterrupted bytes.
     let c = dir.path().join("mt-c.jsonl");
     let partial = dir.path().join("mt-c.jsonl.partial");
-    let mut child =
-        regen(&url, &mt, &c, &["--concurrency", "1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let t0 = Instant::now();
     while std::fs::read_to_string(&partial).map_or(0, |t| t.lines().count()) < 1 {
         assert!(t0.elapsed() < Duration::from_secs(300), "no record written");
@@ -533,7 +540,7 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     drop(server);
     server = start_vllm(&python, &tok, dir.path());
     let url = server.url.clone();
-    let rc = ok_json(regen(&url, &mt, &c, &["--concurrency", "1"]).output().unwrap());
+    let rc = ok_json(regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"]).output().unwrap());
     assert!(rc["resumed_records"].as_u64().unwrap() >= 1, "{rc}");
     assert_eq!(rc["records"], 4);
     assert_eq!(std::fs::read_to_string(&c).unwrap(), text, "resumed file differs from the uninterrupted one");

@@ -130,8 +130,7 @@ pub fn regenerate_server(
     let template = ChatTemplate::resolve(&opts.template, &tok)?;
     let eos = eos_ids(&config_eos(&tok_dir)?, &tok_dir, &tok)?;
     let (resolved, api_source) = server::detect(server)?;
-    let api = if resolved.api == Api::Sglang { "sglang" } else { "openai" };
-    let generator = Generator::Server { api, model: resolved.model.as_deref() };
+    let generator = Generator::Server { api: resolved.api.name(), model: resolved.model.as_deref() };
     let meta = run_meta(opts, generator, &tok, &template, &eos)?;
     let mut engine = server::ServerEngine::start(server, resolved, api_source, &eos);
     let run = Run { opts, turns: Turns::new(&tok, &tok_dir, &template, opts), eos: &eos };

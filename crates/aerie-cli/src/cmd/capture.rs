@@ -1,6 +1,7 @@
 //! `aerie capture`: run the target over a prepared dataset and write aerie-shard/1, with aerie's
 //! native engine (the default) or, for targets only Python runs, the in-process Python worker of
-//! `python/aerie_capture` (engine `transformers`, or `sglang` under torchrun with `--tp` ranks).
+//! `python/aerie_capture` (engine `transformers`, `sglang` under torchrun with `--tp` ranks, or
+//! `vllm` in process).
 //! Whatever the engine, the dataset is verified by aerie's own reader before the report.
 
 use std::path::PathBuf;
@@ -63,11 +64,12 @@ pub struct CaptureArgs {
     /// with transformers (any HF causal LM, CPU or GPU) or SGLang (tensor parallel, GPUs).
     #[arg(long, value_enum, default_value = "native")]
     pub engine: Engine,
-    /// Python interpreter for the `transformers` and `sglang` engines (one whose environment
+    /// Python interpreter for the `transformers`, `sglang` and `vllm` engines (one whose environment
     /// holds torch and the engine); default `$AERIE_PYTHON`, else `python3`.
     #[arg(long)]
     pub python: Option<PathBuf>,
-    /// `sglang`: tensor-parallel ranks (one per GPU), started with `torchrun`.
+    /// `sglang`: tensor-parallel ranks (one per GPU), started with `torchrun`; `vllm`: its
+    /// `tensor_parallel_size`.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Python engines: token budget of one forward batch (`sglang` packs samples unpadded
@@ -92,6 +94,8 @@ pub enum Engine {
     Transformers,
     /// The Python worker on SGLang, `--tp` ranks.
     Sglang,
+    /// The Python worker on vLLM in process (`extract_hidden_states`), `--tp` GPUs or the CPU.
+    Vllm,
 }
 
 fn parse_dtype(s: &str) -> Result<HiddenDtype, String> {
@@ -107,11 +111,11 @@ pub fn run(args: CaptureArgs) -> Result<()> {
     match args.engine {
         Engine::Native => {
             if args.self_test || !args.engine_args.is_empty() {
-                bail!("--self-test and worker arguments after `--` need --engine transformers or sglang");
+                bail!("--self-test and worker arguments after `--` need --engine transformers, sglang or vllm");
             }
             with_backend!(args.device, |B, dev| run_on::<B>(&args, &dev))
         }
-        Engine::Transformers | Engine::Sglang => run_python(&args),
+        Engine::Transformers | Engine::Sglang | Engine::Vllm => run_python(&args),
     }
 }
 
@@ -142,7 +146,11 @@ fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
             .clone()
             .or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from))
             .unwrap_or_else(|| "python3".into()),
-        engine: if args.engine == Engine::Sglang { PythonEngine::Sglang } else { PythonEngine::Transformers },
+        engine: match args.engine {
+            Engine::Sglang => PythonEngine::Sglang,
+            Engine::Vllm => PythonEngine::Vllm,
+            _ => PythonEngine::Transformers,
+        },
         target: args.target.clone(),
         data: args.data.clone(),
         out: args.out.clone(),

@@ -29,9 +29,10 @@ pub struct RegenerateArgs {
     /// target; needs --tokenizer (the served model's).
     #[arg(long)]
     pub server: Option<String>,
-    /// The server's dialect: `sglang` (`/generate`, token ids in and out), `openai`
-    /// (`/v1/chat/completions`), or `auto` (SGLang when `GET /get_model_info` answers, else
-    /// OpenAI-compatible).
+    /// The server's dialect: `sglang` (`/generate`, token ids in and out), `vllm`
+    /// (`/v1/completions` with token ids in and `return_token_ids` out), `openai`
+    /// (`/v1/chat/completions`, text), or `auto` (SGLang when `GET /get_model_info` answers,
+    /// vLLM when `/v1/models` says `owned_by: vllm`, else OpenAI-compatible).
     #[arg(long, default_value = "auto", requires = "server")]
     pub api: Api,
     /// `model` of OpenAI chat requests (default: the first id `GET /v1/models` lists).

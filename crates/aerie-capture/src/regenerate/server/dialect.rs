@@ -1,5 +1,6 @@
-//! The two wire dialects: detecting which one a server speaks, the request body of a turn, and
-//! reading the answer (SGLang's `/generate`, the OpenAI-compatible `/v1/chat/completions`).
+//! The wire dialects: detecting which one a server speaks, the request body of a turn, and
+//! reading the answer (SGLang's `/generate`, vLLM's ids-in/ids-out `/v1/completions`, the
+//! OpenAI-compatible `/v1/chat/completions`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,58 +15,62 @@ use crate::{Error, Result};
 
 /// Resolve `--api auto` and the model: SGLang answers `GET /get_model_info` (200, with its
 /// `model_path`); an OpenAI-compatible server answers `GET /v1/models` with
-/// `{"data": [{"id"}, ...]}` (the first id is the chat model unless `--model` names one).
+/// `{"data": [{"id", "owned_by"}, ...]}` (the first id is the model unless `--model` names one),
+/// and vLLM's cards are `owned_by: "vllm"`.
 pub(in crate::regenerate) fn detect(opts: &ServerOptions) -> Result<(Resolved, &'static str)> {
     let agent = agent(opts.timeout.min(Duration::from_secs(30)));
     let base = opts.base();
-    let mut source = "given";
     let info_url = format!("{base}/get_model_info");
     let info = get(&agent, &info_url);
-    let api = match (opts.api, &info) {
-        (Api::Auto, Ok((200, _))) => {
-            source = "detected";
-            Api::Sglang
-        }
-        (Api::Auto, Ok(_)) => {
-            source = "detected";
-            Api::Openai
-        }
+    let sglang = match (opts.api, &info) {
         (Api::Auto, Err(e)) => {
             return Err(Error::Invalid(format!(
                 "--server {}: GET {info_url} failed ({e}): is the server running and listening there?",
                 opts.url
             )));
         }
-        (a, _) => a,
+        (_, Ok((200, _))) => true,
+        _ => false,
     };
-    let model = match (api, &opts.model) {
-        (_, Some(m)) => Some(m.clone()),
+    if opts.api == Api::Sglang || (opts.api == Api::Auto && sglang) {
         // SGLang names its model in /get_model_info (`model_path`).
-        (Api::Sglang, None) => info
-            .ok()
-            .filter(|(status, _)| *status == 200)
-            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-            .and_then(|v| v.get("model_path")?.as_str().map(str::to_owned)),
-        (_, None) => {
-            let url = format!("{base}/v1/models");
-            let (status, body) = get(&agent, &url).map_err(|e| {
-                Error::Invalid(format!("--server {}: GET {url} failed ({e}): is the server running?", opts.url))
-            })?;
-            let first = (status == 200)
-                .then(|| serde_json::from_str::<Value>(&body).ok())
-                .flatten()
-                .and_then(|v| v.get("data")?.get(0)?.get("id")?.as_str().map(str::to_owned));
-            Some(first.ok_or_else(|| {
-                Error::Invalid(format!(
-                    "--server {}: GET {url} answered HTTP {status} without a model id ({}); it does not look \
-                     like an OpenAI-compatible server (pass --api sglang for SGLang's /generate, or --model NAME)",
-                    opts.url,
-                    error_message(&body)
-                ))
-            })?)
-        }
+        let model = opts.model.clone().or_else(|| {
+            info.ok()
+                .filter(|(status, _)| *status == 200)
+                .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+                .and_then(|v| v.get("model_path")?.as_str().map(str::to_owned))
+        });
+        let source = if opts.api == Api::Auto { "detected" } else { "given" };
+        return Ok((Resolved { api: Api::Sglang, model }, source));
+    }
+    let url = format!("{base}/v1/models");
+    let listed = || -> Result<Value> {
+        let (status, body) = get(&agent, &url).map_err(|e| {
+            Error::Invalid(format!("--server {}: GET {url} failed ({e}): is the server running?", opts.url))
+        })?;
+        let first = (status == 200)
+            .then(|| serde_json::from_str::<Value>(&body).ok())
+            .flatten()
+            .and_then(|v| v.get("data")?.get(0).cloned())
+            .filter(|card| card.get("id").is_some_and(Value::is_string));
+        first.ok_or_else(|| {
+            Error::Invalid(format!(
+                "--server {}: GET {url} answered HTTP {status} without a model id ({}); it does not look \
+                 like an OpenAI-compatible server (pass --api sglang for SGLang's /generate, or --model NAME)",
+                opts.url,
+                error_message(&body)
+            ))
+        })
     };
-    Ok((Resolved { api, model }, source))
+    // The model list is needed to detect vLLM, or to name the model when --model does not.
+    let card = if opts.api == Api::Auto || opts.model.is_none() { Some(listed()?) } else { None };
+    let api = match opts.api {
+        Api::Auto if card.as_ref().and_then(|c| c.get("owned_by")).and_then(Value::as_str) == Some("vllm") => Api::Vllm,
+        Api::Auto => Api::Openai,
+        given => given,
+    };
+    let model = opts.model.clone().or_else(|| card?.get("id")?.as_str().map(str::to_owned));
+    Ok((Resolved { api, model }, if opts.api == Api::Auto { "detected" } else { "given" }))
 }
 
 /// The request body of one turn.
@@ -92,6 +97,24 @@ pub(in crate::regenerate) fn request_body(
                 params["sampling_seed"] = json!(seed);
             }
             json!({"input_ids": job.prompt_ids, "sampling_params": params, "stream": false})
+        }
+        Api::Vllm => {
+            let mut body = json!({
+                "model": resolved.model.as_deref().unwrap_or("default"),
+                "prompt": job.prompt_ids,
+                "max_tokens": job.max_new_tokens,
+                "temperature": s.temperature,
+                "stop_token_ids": eos,
+                "return_token_ids": true,
+                // aerie decodes token_ids itself; the text is only kept complete for logs.
+                "skip_special_tokens": false,
+                "stream": false,
+            });
+            if sampled {
+                body["top_p"] = json!(s.top_p);
+                body["seed"] = json!(seed);
+            }
+            body
         }
         _ => {
             let messages: Vec<Value> =
@@ -171,6 +194,32 @@ pub(in crate::regenerate) fn parse_response(
             }
             done.prompt_tokens = u(meta.get("prompt_tokens")).unwrap_or(done.prompt_tokens);
             done.tokens = completion;
+            done.ids = Some(ids);
+        }
+        Api::Vllm => {
+            let choice = v.get("choices").and_then(|c| c.get(0)).ok_or("no `choices[0]` in the completion response")?;
+            let mut ids: Vec<u32> = choice
+                .get("token_ids")
+                .and_then(Value::as_array)
+                .ok_or("no `choices[0].token_ids` in the completion response (a vLLM with `return_token_ids`?)")?
+                .iter()
+                .map(|x| x.as_u64().map(|n| n as u32).ok_or("`token_ids` holds a non-integer"))
+                .collect::<std::result::Result<_, _>>()?;
+            done.finish = match choice.get("finish_reason").and_then(Value::as_str) {
+                Some("stop") => Finish::Eos,
+                Some("length") => Finish::Budget,
+                Some("abort") => return Err("the server aborted the request (finish_reason `abort`)".into()),
+                other => return Err(format!("unknown choices[0].finish_reason {other:?}")),
+            };
+            // vLLM keeps the stop token in token_ids (`stop_reason` names it when it was one of
+            // stop_token_ids, null for the model's own eos); it is not part of the answer.
+            let matched = choice.get("stop_reason").and_then(Value::as_u64).map(|n| n as u32);
+            if done.finish == Finish::Eos && ids.last().is_some_and(|t| Some(*t) == matched || eos.contains(t)) {
+                ids.pop();
+            }
+            let usage = v.get("usage");
+            done.prompt_tokens = u(usage.and_then(|x| x.get("prompt_tokens"))).unwrap_or(done.prompt_tokens);
+            done.tokens = u(usage.and_then(|x| x.get("completion_tokens"))).unwrap_or(ids.len() as u64);
             done.ids = Some(ids);
         }
         _ => {
@@ -254,11 +303,47 @@ mod tests {
     }
 
     #[test]
+    fn vllm_completions_carry_ids_both_ways() {
+        let vl = Resolved { api: Api::Vllm, model: Some("smol".into()) };
+        let b = request_body(&vl, &job(0.0), &[9, 4], &BTreeMap::new());
+        assert_eq!(b["prompt"], json!([1, 2, 3]), "aerie's ids are the prompt");
+        assert_eq!((b["model"].as_str(), b["max_tokens"].as_u64()), (Some("smol"), Some(16)));
+        assert_eq!(b["stop_token_ids"], json!([9, 4]));
+        assert_eq!(b["return_token_ids"], true);
+        assert!(b.get("messages").is_none() && b.get("seed").is_none() && b.get("top_p").is_none());
+        let b = request_body(&vl, &job(0.7), &[9], &BTreeMap::new());
+        assert_eq!(b["seed"], json!(turn_seed(7, 5, 1)));
+        assert!((b["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6);
+
+        let j = job(0.0);
+        // Stopped on a stop_token_ids entry: vLLM names it in stop_reason and keeps it.
+        let stop = json!({"choices": [{"index": 0, "text": "ab", "token_ids": [5, 6, 9], "finish_reason": "stop",
+            "stop_reason": 9, "prompt_token_ids": null}], "usage": {"prompt_tokens": 3, "completion_tokens": 3}});
+        let d = parse_response(Api::Vllm, &j, &[9], &stop).unwrap();
+        assert_eq!((d.ids.as_deref(), d.finish, d.tokens, d.prompt_tokens), (Some(&[5, 6][..]), Finish::Eos, 3, 3));
+        // The model's own eos: stop_reason null, the token still last.
+        let eos = json!({"choices": [{"token_ids": [5, 9], "finish_reason": "stop", "stop_reason": null}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        assert_eq!(parse_response(Api::Vllm, &j, &[9], &eos).unwrap().ids.as_deref(), Some(&[5][..]));
+        // The budget: every token is the answer's, an eos-looking last one included.
+        let len = json!({"choices": [{"token_ids": [5, 6, 9], "finish_reason": "length", "stop_reason": null}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 3}});
+        let d = parse_response(Api::Vllm, &j, &[9], &len).unwrap();
+        assert_eq!((d.ids.as_deref(), d.finish), (Some(&[5, 6, 9][..]), Finish::Budget));
+        let no_ids = json!({"choices": [{"text": "x", "finish_reason": "stop"}]});
+        assert!(parse_response(Api::Vllm, &j, &[9], &no_ids).unwrap_err().contains("return_token_ids"));
+        let abort = json!({"choices": [{"token_ids": [], "finish_reason": "abort"}]});
+        assert!(parse_response(Api::Vllm, &j, &[9], &abort).unwrap_err().contains("abort"));
+    }
+
+    #[test]
     fn error_bodies() {
         assert_eq!(error_message(r#"{"error": {"message": "boom"}}"#), "boom");
         assert_eq!(error_message(r#"{"detail": "nope"}"#), "nope");
         assert_eq!(error_message("plain"), "plain");
         assert!("x".parse::<Api>().is_err());
         assert_eq!("sglang".parse::<Api>(), Ok(Api::Sglang));
+        assert_eq!("vllm".parse::<Api>(), Ok(Api::Vllm));
+        assert_eq!(Api::Vllm.name(), "vllm");
     }
 }

@@ -12,12 +12,20 @@
 //!   `{"text", "output_ids", "meta_info": {"finish_reason": {"type": "stop", "matched": id} |
 //!   {"type": "length", "length": n} | {"type": "abort", "message"}, "prompt_tokens",
 //!   "completion_tokens", ...}}` (`tokenizer_manager.py`, `schedule_batch.py` `FINISH_*`).
+//! - **vLLM** `POST /v1/completions` with `prompt` as aerie's token ids and `return_token_ids`,
+//!   the generated `choices[0].token_ids` back: exact tokens in and out, as with SGLang, through
+//!   vLLM's OpenAI server (0.32: `CompletionRequest.prompt: list[int]`, `return_token_ids`,
+//!   `stop_token_ids`, `skip_special_tokens`, `seed` in
+//!   `vllm/entrypoints/openai/completion/protocol.py`; `CompletionResponseChoice.token_ids`,
+//!   `finish_reason` `stop`/`length`, `stop_reason` the matched stop id or null for the model's
+//!   own eos; the stop token is kept in `token_ids`).
 //! - **OpenAI-compatible** `POST /v1/chat/completions` with `messages` (the server renders its
 //!   own chat template), `choices[0].message.content` and `reasoning_content` back.
 //!
 //! Detection (`--api auto`): `GET /get_model_info` answers 200 only on SGLang (which also serves
 //! `/v1/models`, so it is asked first); otherwise `GET /v1/models` answering 200 with a `data`
-//! list is an OpenAI-compatible server.
+//! list is an OpenAI-compatible server, and vLLM when its first model is `owned_by: "vllm"`
+//! (vLLM's `ModelCard` default, `vllm/entrypoints/serve/engine/protocol.py`).
 
 mod dialect;
 mod http;
@@ -41,6 +49,8 @@ use http::{agent, attempt};
 pub enum Api {
     /// SGLang's native `/generate` (token ids in and out).
     Sglang,
+    /// vLLM's `/v1/completions` with token ids in and `return_token_ids` out.
+    Vllm,
     /// `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI layer, ...).
     Openai,
     /// Ask the server ([`detect`]).
@@ -53,17 +63,20 @@ impl std::str::FromStr for Api {
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
             "sglang" => Ok(Api::Sglang),
+            "vllm" => Ok(Api::Vllm),
             "openai" => Ok(Api::Openai),
             "auto" => Ok(Api::Auto),
-            _ => Err(format!("`{s}` is not an API: use sglang, openai or auto")),
+            _ => Err(format!("`{s}` is not an API: use sglang, vllm, openai or auto")),
         }
     }
 }
 
 impl Api {
-    fn name(self) -> &'static str {
+    /// The name `--api` takes and the report and the run's meta record.
+    pub fn name(self) -> &'static str {
         match self {
             Api::Sglang => "sglang",
+            Api::Vllm => "vllm",
             Api::Openai => "openai",
             Api::Auto => "auto",
         }
@@ -77,7 +90,7 @@ pub struct ServerOptions {
     pub url: String,
     /// Dialect; `Auto` asks the server.
     pub api: Api,
-    /// `model` of chat requests; `None` = the first id `/v1/models` lists.
+    /// `model` of chat and completion requests; `None` = the first id `/v1/models` lists.
     pub model: Option<String>,
     /// Requests in flight at once.
     pub concurrency: usize,
@@ -87,8 +100,9 @@ pub struct ServerOptions {
     pub retries: usize,
     /// First backoff; doubled per retry.
     pub backoff: Duration,
-    /// Template variables: OpenAI requests carry them as `chat_template_kwargs` (vLLM and
-    /// SGLang read it); for SGLang `/generate` they go into aerie's own render.
+    /// Template variables: OpenAI chat requests carry them as `chat_template_kwargs` (vLLM and
+    /// SGLang read it); for SGLang `/generate` and vLLM's ids-in completions they go into
+    /// aerie's own render.
     pub template_kwargs: BTreeMap<String, Value>,
 }
 
@@ -137,7 +151,7 @@ pub(super) struct Resolved {
 pub struct ServerReport {
     /// Base URL.
     pub url: String,
-    /// Dialect used (`sglang` or `openai`).
+    /// Dialect used (`sglang`, `vllm` or `openai`).
     pub api: String,
     /// How the dialect was chosen: `given` or `detected`.
     pub api_source: String,
@@ -170,6 +184,7 @@ struct Outcome {
 fn send(agent: &ureq::Agent, ctx: &Worker, job: &TurnJob) -> Outcome {
     let (path, api) = match ctx.resolved.api {
         Api::Sglang => ("/generate", Api::Sglang),
+        Api::Vllm => ("/v1/completions", Api::Vllm),
         _ => ("/v1/chat/completions", Api::Openai),
     };
     let url = format!("{}{path}", ctx.base);
