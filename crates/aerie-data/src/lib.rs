@@ -62,6 +62,7 @@ mod error;
 pub mod generation;
 pub mod hf_config;
 mod paths;
+pub mod plot;
 pub mod prepare;
 pub mod readers;
 pub mod shard;

@@ -14,8 +14,9 @@
 //!   training state for a bit-identical resume.
 //! - [`eval`]: periodic evaluation through the metrics of `aerie eval loss`
 //!   ([`aerie_model::ttt::eval`]).
-//! - [`metrics`], [`schedule`], and [`run`] with the entry point [`train`], one named function
-//!   per step of a run.
+//! - [`metrics`]: `metrics.jsonl`, its TensorBoard mirror and the curves drawn from it;
+//!   [`schedule`], and [`run`] with the entry point [`train`], one named function per step of a
+//!   run.
 //!
 //! ```no_run
 //! use std::ops::ControlFlow;
