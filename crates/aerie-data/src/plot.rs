@@ -77,9 +77,11 @@ fn write_png(path: &Path, size: (u32, u32), rgb: &[u8]) -> Result<()> {
 /// Draw `figure` into `path`, a PNG or an SVG by its extension, `size` pixels.
 pub fn render(path: &Path, size: (u32, u32), figure: &impl Figure) -> Result<()> {
     let fail = |message: String| Error::Plot { path: path.to_path_buf(), message: format!("cannot draw: {message}") };
+    // Both backends lay text out with the registered font (SVG too, to measure it): a process
+    // that draws only an SVG fails with `FontUnavailable` without this.
+    register_font();
     match path.extension().and_then(|e| e.to_str()) {
         Some("png") => {
-            register_font();
             let mut buf = vec![0u8; (size.0 * size.1 * 3) as usize];
             {
                 let root = BitMapBackend::with_buffer(&mut buf, size).into_drawing_area();
