@@ -137,7 +137,7 @@ def phase_tiny(a) -> dict:
 
 def phase_real(a) -> dict:
     from .data import PreparedDataset
-    from .worker import build_engine
+    from .engines import build_engine
     from .shards import Teacher
 
     rank = int(os.environ.get("RANK", "0"))

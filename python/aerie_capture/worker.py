@@ -25,11 +25,9 @@ import torch
 
 from . import __version__
 from .data import PreparedDataset, token_budget_batches
+from .engines import DTYPES, build_engine
 from .shards import Metadata, ShardWriter, Teacher
 from .shards.files import DirLock
-
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="aerie_capture", description=__doc__.split("\n\n")[0])
@@ -70,47 +68,6 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def build_engine(a: argparse.Namespace, aux: Optional[list[int]], teacher: Teacher):
-    if a.engine == "transformers":
-        from .engines.hf import TransformersEngine
-
-        dev = a.device
-        cdt = DTYPES[a.compute_dtype] if a.compute_dtype else (torch.float32 if dev == "cpu" else torch.bfloat16)
-        return TransformersEngine(a.target, aux, teacher.final_hidden, teacher.topk, dev, cdt, a.trust_remote_code)
-    if a.engine == "vllm":
-        from .engines.vllm import VllmEngine
-
-        return VllmEngine(
-            a.target,
-            aux,
-            teacher.final_hidden,
-            teacher.topk,
-            tp_size=a.tp,
-            device=a.device,
-            compute_dtype=DTYPES[a.compute_dtype] if a.compute_dtype else None,
-            max_batch_tokens=a.max_batch_tokens,
-            max_batch_samples=a.max_batch_samples,
-            gpu_memory_utilization=a.gpu_memory_utilization,
-            enforce_eager=not a.vllm_compile,
-            tmp_dir=a.vllm_tmp,
-            trust_remote_code=a.trust_remote_code,
-        )
-    from .engines.sglang import SGLangEngine
-
-    return SGLangEngine(
-        a.target,
-        aux,
-        teacher.final_hidden,
-        teacher.topk,
-        tp_size=a.tp,
-        attention_backend=a.attention_backend,
-        mem_fraction_static=a.mem_fraction_static,
-        max_batch_tokens=a.max_batch_tokens,
-        max_batch_samples=a.max_batch_samples,
-        trust_remote_code=a.trust_remote_code,
-    )
 
 
 class BackgroundWriter:

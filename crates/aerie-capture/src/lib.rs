@@ -24,4 +24,4 @@ mod run;
 pub use error::{Error, Result};
 pub use python::{PythonCapture, PythonEngine, PythonReport};
 pub use regenerate::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate, regenerate_server};
-pub use run::{CaptureOptions, CaptureProgress, CaptureReport, capture};
+pub use run::{CaptureOptions, CaptureProgress, CaptureReport, capture, capture_prepared};

@@ -183,3 +183,18 @@ pub fn capture<B: Backend>(
         verify,
     })
 }
+
+/// [`capture`] from paths: load the target in `target_dir` on `device` and open the prepared
+/// dataset in `data` (`aerie data prepare`'s output), then capture its `opts.split` into `out`.
+pub fn capture_prepared<B: Backend>(
+    target_dir: &Path,
+    data: &Path,
+    out: &Path,
+    opts: &CaptureOptions,
+    device: &B::Device,
+    progress: &mut dyn FnMut(CaptureProgress),
+) -> Result<CaptureReport> {
+    let target = TargetModel::<B>::load(target_dir, device)?;
+    let data = PreparedDataset::open(data)?;
+    capture(&target, target_dir, &data, out, opts, progress)
+}

@@ -43,6 +43,8 @@ enum Command {
     Shards(cmd::shards::ShardsCommand),
     /// Train a drafter from a TOML config (fresh or warm start; resumable, data parallel).
     Train(cmd::train::TrainArgs),
+    /// Draw training curves (loss, accuracy, simulated τ, lr, gradient norm, tokens/s) of runs.
+    Plot(cmd::plot::PlotArgs),
     /// Evaluate a drafter.
     #[command(subcommand)]
     Eval(cmd::eval::EvalCommand),
@@ -77,6 +79,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Regenerate(a) => cmd::regenerate::run(a).map(|()| 0),
         Command::Shards(c) => cmd::shards::run(c).map(|()| 0),
         Command::Train(a) => cmd::train::run(a).map(|()| 0),
+        Command::Plot(a) => cmd::plot::run(a).map(|()| 0),
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
         Command::Project(a) => cmd::project::run(a).map(|()| 0),
         Command::Measure(a) => cmd::measure::run(a).map(|()| 0),

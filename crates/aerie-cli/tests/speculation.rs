@@ -216,6 +216,15 @@ fn compact_shards_convert_verify_bench_and_evaluate_and_nan_fails_evaluations() 
         assert_eq!(summary["status"], "completed", "{dtype}: {summary}");
         assert!(summary["last_train"]["loss"].as_f64().is_some_and(f64::is_finite), "{dtype}: {summary}");
         let trained = summary["final_checkpoint"].as_str().map(PathBuf::from).unwrap_or_else(|| panic!("{summary}"));
+        // Its curves: an event file for TensorBoard beside metrics.jsonl, and `aerie plot`.
+        let events = std::fs::read_dir(&run)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("events.out.tfevents."));
+        assert_eq!(events.count(), 1, "{dtype}: one TensorBoard event file in {}", run.display());
+        let curves = f.root.join(format!("curves-{dtype}.svg"));
+        assert_eq!(ok(aerie(&["plot", p(&run), "--out", p(&curves)])).trim(), p(&curves));
+        assert!(std::fs::read_to_string(&curves).unwrap().contains(&format!("run-{dtype}")));
         // A trained checkpoint leaves the (frozen) embedding to the target: give `compare` one.
         let embedding = f.root.join("embedding.safetensors");
         let cfg = tiny_config();

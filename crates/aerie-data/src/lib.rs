@@ -6,7 +6,8 @@
 //! (`aerie-shard/1`, documented in `docs/shard-format.md`) and implements a crash-safe writer and
 //! a zero-copy memory-mapped reader; [`shard::batch`] pads samples into host arrays. The crate
 //! has no tensor backend: aerie-model uploads those arrays to a device. [`vocab`] owns the draft
-//! vocabulary ([`vocab::DraftVocab`]) every stage uses.
+//! vocabulary ([`vocab::DraftVocab`]) every stage uses, and [`plot`] the charts evaluation and
+//! training both draw.
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -63,6 +64,7 @@ pub mod generation;
 pub mod hf_config;
 pub mod lock;
 mod paths;
+pub mod plot;
 pub mod prepare;
 pub mod readers;
 pub mod shard;

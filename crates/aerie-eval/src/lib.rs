@@ -1,7 +1,9 @@
 //! aerie-eval: how good is a drafter, in the numbers serving cares about.
 //!
 //! Acceptance on captured shards ([`verify`], [`accept`]), decoding against the native target
-//! ([`decode`]), serving-engine measurements ([`measure`], [`sglang`]) and evaluation inside an engine aerie starts ([`serve`]), cost models and reports.
+//! ([`decode`]), the native target's batched generation rate ([`generation`]), serving-engine
+//! measurements ([`measure`], [`sglang`]) and evaluation inside an engine aerie starts
+//! ([`serve`]), cost models and reports.
 //! The teacher-forced TTT metrics of eagle3.md §3 (`aerie eval loss`) live with the objective in
 //! [`aerie_model::ttt::eval`], shared with training's periodic evaluation; shard batches come
 //! from [`aerie_model::ttt::batch::collate`].
@@ -13,6 +15,7 @@ pub mod cost;
 pub mod counters;
 pub mod decode;
 mod error;
+pub mod generation;
 pub mod measure;
 pub mod offline;
 pub mod plot;

@@ -83,6 +83,15 @@ pub enum Error {
     /// Options that do not make sense together (devices, precision).
     #[error("{0}")]
     Options(String),
+    /// A run's `metrics.jsonl` or TensorBoard event file that cannot be read (`aerie plot`, a
+    /// resume), or curves that cannot be drawn from it.
+    #[error("{}: {message}", path.display())]
+    Metrics {
+        /// The file (or the run directory).
+        path: PathBuf,
+        /// What is wrong, and where in the file.
+        message: String,
+    },
 }
 
 impl Error {

@@ -14,8 +14,11 @@
 //!   training state for a bit-identical resume.
 //! - [`eval`]: periodic evaluation through the metrics of `aerie eval loss`
 //!   ([`aerie_model::ttt::eval`]).
-//! - [`metrics`], [`schedule`], and [`run`] with the entry point [`train`], one named function
-//!   per step of a run.
+//! - [`metrics`]: `metrics.jsonl`, its TensorBoard mirror and the curves drawn from it;
+//!   [`schedule`], and [`run`] with the entry point [`train`], one named function per step of a
+//!   run.
+//! - [`bench`]: throughput and memory of the TTT objective for a drafter shape or a config
+//!   (`aerie bench ttt|train`).
 //!
 //! ```no_run
 //! use std::ops::ControlFlow;
@@ -31,6 +34,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

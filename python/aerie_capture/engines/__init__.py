@@ -10,6 +10,9 @@ from typing import Optional
 
 import torch
 
+# `--compute-dtype` of the transformers engine.
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
 
 @dataclass
 class CaptureOutput:
@@ -47,3 +50,47 @@ def check_aux_layers(ids: list[int], num_layers: int) -> None:
             f"aux layer {ids[-1] if ids[-1] >= 0 else ids[0]} (output-of-layer) cannot be captured from a target with "
             f"{num_layers} layers (valid: 0..{num_layers - 2}; the last layer's output is only seen after the final norm)"
         )
+
+
+def build_engine(a, aux: Optional[list[int]], teacher):
+    """The engine the worker's arguments `a` name (`--engine` and its options), capturing the
+    aux layers `aux` (None: EAGLE-3's default) and what `teacher` (a `shards.Teacher`) needs.
+    Shared by the capture loop (`worker`) and the self-test (`selftest`)."""
+    if a.engine == "transformers":
+        from .hf import TransformersEngine
+
+        dev = a.device
+        cdt = DTYPES[a.compute_dtype] if a.compute_dtype else (torch.float32 if dev == "cpu" else torch.bfloat16)
+        return TransformersEngine(a.target, aux, teacher.final_hidden, teacher.topk, dev, cdt, a.trust_remote_code)
+    if a.engine == "vllm":
+        from .vllm import VllmEngine
+
+        return VllmEngine(
+            a.target,
+            aux,
+            teacher.final_hidden,
+            teacher.topk,
+            tp_size=a.tp,
+            device=a.device,
+            compute_dtype=DTYPES[a.compute_dtype] if a.compute_dtype else None,
+            max_batch_tokens=a.max_batch_tokens,
+            max_batch_samples=a.max_batch_samples,
+            gpu_memory_utilization=a.gpu_memory_utilization,
+            enforce_eager=not a.vllm_compile,
+            tmp_dir=a.vllm_tmp,
+            trust_remote_code=a.trust_remote_code,
+        )
+    from .sglang import SGLangEngine
+
+    return SGLangEngine(
+        a.target,
+        aux,
+        teacher.final_hidden,
+        teacher.topk,
+        tp_size=a.tp,
+        attention_backend=a.attention_backend,
+        mem_fraction_static=a.mem_fraction_static,
+        max_batch_tokens=a.max_batch_tokens,
+        max_batch_samples=a.max_batch_samples,
+        trust_remote_code=a.trust_remote_code,
+    )

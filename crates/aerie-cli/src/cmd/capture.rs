@@ -7,10 +7,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use aerie_capture::{CaptureOptions, PythonCapture, PythonEngine, capture};
-use aerie_data::prepare::PreparedDataset;
+use aerie_capture::{CaptureOptions, PythonCapture, PythonEngine, capture_prepared};
 use aerie_data::shard::{HiddenDtype, Teacher, VerifyReport};
-use aerie_model::TargetModel;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::{Args, ValueEnum};
@@ -209,16 +207,14 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
 
 fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
     let out = args.out.as_ref().expect("--out is required without --self-test");
-    let target = TargetModel::<B>::load(&args.target, device)
-        .with_context(|| format!("loading target {}", args.target.display()))?;
-    let data = PreparedDataset::open(&args.data)?;
     let opts = capture_options(args);
     let pb = progress::bar(0, "capture", "samples");
-    let report = capture(&target, &args.target, &data, out, &opts, &mut |p| {
+    let report = capture_prepared::<B>(&args.target, &args.data, out, &opts, device, &mut |p| {
         pb.set_length(p.total);
         pb.set_position(p.samples);
         pb.set_message(format!("{} tokens", p.tokens));
-    })?;
+    })
+    .with_context(|| format!("capturing {} through {}", args.data.display(), args.target.display()))?;
     pb.finish_and_clear();
     let tps = report.captured_tokens as f64 / report.seconds.max(1e-9);
     if args.json {

@@ -14,6 +14,7 @@ pub mod hub;
 pub mod import;
 pub mod inspect;
 pub mod measure;
+pub mod plot;
 pub mod project;
 pub mod quickstart;
 pub mod regenerate;

@@ -121,6 +121,8 @@ struct Report {
     train_tokens_per_s: Option<f64>,
     drafter: PathBuf,
     sglang_export: PathBuf,
+    /// The training curves (`aerie plot` of the run).
+    curves: PathBuf,
     /// `eval decode` of the exported drafter on MT-Bench at the fastest of the `--decode-k`
     /// chain lengths: real speculative decoding beside plain decoding, greedy.
     decode: Option<serde_json::Value>,
@@ -327,6 +329,9 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     }
     r.stage("train", &run_dir.join("summary.json"), &main_args, false)?;
     let drafter = latest_checkpoint(&run_dir)?;
+    // The training curves, as `tensorboard --logdir RUN` shows them from the run's event file.
+    let curves = work.join("curves.png");
+    r.stage("plot", &curves, &Argv::new(&["plot"]).arg(run_dir.clone()).flag("--out", curves.clone()), false)?;
     let training = std::fs::read_to_string(run_dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
@@ -408,6 +413,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         train_tokens_per_s: training.as_ref().and_then(|t| t["tokens_per_s"].as_f64()),
         drafter,
         sglang_export: export,
+        curves,
         decode,
         decode_by_k,
     };
@@ -494,4 +500,9 @@ fn print_report(r: &Report) {
     }
     println!("  drafter: {}", r.drafter.display());
     println!("  SGLang export: {}  (--speculative-draft-model-path)", r.sglang_export.display());
+    println!(
+        "  training curves: {}  (or `tensorboard --logdir {}`)",
+        r.curves.display(),
+        r.workdir.join("run").display()
+    );
 }

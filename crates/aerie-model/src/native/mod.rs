@@ -6,6 +6,7 @@
 //! - [`TargetModel`] is loaded from an HF directory ([`load`]) and run by [`llama`].
 //! - [`TargetCache`] holds keys/values ([`cache`]).
 //! - [`BatchGenerator`] decodes many sequences at once, continuously batched ([`batch`]).
+//! - [`bench::bench_generate`] measures that batched generation against the machine's limits.
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -25,6 +26,7 @@
 //! ```
 
 pub mod batch;
+pub mod bench;
 pub mod cache;
 pub mod config;
 pub mod llama;

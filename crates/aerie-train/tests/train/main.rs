@@ -3,6 +3,7 @@
 mod common;
 
 mod config;
+mod curves;
 mod dp;
 mod nan;
 mod resume;

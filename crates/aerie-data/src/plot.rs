@@ -1,0 +1,130 @@
+//! PNG and SVG charts with the same look everywhere: the drawing helpers behind `aerie compare`'s
+//! acceptance and speedup plots (aerie-eval) and `aerie plot`'s training curves (aerie-train).
+//! They live here, below both stages, because neither stage may use the other's code.
+//!
+//! Text on PNGs is rasterised by plotters' `ab_glyph` backend from DejaVu Sans embedded in the
+//! binary (the `dejavu` crate), so images look the same on every machine and need neither system
+//! fonts nor fontconfig; SVGs carry their text as text. PNGs are encoded with the `png` crate from
+//! plotters' RGB buffer.
+
+use std::path::Path;
+use std::sync::Once;
+
+pub use plotters;
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+
+use crate::{Error, Result};
+
+/// The font family every chart names (DejaVu Sans on PNGs).
+pub const FONT: &str = "sans-serif";
+
+/// Line colours, one per candidate or run, in order (matplotlib's `tab10`, so charts read like
+/// the ones people already know).
+pub const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// The colour of the `i`-th line (colours repeat after eight).
+pub fn color(i: usize) -> RGBColor {
+    COLORS[i % COLORS.len()]
+}
+
+/// What drawing returns: plotters' errors differ per backend, so they are carried as text.
+pub type DrawResult = std::result::Result<(), String>;
+
+/// A chart on linear f64 axes, the kind every panel here draws.
+pub type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A drawing error as text (`map_err(text)` on any plotters call).
+pub fn text<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// A picture that can be drawn on either backend ([`render`] picks one by file extension).
+pub trait Figure {
+    /// Draw on `root`, filling all of it.
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult;
+}
+
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // A valid TrueType font shipped inside the `dejavu` crate; registration cannot fail on it.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+    });
+}
+
+fn write_png(path: &Path, size: (u32, u32), rgb: &[u8]) -> Result<()> {
+    let fail = |e: png::EncodingError| Error::Plot { path: path.to_path_buf(), message: e.to_string() };
+    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), size.0, size.1);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut w = enc.write_header().map_err(fail)?;
+    w.write_image_data(rgb).map_err(fail)?;
+    w.finish().map_err(fail)
+}
+
+/// Draw `figure` into `path`, a PNG or an SVG by its extension, `size` pixels.
+pub fn render(path: &Path, size: (u32, u32), figure: &impl Figure) -> Result<()> {
+    let fail = |message: String| Error::Plot { path: path.to_path_buf(), message: format!("cannot draw: {message}") };
+    // Both backends lay text out with the registered font (SVG too, to measure it): a process
+    // that draws only an SVG fails with `FontUnavailable` without this.
+    register_font();
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("png") => {
+            let mut buf = vec![0u8; (size.0 * size.1 * 3) as usize];
+            {
+                let root = BitMapBackend::with_buffer(&mut buf, size).into_drawing_area();
+                figure.draw(&root).map_err(fail)?;
+            }
+            write_png(path, size, &buf)
+        }
+        Some("svg") => {
+            let root = SVGBackend::new(path, size).into_drawing_area();
+            figure.draw(&root).map_err(fail)
+        }
+        _ => Err(Error::Plot { path: path.to_path_buf(), message: "plots are written as .png or .svg".into() }),
+    }
+}
+
+/// One named line with a marker at each point (`markers`), in the legend under `name` when it
+/// has one.
+pub fn line<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    name: Option<&str>,
+    style: ShapeStyle,
+    pts: Vec<(f64, f64)>,
+    markers: bool,
+) -> DrawResult {
+    let series = chart.draw_series(LineSeries::new(pts.clone(), style)).map_err(text)?;
+    if let Some(name) = name {
+        series.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+    }
+    if markers {
+        let color = style.color;
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(text)?;
+    }
+    Ok(())
+}
+
+/// The legend box, in the corner the lines leave free.
+pub fn legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>, position: SeriesLabelPosition) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .draw()
+        .map_err(text)
+}
