@@ -44,6 +44,8 @@ struct FakeConfig {
     fail_first: usize,
     /// A prompt longer than this is refused with SGLang's 400 (0 = no limit).
     context: usize,
+    /// Answer with a token id outside the fixture's vocabulary (a broken engine).
+    out_of_vocab: bool,
 }
 
 /// A recorded-shape SGLang server on a loopback port; every `/generate` request and its
@@ -173,6 +175,9 @@ fn serve(stream: TcpStream, cfg: FakeConfig, log: &Mutex<Vec<(Value, Value)>>, p
             let max_new = params["max_new_tokens"].as_u64().unwrap() as usize;
             let eos = params["stop_token_ids"][0].as_u64().unwrap();
             let mut out = letters(&ids);
+            if cfg.out_of_vocab {
+                out.insert(1, 99_999);
+            }
             let finish = if out.len() < max_new {
                 out.push(eos);
                 json!({"type": "stop", "matched": eos})
@@ -336,7 +341,7 @@ fn sglang_generate_dialect_sends_aerie_ids_and_keeps_the_output_ids() {
 fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     let dir = tempfile::tempdir().unwrap();
     let (tok, data) = sglang_setup(dir.path());
-    let flaky = start_fake(FakeConfig { fail_first: 2, context: 0 });
+    let flaky = start_fake(FakeConfig { fail_first: 2, ..FakeConfig::default() });
     let out = dir.path().join("regen.jsonl");
     let report =
         ok_json(sglang_regen(&flaky.url, &tok, &data, &out).args(["--concurrency", "2", "--json"]).output().unwrap());
@@ -345,7 +350,7 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     assert_eq!(report["server"]["retried"], json!({"503": 2}));
 
     // Conversation 0 has a system prompt: its first prompt is longer than the context.
-    let short = start_fake(FakeConfig { fail_first: 0, context: 60 });
+    let short = start_fake(FakeConfig { context: 60, ..FakeConfig::default() });
     let bad = dir.path().join("bad.jsonl");
     let o = sglang_regen(&short.url, &tok, &data, &bad).args(["--concurrency", "1"]).output().unwrap();
     assert!(!o.status.success());
@@ -362,6 +367,15 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
     let o = sglang_regen(&url, &tok, &data, &bad).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("get_model_info"), "{}", String::from_utf8_lossy(&o.stderr));
+    // An id outside the vocabulary is an error naming the request, the id and the vocabulary
+    // (the tokenizer used to drop it from the text without a word).
+    let broken = start_fake(FakeConfig { out_of_vocab: true, ..FakeConfig::default() });
+    let o = sglang_regen(&broken.url, &tok, &data, &bad).args(["--concurrency", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for want in ["conversation `conv-0`", "assistant turn 0", "token id 99999", "vocabulary of 258 ids"] {
+        assert!(err.contains(want), "`{want}` missing from: {err}");
+    }
     // --server needs --tokenizer.
     let o = aerie(&["regenerate", "--server", &url, "--data", s(&data), "--out", s(&bad)]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--tokenizer"));
