@@ -23,17 +23,20 @@
 mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
+#[path = "common/vllm.rs"]
+mod vllm;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{aerie, aerie_cmd, ok, ok_json, python, s};
 use serde_json::{Value, json};
+use vllm::VllmServer;
 
 // ---------------------------------------------------------------- the recorded-shape SGLang server
 
@@ -383,66 +386,9 @@ fn sglang_5xx_is_retried_and_4xx_is_a_clear_error_naming_the_request() {
 
 // ---------------------------------------------------------------- the real vLLM server
 
-/// vLLM's OpenAI server on a free loopback port, its process group (the API server and its engine
-/// process) killed when dropped, even on a panic.
-struct VllmServer {
-    child: Child,
-    url: String,
-}
-
-impl Drop for VllmServer {
-    fn drop(&mut self) {
-        // SAFETY: a signal to the process group this test started.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Whether `GET path` answers 200.
-fn answers(port: u16, path: &str) -> bool {
-    let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-    if c.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    c.read_exact(&mut head).is_ok() && head.ends_with(b"200")
-}
-
-/// vLLM serving `model` (aerie's import of the GGUF) in f32, prefix caching off: a prefix whose KV
-/// was decoded token by token differs in the last bits from one that was prefilled, so with it
-/// greedy answers could depend on which requests came before.
-fn start_vllm(python: &Path, model: &Path, dir: &Path) -> VllmServer {
-    use std::os::unix::process::CommandExt;
-    let port = free_port();
-    let python_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
-    let child = Command::new(python)
-        .args(["-m", "aerie_serve", "vllm", "serve", s(model), "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", "float32"])
-        .arg("--no-enable-prefix-caching")
-        .env("PYTHONPATH", python_dir)
-        .env("VLLM_CPU_KVCACHE_SPACE", "1")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("VLLM_NO_USAGE_STATS", "1")
-        .process_group(0)
-        .stdout(Stdio::from(std::fs::File::create(dir.join("vllm-server.log")).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(dir.join("vllm-server.err")).unwrap()))
-        .spawn()
-        .expect("start python -m aerie_serve vllm serve");
-    let mut server = VllmServer { child, url: format!("http://127.0.0.1:{port}") };
-    let t0 = Instant::now();
-    while !answers(port, "/v1/models") {
-        let err = std::fs::read_to_string(dir.join("vllm-server.err")).unwrap_or_default();
-        assert!(server.child.try_wait().unwrap().is_none(), "vLLM exited:\n{err}");
-        assert!(t0.elapsed() < Duration::from_secs(900), "vLLM did not come up in 900 s:\n{err}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    server
-}
+/// Prefix caching off: a prefix whose KV was decoded token by token differs in the last bits from
+/// one that was prefilled, so with it greedy answers could depend on which requests came before.
+const SERVE_ARGS: &[&str] = &["--served-model-name", "smollm2", "--no-enable-prefix-caching"];
 
 /// The real assets, fetched when missing (a no-op when cached): (GGUF, MT-Bench, ShareGPT).
 fn assets() -> (PathBuf, PathBuf, PathBuf) {
@@ -479,7 +425,7 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     let mt = dir.path().join("mt.jsonl");
     let mt_lines: Vec<String> = std::fs::read_to_string(&mtbench).unwrap().lines().take(4).map(str::to_owned).collect();
     std::fs::write(&mt, mt_lines.join("\n") + "\n").unwrap();
-    let mut server = start_vllm(&python, &tok, dir.path());
+    let mut server = VllmServer::start(&python, &tok, dir.path(), SERVE_ARGS);
     let url = server.url.clone();
     let regen = |url: &str, data: &Path, out: &Path, extra: &[&str]| {
         let mut c = aerie_cmd();
@@ -552,7 +498,7 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     child.wait().unwrap();
     assert!(!c.exists());
     drop(server);
-    server = start_vllm(&python, &tok, dir.path());
+    server = VllmServer::start(&python, &tok, dir.path(), SERVE_ARGS);
     let url = server.url.clone();
     let rc = ok_json(regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"]).output().unwrap());
     assert!(rc["resumed_records"].as_u64().unwrap() >= 1, "{rc}");

