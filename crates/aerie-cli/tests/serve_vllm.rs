@@ -148,7 +148,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert!(work.join("plain/engine.log").is_file());
 
     // The engine's measured costs answer the break-even question.
-    let pr = ok_json(aerie(&["project", "--costs", s(&costs), "--json", "--engine-arg=--enforce-eager"]));
+    let pr = ok_json(aerie(&["project", "--costs", s(&costs), "--json"]));
     let k2 = pr["break_even"].as_array().unwrap().iter().find(|r| r["k"] == 2).unwrap().clone();
     assert_eq!(k2["cycle_source"], "measured");
     let be = runs[0]["break_even_tau"].as_f64().unwrap();
