@@ -506,3 +506,41 @@ fn unclear_errors_name_the_file_option_and_problem() {
     // --ttt-length 0.
     refused(f.eval("loss", &data, &f.drafter, &["--ttt-length", "0"]), &["--ttt-length", "at least 1"]);
 }
+
+/// Memory follows `--max-length`, not what a record claims: one 16 MB answer (with a byte-level
+/// tokenizer, 16 M tokens tokenised whole: about 2 GB before the head cut) is prepared in the
+/// binary's baseline plus a few copies of the record. The bound, 400 MB, is the baseline (about
+/// 60 MB), the line, its JSON value, the template's render and its prefix renders (5 × 16 MB)
+/// and room for the allocator; the peak is the child's own (`wait4`), not this process's.
+#[test]
+fn one_huge_record_is_prepared_in_memory_bounded_by_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_tokenizer(&target, Some(fixture::CHATML));
+    let answer: String = (0..16 << 20).map(|i| ["word ", "more ", "text\n"][i % 3].as_bytes()[i % 5] as char).collect();
+    let chats = dir.path().join("huge.jsonl");
+    fixture::write_jsonl(
+        &chats,
+        &[serde_json::json!({"id": "huge", "conversations": [
+            {"from": "human", "value": "Say a lot."}, {"from": "gpt", "value": answer}]})],
+    );
+    let out = dir.path().join("prepared");
+    let mut c = aerie_cmd();
+    c.args(["data", "prepare", "--data", s(&chats), "--tokenizer", s(&target), "--out", s(&out)]);
+    c.args(["--max-length", "512", "--json"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    #[allow(clippy::zombie_processes, reason = "reaped by wait4 below, which also reads its peak RSS")]
+    let child = c.spawn().unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid, and wait4 writes it for our own child's pid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: waits for the child spawned above; the pointers are to live locals.
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "data prepare failed: {status}");
+    let peak_mb = usage.ru_maxrss as f64 / 1024.0;
+    eprintln!("data prepare of one 16 MB record: peak RSS {peak_mb:.0} MB");
+    assert!(peak_mb < 400.0, "data prepare of one 16 MB record peaked at {peak_mb:.0} MB");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["samples"], 1, "{report}");
+    assert_eq!(report["tokens"], 512, "{report}");
+}

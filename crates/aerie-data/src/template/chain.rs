@@ -172,15 +172,13 @@ impl ChatEncoder<'_> {
                 return Ok(Err(unstable(format!("chain {chain}: assistant turn {i}'s reasoning is not rendered"))));
             }
         }
-        let enc = self.tokenizer_ref().encode(&text, false).map_err(|e| Error::Tokenizer {
+        let tok_err = |e: tokenizers::Error| Error::Tokenizer {
             path: "tokenizer".into(),
             message: format!("cannot encode conversation `{}` (chain {chain}): {e}", conv.id),
-        })?;
-        let ids = enc.get_ids();
-        let mut mask = vec![0u8; ids.len()];
+        };
         let byte_spans: Vec<(usize, usize)> = spans.iter().map(|&(s, e, _)| (s, e)).collect();
-        self.mask_spans(&byte_spans, ids, enc.get_offsets(), &text, &mut mask);
-        let mut input_ids = ids.to_vec();
+        let head = self.tokenize_head(&text).map_err(tok_err)?;
+        let (mut input_ids, mut mask) = self.ids_and_mask(&text, head, &byte_spans).map_err(tok_err)?;
         let mut trims = Vec::new();
         let limit = self.options().max_length.unwrap_or(usize::MAX);
         if input_ids.len() > limit {

@@ -86,6 +86,10 @@ pub struct ChatEncoder<'a> {
     /// Special tokens that split text cleanly (no whitespace stripping), for head-only
     /// tokenisation: (content, id).
     cut_tokens: Vec<(String, u32)>,
+    /// The text of every special token, to tell whether one lies past a head.
+    special_texts: Vec<String>,
+    /// The text of every added token: a head is never cut inside one.
+    added_texts: Vec<String>,
     opts: EncodeOptions,
     chain_mode: bool,
 }
@@ -97,6 +101,14 @@ impl std::fmt::Debug for ChatEncoder<'_> {
             .field("opts", &self.opts)
             .finish_non_exhaustive()
     }
+}
+
+/// The tokens of a render, or of a head of it ([`ChatEncoder::tokenize_head`]).
+pub(super) struct Head {
+    enc: Encoded,
+    /// Where the text was cut when the head ends inside it (not at a special token): the
+    /// render goes on past its last token.
+    open_from: Option<usize>,
 }
 
 /// Outcome of locating assistant spans in one render.
@@ -119,9 +131,13 @@ impl<'a> ChatEncoder<'a> {
         super::check_template_kwargs(&opts.template_kwargs)?;
         let added = tokenizer.added_tokens();
         let special_ids = added.iter().filter(|t| t.special).map(|t| t.id).collect();
+        let special_texts =
+            added.iter().filter(|t| t.special && !t.content.is_empty()).map(|t| t.content.clone()).collect();
+        let added_texts = added.iter().filter(|t| !t.content.is_empty()).map(|t| t.content.clone()).collect();
         let cut_tokens: Vec<(String, u32)> =
             added.into_iter().filter(|t| t.splits_cleanly).map(|t| (t.content, t.id)).collect();
-        let mut enc = Self { template, tokenizer, special_ids, cut_tokens, opts, chain_mode: false };
+        let mut enc =
+            Self { template, tokenizer, special_ids, cut_tokens, special_texts, added_texts, opts, chain_mode: false };
         enc.chain_mode = enc.probe_chain_mode();
         Ok(enc)
     }
@@ -130,10 +146,6 @@ impl<'a> ChatEncoder<'a> {
     /// template: [`super::chain`]) rather than one per conversation.
     pub fn chain_mode(&self) -> bool {
         self.chain_mode
-    }
-
-    pub(super) fn tokenizer_ref(&self) -> &TextTokenizer {
-        self.tokenizer
     }
 
     pub(super) fn options(&self) -> &EncodeOptions {
@@ -182,13 +194,13 @@ impl<'a> ChatEncoder<'a> {
                 Ok(s) => s,
                 Err(r) => return Ok(Err(r)),
             };
-            let enc = self.tokenize_head(&full).map_err(|e| Error::Tokenizer {
+            let tok_err = |e: tokenizers::Error| Error::Tokenizer {
                 path: "tokenizer.json".into(),
                 message: format!("cannot encode conversation `{}`: {e}", conv.id),
-            })?;
-            let offsets = enc.get_offsets();
+            };
+            let head = self.tokenize_head(&full).map_err(tok_err)?;
             let limit = self.opts.max_length.unwrap_or(usize::MAX);
-            let cut_byte = if enc.len() > limit { offsets[limit].0 } else { full.len() };
+            let cut_byte = if head.enc.len() > limit { head.enc.get_offsets()[limit].0 } else { full.len() };
             let spans = match self.assistant_spans(&messages, tools, &full, cut_byte) {
                 Ok(s) => s,
                 Err(r) => return Ok(Err(r)),
@@ -217,10 +229,7 @@ impl<'a> ChatEncoder<'a> {
                     }
                 }
             };
-            let ids = enc.get_ids();
-            let mut mask = vec![0u8; ids.len()];
-            self.mask_spans(&spans, ids, offsets, &full, &mut mask);
-            let mut input_ids = ids.to_vec();
+            let (mut input_ids, mut mask) = self.ids_and_mask(&full, head, &spans).map_err(tok_err)?;
             if input_ids.len() > limit {
                 input_ids.truncate(limit);
                 mask.truncate(limit);
@@ -261,41 +270,98 @@ impl<'a> ChatEncoder<'a> {
         Ok(messages)
     }
 
-    /// Tokenise `full`, or with a maximum length only a head of it that is certain to hold the
-    /// first `max_length + 1` tokens exactly as tokenising all of it would.
+    /// Tokenise `full`, or with a maximum length only a head of it that holds the first
+    /// `max_length + 1` tokens as tokenising all of it would, so that memory and time follow
+    /// `max_length`, not the record's size (a 9 MB record took 1 GB and 7 s whole).
     ///
-    /// The head ends just after a special token (`<|im_end|>`, ...): the tokenizer splits added
-    /// tokens out before pre-tokenising and normalising, so the tokens before such a split do
-    /// not depend on what follows it. That the split really happened there is checked (the
-    /// head's last token must be that special token at that offset); anything unexpected falls
-    /// back to tokenising everything. The head starts at 4 bytes per wanted token and doubles
-    /// until it holds enough tokens.
-    fn tokenize_head(&self, full: &str) -> tokenizers::Result<Encoded> {
+    /// The head ends where one of two checks holds. Preferably just after a special token
+    /// (`<|im_end|>`, ...): the tokenizer splits added tokens out before pre-tokenising and
+    /// normalising, so the tokens before such a split do not depend on what follows; that the
+    /// split really happened there is checked (the head's last token must be that special token
+    /// at that offset), and anything unexpected falls back to tokenising everything. Where no
+    /// special token is near (one long message), the text itself is cut, and the cut is accepted
+    /// when cutting at twice the length gives the same first `max_length + 1` tokens: a
+    /// pre-tokenizer's pieces and their merges depend on a few characters around the cut, so a
+    /// head that survives moving the cut by its own length is taken as settled (a check, not a
+    /// proof; [`Head::open_from`] tells the masking that the text goes on). The head starts at 4
+    /// bytes per wanted token and doubles until it holds enough tokens.
+    pub(super) fn tokenize_head(&self, full: &str) -> tokenizers::Result<Head> {
+        let whole = |enc| Head { enc, open_from: None };
         let Some(limit) = self.opts.max_length else {
-            return self.tokenizer.encode(full, false);
+            return self.tokenizer.encode(full, false).map(whole);
         };
         let mut budget = limit.saturating_add(1).saturating_mul(4);
+        let longest_added = self.added_texts.iter().map(String::len).max().unwrap_or(0);
+        let mut plain: Option<Encoded> = None;
         while budget < full.len() {
-            let from = (budget..full.len()).find(|&i| full.is_char_boundary(i)).unwrap_or(full.len());
-            let rest = &full[from..];
+            let from = full.ceil_char_boundary(budget);
+            // A special token ending the head: one that covers `from` or follows it within the
+            // head's own length.
+            let lo = full.floor_char_boundary(from.saturating_sub(longest_added));
+            let hi = full.ceil_char_boundary(from.saturating_mul(2));
+            let window = &full[lo..hi];
             let next = self
                 .cut_tokens
                 .iter()
-                .filter_map(|(content, id)| rest.find(content.as_str()).map(|at| (from + at, content.len(), *id)))
+                .filter_map(|(content, id)| {
+                    let at = window
+                        .match_indices(content.as_str())
+                        .map(|(at, _)| lo + at)
+                        .find(|&at| at + content.len() > from)?;
+                    Some((at, content.len(), *id))
+                })
                 .min_by_key(|&(at, _, id)| (at, id));
-            let Some((at, len, id)) = next else { break };
-            let end = at + len;
-            let enc = self.tokenizer.encode(&full[..end], false)?;
-            let split_there = enc.get_ids().last() == Some(&id) && enc.get_offsets().last() == Some(&(at, end));
-            if enc.len() > limit && split_there {
-                return Ok(enc);
-            }
-            if !split_there {
-                break;
+            let straddled = |cut: usize| {
+                self.added_texts
+                    .iter()
+                    .any(|t| window.match_indices(t.as_str()).any(|(at, _)| lo + at < cut && cut < lo + at + t.len()))
+            };
+            if let Some((at, len, id)) = next {
+                let end = at + len;
+                let enc = self.tokenizer.encode(&full[..end], false)?;
+                let split_there = enc.get_ids().last() == Some(&id) && enc.get_offsets().last() == Some(&(at, end));
+                if !split_there {
+                    break;
+                }
+                if enc.len() > limit {
+                    return Ok(whole(enc));
+                }
+            } else if !straddled(from) {
+                let enc = self.tokenizer.encode(&full[..from], false)?;
+                let wanted = limit + 1;
+                if enc.len() > wanted {
+                    if let Some(prev) = &plain
+                        && prev.get_ids()[..wanted] == enc.get_ids()[..wanted]
+                        && prev.get_offsets()[..wanted] == enc.get_offsets()[..wanted]
+                    {
+                        return Ok(Head { enc, open_from: Some(from) });
+                    }
+                    plain = Some(enc);
+                }
             }
             budget = budget.saturating_mul(2);
         }
-        self.tokenizer.encode(full, false)
+        self.tokenizer.encode(full, false).map(whole)
+    }
+
+    /// Token ids of `full` and their loss mask over the assistant byte `spans`, from `head`;
+    /// the whole text is tokenised instead when the head cannot decide the mask (see
+    /// [`Self::mask_spans`]). The ids may run past `max_length`: callers cut.
+    pub(super) fn ids_and_mask(
+        &self,
+        full: &str,
+        head: Head,
+        spans: &[(usize, usize)],
+    ) -> tokenizers::Result<(Vec<u32>, Vec<u8>)> {
+        let ids = head.enc.get_ids();
+        let mut mask = vec![0u8; ids.len()];
+        if self.mask_spans(spans, ids, head.enc.get_offsets(), full, head.open_from, &mut mask) {
+            return Ok((ids.to_vec(), mask));
+        }
+        let enc = self.tokenizer.encode(full, false)?;
+        let mut mask = vec![0u8; enc.len()];
+        self.mask_spans(spans, enc.get_ids(), enc.get_offsets(), full, None, &mut mask);
+        Ok((enc.get_ids().to_vec(), mask))
     }
 
     /// Byte spans of the assistant turns in `full`, up to the first one starting at or after
@@ -330,14 +396,21 @@ impl<'a> ChatEncoder<'a> {
 
     /// Set `mask` on the tokens of each span, up to its last special token (or its last
     /// non-whitespace token when it has none).
-    pub(super) fn mask_spans(
+    ///
+    /// With `open_from`, the tokens are a head of `full` cut there, and a span going on past the
+    /// cut ends where the text past it says: past every token given when a special token follows
+    /// (or, with no special token in the head's part of it, any visible text); at the head's last
+    /// special token when none follows. A span whose rest is only whitespace and which has no
+    /// special token cannot be decided from the head: `false`, and `mask` is not complete.
+    fn mask_spans(
         &self,
         spans: &[(usize, usize)],
         ids: &[u32],
         offsets: &[(usize, usize)],
         full: &str,
+        open_from: Option<usize>,
         mask: &mut [u8],
-    ) {
+    ) -> bool {
         let overlaps = |(s, e): (usize, usize), (a, b): (usize, usize)| {
             if s == e { a <= s && s < b } else { s < b && e > a }
         };
@@ -360,10 +433,27 @@ impl<'a> ChatEncoder<'a> {
                 }
                 j += 1;
             }
-            if let Some(end) = last_special.or(last_text) {
+            let past = j.checked_sub(1).filter(|&e| e >= first);
+            let end = match open_from.filter(|&h| span.1 > h) {
+                None => last_special.or(last_text),
+                Some(h) => {
+                    let rest = &full[h..span.1];
+                    if self.special_texts.iter().any(|s| rest.contains(s.as_str())) {
+                        past
+                    } else if last_special.is_some() {
+                        last_special
+                    } else if !rest.trim().is_empty() {
+                        past
+                    } else {
+                        return false;
+                    }
+                }
+            };
+            if let Some(end) = end {
                 mask[first..=end].fill(1);
             }
             t = j;
         }
+        true
     }
 }

@@ -182,3 +182,55 @@ fn head_only_tokenisation_matches_tokenising_everything() {
         }
     }
 }
+
+/// A message far longer than `max_length` with no special token near the cut: the head is cut
+/// inside the text and checked by cutting again at twice the length. Ids and mask must equal
+/// tokenising everything, for ordinary prose, one unbroken pre-token, digits, mixed scripts, an
+/// answer that ends in a long run of whitespace (where the head cannot decide the mask and the
+/// whole text is tokenised), and one with a special token at its start (a mask that ends at the
+/// head's last special token would stop there).
+#[test]
+fn a_head_cut_inside_one_long_message_matches_tokenising_everything() {
+    let (_d, tok) = tokenizer();
+    let prose: String = (0..20_000).map(|i| ["the ", "answer ", "is ", "42, ", "and\n", "ünïcødé "][i % 6]).collect();
+    let bodies = [
+        prose.clone(),
+        "a".repeat(60_000),
+        "1234567890".repeat(6_000),
+        "日本語のテキスト and English, mixed — ".repeat(1_500),
+        format!("{}{}", &prose[..200], " \n".repeat(30_000)),
+        format!("<|begin_of_text|> {prose}"),
+    ];
+    for body in &bodies {
+        for (user, answer) in [("hi", body.as_str()), (body.as_str(), "short answer")] {
+            let c = conv("long", &[(Role::User, user), (Role::Assistant, answer)]);
+            // The plain template has no end-of-turn token: a span's mask ends at its last visible
+            // token, which the whitespace-tailed answer puts far past any head.
+            let plain = ChatTemplate::from_source(
+                "plain",
+                "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n\n{% endfor %}{% if add_generation_prompt %}### assistant: {% endif %}",
+            )
+            .unwrap();
+            for t in
+                [ChatTemplate::builtin(BuiltinTemplate::ChatMl), ChatTemplate::builtin(BuiltinTemplate::Llama3), plain]
+            {
+                let full = encode(&t, &tok, &c, EncodeOptions::default()).unwrap();
+                for max in [1usize, 7, 64, 300, 1000] {
+                    let opts = EncodeOptions { max_length: Some(max), ..EncodeOptions::default() };
+                    let what = format!("{} max {max} body {:?}…", t.name(), &body[..12]);
+                    match encode(&t, &tok, &c, opts) {
+                        Ok(s) => {
+                            let n = max.min(full.input_ids.len());
+                            assert_eq!(s.input_ids, full.input_ids[..n], "{what}");
+                            assert_eq!(s.loss_mask, full.loss_mask[..n], "{what}");
+                        }
+                        Err(r) => {
+                            assert_eq!(r.reason, DropReason::NoMaskedTokens, "{what}");
+                            assert!(full.loss_mask[..max].iter().all(|&m| m == 0), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
