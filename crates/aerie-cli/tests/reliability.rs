@@ -505,6 +505,26 @@ fn unclear_errors_name_the_file_option_and_problem() {
 
     // --ttt-length 0.
     refused(f.eval("loss", &data, &f.drafter, &["--ttt-length", "0"]), &["--ttt-length", "at least 1"]);
+
+    // `inspect` given the drafter's config.json names the directory to give instead; its exit
+    // codes are docs/checkpoints.md's: 0 clean, 2 on lint errors, 1 when it cannot run.
+    let config_file = f.drafter.join("config.json");
+    refused(aerie(&["inspect", s(&config_file)]), &[s(&config_file), "give the directory", s(&f.drafter)]);
+    let clean = aerie(&["inspect", s(&f.drafter), "--strict"]);
+    assert_eq!(clean.status.code(), Some(0), "{}", String::from_utf8_lossy(&clean.stdout));
+    let broken = f.root().join("two-layers");
+    std::fs::create_dir(&broken).unwrap();
+    for entry in std::fs::read_dir(&f.drafter).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), broken.join(entry.file_name())).unwrap();
+    }
+    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(broken.join("config.json")).unwrap()).unwrap();
+    cfg["num_hidden_layers"] = 2.into();
+    std::fs::write(broken.join("config.json"), cfg.to_string()).unwrap();
+    let linted = aerie(&["inspect", s(&broken)]);
+    let text = String::from_utf8_lossy(&linted.stdout);
+    assert_eq!(linted.status.code(), Some(2), "{text}");
+    assert!(text.contains("num-hidden-layers"), "{text}");
 }
 
 /// Memory follows `--max-length`, not what a record claims: one 16 MB answer (with a byte-level

@@ -197,6 +197,7 @@ impl Lints {
 /// `d2t`/`t2d` only. Errors only when a file cannot be read at all (the config, the target's
 /// config, a safetensors header); every problem with the contents becomes a [`Finding`].
 pub fn inspect(dir: &Path, target: Option<&Path>) -> Result<InspectReport> {
+    aerie_model::checkpoint::check_drafter_dir(dir)?;
     let cfg_path = dir.join("config.json");
     let target_info = match target {
         Some(t) if t.is_dir() && t.join("config.json").is_file() => Some(read_target_info(t)?),

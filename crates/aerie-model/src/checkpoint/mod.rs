@@ -161,6 +161,23 @@ pub fn load_drafter(dir: &Path, target: Option<&Path>) -> Result<DrafterCheckpoi
     Ok(load_drafter_with_notes(dir, target)?.checkpoint)
 }
 
+/// A drafter is a directory (config.json and its weights); a file given instead, such as its
+/// `config.json`, is named with the directory that holds it.
+pub fn check_drafter_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let message = match dir.parent().filter(|p| dir.is_file() && p.join("config.json").is_file()) {
+        Some(parent) => format!(
+            "a file, not a drafter directory: give the directory that holds config.json and the weights, `{}`",
+            if parent.as_os_str().is_empty() { Path::new(".") } else { parent }.display()
+        ),
+        None if dir.exists() => "not a directory: a drafter is a directory holding config.json and its weights".into(),
+        None => "no such directory".into(),
+    };
+    Err(Error::Config { path: dir.to_path_buf(), message })
+}
+
 /// Load the drafter in `dir` (either dialect, single or sharded, `midlayer.*` or `layers.0.*`,
 /// with or without `model.`), and validate it, reporting every problem at once.
 ///
@@ -168,9 +185,7 @@ pub fn load_drafter(dir: &Path, target: Option<&Path>) -> Result<DrafterCheckpoi
 /// `embed_tokens.weight` when the drafter lacks it, and the layer count when the config lacks
 /// aux ids. A `t2d` missing beside `d2t` is derived from it.
 pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<LoadedDrafter> {
-    if !dir.is_dir() {
-        return Err(Error::Config { path: dir.to_path_buf(), message: "not a directory".into() });
-    }
+    check_drafter_dir(dir)?;
     let cfg_path = dir.join("config.json");
     let mut parsed = config::read_config(&cfg_path, None)?;
     if !parsed.aux_ids_known
