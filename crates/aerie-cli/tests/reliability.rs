@@ -518,7 +518,8 @@ fn unclear_errors_name_the_file_option_and_problem() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), broken.join(entry.file_name())).unwrap();
     }
-    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(broken.join("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(broken.join("config.json")).unwrap()).unwrap();
     cfg["num_hidden_layers"] = 2.into();
     std::fs::write(broken.join("config.json"), cfg.to_string()).unwrap();
     let linted = aerie(&["inspect", s(&broken)]);
@@ -563,4 +564,73 @@ fn one_huge_record_is_prepared_in_memory_bounded_by_its_size() {
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["samples"], 1, "{report}");
     assert_eq!(report["tokens"], 512, "{report}");
+}
+
+/// A small tmpfs mounted at `dir` (removed on drop), or `None` where this process may not mount
+/// (not root, no CAP_SYS_ADMIN): the disk-full test then skips with a message.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, bytes: u64) -> Option<Self> {
+        std::fs::create_dir_all(dir).unwrap();
+        let size = format!("size={bytes}");
+        let ok = Command::new("mount").args(["-t", "tmpfs", "-o", &size, "tmpfs", s(dir)]).output();
+        match ok {
+            Ok(o) if o.status.success() => Some(Self(dir.to_owned())),
+            Ok(o) => {
+                eprintln!("skipping: cannot mount a tmpfs ({})", String::from_utf8_lossy(&o.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipping: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn resize(&self, bytes: u64) {
+        let opts = format!("remount,size={bytes}");
+        assert!(Command::new("mount").args(["-o", &opts, s(&self.0)]).status().unwrap().success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn du(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() { du(&e.path()) } else { m.len() }
+        })
+        .sum()
+}
+
+/// Disk full while training saves a checkpoint: the error names the file and says the disk is
+/// full (not burn's serialiser), nothing half-written is left, and with space again the same
+/// command completes.
+#[test]
+fn disk_full_while_saving_a_checkpoint_is_named_and_the_run_completes_after() {
+    let f = Shards::new();
+    let data = f.write("data", 8, 1 << 20, &"0".repeat(64));
+    let roomy = f.root().join("roomy");
+    let config = f.train_config("roomy.toml", &roomy, 1, 1, &[&data], &[]);
+    ok(aerie(&["train", s(&config), "--json"]));
+    let ckpt_bytes = du(&roomy);
+    let Some(small) = Tmpfs::mount(&f.root().join("small"), (ckpt_bytes / 2).max(64 << 10)) else { return };
+    let run = small.0.join("run");
+    let config = f.train_config("small.toml", &run, 1, 1, &[&data], &[]);
+    let err = refused(aerie(&["train", s(&config), "--json"]), &["No space left on device"]);
+    eprintln!("disk full: {err}");
+    assert!(!err.contains("MessagePack") && !err.contains("Serializ"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&run).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().contains(".tmp")), "left behind: {left:?}");
+    small.resize(ckpt_bytes * 4);
+    let summary: serde_json::Value = serde_json::from_str(ok(aerie(&["train", s(&config), "--json"])).trim()).unwrap();
+    assert_eq!(summary["status"], "completed", "{summary}");
 }

@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, SaveOptions, save_drafter};
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
@@ -138,12 +138,17 @@ pub fn save<B: AutodiffBackend>(
     }
     // A failed save (disk full, say) leaves nothing behind: the half-written directory would
     // hold tens of MB of the space the next save needs.
-    let written = write_checkpoint(trainer, state, config_toml, &tmp);
-    if written.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    written?;
     let dst = checkpoint_dir(run, step);
+    if let Err(e) = write_checkpoint(trainer, state, config_toml, &tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(ckpt_err(
+            &dst,
+            format!(
+                "cannot save it: {e}; nothing of it was kept, and a rerun of the same command resumes \
+                 from the last checkpoint saved"
+            ),
+        ));
+    }
     if dst.exists() {
         std::fs::remove_dir_all(&dst).map_err(|e| Error::io(&dst, e))?;
     }
@@ -172,12 +177,15 @@ fn write_checkpoint<B: AutodiffBackend>(
     save_drafter(&ckpt, tmp, &opts)?;
     let sd = tmp.join(STATE_DIR);
     std::fs::create_dir(&sd).map_err(|e| Error::io(&sd, e))?;
+    // Serialised in memory (the same named MessagePack bytes burn's file recorder writes), then
+    // written here: a write error is then the file's own ("No space left on device"), where
+    // burn's file recorder reports only that a MessagePack value could not be written. The cost
+    // is one copy of the optimizer state in host memory while saving.
     let optim_path = sd.join(OPTIM_FILE);
-    NamedMpkFileRecorder::<FullPrecisionSettings>::new()
-        .record(trainer.optimizer_record(), optim_path.clone())
-        .map_err(|e| ckpt_err(&optim_path, format!("cannot write the optimizer state: {e}")))?;
-    let optim_file = optim_path.with_extension("mpk");
-    std::fs::File::open(&optim_file).and_then(|f| f.sync_all()).map_err(|e| Error::io(&optim_file, e))?;
+    let bytes =
+        Recorder::<B>::record(&NamedMpkBytesRecorder::<FullPrecisionSettings>::new(), trainer.optimizer_record(), ())
+            .map_err(|e| ckpt_err(&optim_path, format!("cannot serialise the optimizer state: {e}")))?;
+    write_synced(&optim_path.with_extension("mpk"), &bytes)?;
     write_synced(&sd.join(CONFIG_FILE), config_toml.as_bytes())?;
     let json = serde_json::to_string_pretty(state).expect("state serialises");
     write_synced(&sd.join(STATE_FILE), json.as_bytes())?;
