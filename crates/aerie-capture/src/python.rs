@@ -164,7 +164,12 @@ impl PythonCapture {
     /// Run the capture, then verify the dataset with aerie's reader.
     pub fn run(&self) -> Result<PythonReport> {
         let dir = self.out.as_ref().ok_or_else(|| Error::Invalid("a capture needs --out".into()))?;
-        // The worker takes the dataset's lock itself, so this check runs just before it starts.
+        // The worker locks the dataset itself (`.aerie-shard.lock` inside), so aerie cannot hold
+        // that lock across the provenance check and the worker's run; it holds the lock beside
+        // the dataset instead, so a second aerie capture into it is refused before it checks or
+        // records anything (else both could pass the check and the second overwrite the first's
+        // record).
+        let _lock = aerie_data::lock::OutputLock::beside(dir)?;
         let on_disk = if dir.join(MANIFEST_FILE).exists() { ShardDataset::open(dir)?.len() as u64 } else { 0 };
         crate::provenance::check_or_record(dir, &self.data, &self.capture.split, on_disk)?;
         let mut cmd = self.command(None);

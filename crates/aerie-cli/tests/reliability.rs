@@ -343,6 +343,37 @@ fn a_capture_resumed_with_another_split_is_refused_naming_both() {
     assert_eq!(ok_json(capture("train"))["resumed_samples"], 2);
 }
 
+/// Two captures through the Python worker into one dataset: the worker locks the dataset only
+/// once it runs, so aerie holds the lock beside it from before its provenance check; the second
+/// is refused before it records its inputs over the first's. The worker here is a stand-in
+/// that only waits (no Python needed): the first capture holds its lock while it runs.
+#[test]
+fn a_second_python_capture_into_one_dataset_is_refused_before_it_records_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 32, 4, 3);
+    let chats = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(24));
+    let prepared = dir.path().join("prepared");
+    let args = ["--tokenizer", s(&target), "--out", s(&prepared), "--split", "eval=0.5", "--json"];
+    ok_json(aerie(&[&["data", "prepare", "--data", s(&chats)][..], &args].concat()));
+    let worker = dir.path().join("waiting-worker");
+    std::fs::write(&worker, "#!/bin/sh\nexec sleep 120\n").unwrap();
+    std::fs::set_permissions(&worker, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = dir.path().join("capture");
+    let capture = |split: &str| {
+        let flags = ["--engine", "transformers", "--python", s(&worker), "--aux-layers", "0,1,2", "--split", split];
+        aerie_run("capture", &target, &prepared, &out, &flags)
+    };
+    let first = start_and_freeze(capture("train"), &dir.path().join(".capture.aerie-lock"));
+    let recorded = std::fs::read_to_string(out.join("capture-options.json")).unwrap();
+    assert!(recorded.contains("\"split\": \"train\""), "{recorded}");
+    let before = snapshot(dir.path());
+    refused(capture("eval").output().unwrap(), &[s(&out), &format!("pid {}", first.id())]);
+    assert_eq!(snapshot(dir.path()), before, "the refused capture changed files");
+    kill(first);
+}
+
 #[test]
 fn training_on_datasets_of_other_tokenizers_is_refused_naming_both() {
     let f = Shards::new();
