@@ -8,7 +8,7 @@
 //! dataset with aerie's own reader and verifies every value, so a dataset that aerie refuses is
 //! a failed capture whatever the worker said. docs/capture-python.md has the details.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use aerie_data::shard::{MANIFEST_FILE, ShardDataset, VerifyReport};
@@ -63,17 +63,6 @@ pub struct PythonReport {
     pub bytes_per_token: f64,
 }
 
-/// The directory holding the `aerie_capture` package: `$AERIE_CAPTURE_PYTHONPATH`, else this
-/// checkout's `python/` when it is there (a source build), else none (the package must then be
-/// installed in the interpreter's environment, `pip install ./python`).
-pub fn worker_package_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("AERIE_CAPTURE_PYTHONPATH") {
-        return Some(PathBuf::from(p));
-    }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
-    dir.join("aerie_capture/__init__.py").is_file().then_some(dir)
-}
-
 /// Have the worker (or torchrun, which then stops its ranks) receive SIGTERM when aerie dies,
 /// even by SIGKILL: otherwise a killed `aerie capture` leaves a job on the GPUs that keeps
 /// writing and holds the dataset's lock.
@@ -106,14 +95,8 @@ impl PythonCapture {
             c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &self.tp.to_string()]);
         }
         c.args(["-m", "aerie_capture"]);
-        if let Some(dir) = worker_package_dir() {
-            let mut paths = vec![dir];
-            if let Some(old) = std::env::var_os("PYTHONPATH") {
-                paths.extend(std::env::split_paths(&old));
-            }
-            if let Ok(joined) = std::env::join_paths(paths) {
-                c.env("PYTHONPATH", joined);
-            }
+        if let Some(dir) = aerie_data::python::package_dir() {
+            aerie_data::python::prepend_pythonpath(&mut c, &dir);
         }
         let engine = match self.engine {
             PythonEngine::Transformers => "transformers",

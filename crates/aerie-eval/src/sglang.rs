@@ -204,29 +204,8 @@ pub fn parse_meta(response: &Value) -> SpecMeta {
     }
 }
 
-/// The server's message in an error body: `message`, `error.message`, `detail`, or the raw text.
-pub fn error_message(body: &str) -> String {
-    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
-        let pick = |x: &Value| x.as_str().map(str::to_string).or_else(|| (!x.is_null()).then(|| x.to_string()));
-        v.get("message")
-            .and_then(pick)
-            .or_else(|| v.get("error").and_then(|e| e.get("message").and_then(pick).or_else(|| pick(e))))
-            .or_else(|| v.get("detail").and_then(pick))
-    });
-    let text = from_json.unwrap_or_else(|| body.trim().to_string());
-    if text.len() > 500 {
-        format!("{}…", &text[..text.char_indices().nth(500).map_or(text.len(), |(i, _)| i)])
-    } else {
-        text
-    }
-}
-
-/// One server-sent event's JSON payload: the text after `data:` on a line, `None` for other lines
-/// and for `[DONE]`.
-pub fn sse_data(line: &str) -> Option<&str> {
-    let rest = line.strip_prefix("data:")?.trim();
-    (rest != "[DONE]" && !rest.is_empty()).then_some(rest)
-}
+/// Re-exported for this crate's clients, which read SGLang's answers with them.
+pub use aerie_data::server::{error_message, sse_data};
 
 /// Tokens a streamed chunk carries, as far as it shows: for `/generate` the cumulative
 /// `completion_tokens` (returned as is); for chat the cumulative `usage.completion_tokens` of a
@@ -336,27 +315,5 @@ mod tests {
         assert_eq!((plain.completion_tokens, plain.verify_ct), (Some(5), None));
         let zero = parse_meta(&json!({"meta_info": {"completion_tokens": 5, "spec_verify_ct": 0}}));
         assert_eq!(zero.verify_ct, None);
-    }
-
-    #[test]
-    fn error_bodies_and_sse_lines() {
-        let sg = r#"{"object":"error","message":"Unsupported Media Type: Only 'application/json' is allowed","type":"BadRequestError","param":null,"code":400}"#;
-        assert!(error_message(sg).starts_with("Unsupported Media Type"));
-        assert_eq!(error_message(r#"{"error": {"message": "boom"}}"#), "boom");
-        assert_eq!(error_message(r#"{"detail": "nope"}"#), "nope");
-        assert_eq!(error_message("Internal Server Error"), "Internal Server Error");
-        assert_eq!(sse_data("data: {\"a\":1}"), Some("{\"a\":1}"));
-        assert_eq!(sse_data("data: [DONE]"), None);
-        assert_eq!(sse_data(": keep-alive"), None);
-        let gen_chunk = json!({"text": "ab", "meta_info": {"completion_tokens": 3}});
-        assert_eq!(chunk_progress(Endpoint::Generate, &gen_chunk), ChunkProgress::Cumulative(3));
-        let chat_chunk = json!({"choices": [{"delta": {"content": "ab"}}]});
-        assert_eq!(chunk_progress(Endpoint::Chat, &chat_chunk), ChunkProgress::Delta);
-        // vLLM with continuous usage statistics: three tokens in one speculative chunk.
-        let counted = json!({"choices": [{"delta": {"content": "abc"}}], "usage": {"completion_tokens": 7}});
-        assert_eq!(chunk_progress(Endpoint::Chat, &counted), ChunkProgress::Cumulative(7));
-        assert_eq!(chunk_text(Endpoint::Chat, &counted), Some("abc"));
-        let usage_only = json!({"choices": [], "usage": {"completion_tokens": 7}});
-        assert_eq!(chunk_progress(Endpoint::Chat, &usage_only), ChunkProgress::None);
     }
 }

@@ -165,11 +165,7 @@ impl InspectReport {
     /// Add the warning for serving this layout with `engine` (`vllm`, `sglang`) as it is, when
     /// that engine reads its aux ids in the other convention (an SGLang export given to vLLM).
     pub fn served_by(&mut self, engine: &str) {
-        let ids = match self.aux.convention_in_config {
-            aerie_model::AuxConvention::OutputOfLayer => &self.aux.output_of_layer,
-            aerie_model::AuxConvention::InputOfLayer => &self.aux.input_of_layer,
-        };
-        if let Some(w) = self.dialect.served_by_warning(engine, ids) {
+        if let Some(w) = self.dialect.served_by_warning(engine, &self.config.aux_layers) {
             self.findings.push(Finding { severity: Severity::Warning, code: "layout-engine".into(), message: w });
         }
     }

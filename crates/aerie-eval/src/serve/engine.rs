@@ -174,13 +174,7 @@ impl EngineLaunch {
     pub fn python_command(&self) -> Command {
         let mut c = Command::new(&self.python);
         if let Some(dir) = &self.package_dir {
-            let mut paths = vec![dir.clone()];
-            if let Some(old) = std::env::var_os("PYTHONPATH") {
-                paths.extend(std::env::split_paths(&old));
-            }
-            if let Ok(joined) = std::env::join_paths(paths) {
-                c.env("PYTHONPATH", joined);
-            }
+            aerie_data::python::prepend_pythonpath(&mut c, dir);
         }
         c
     }

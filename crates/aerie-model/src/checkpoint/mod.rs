@@ -77,9 +77,13 @@ impl Dialect {
     /// is, or `None` when the engine reads this layout natively. Neither engine converts aux ids
     /// between conventions or warns: an SGLang export served by vLLM is fed hidden states one
     /// layer off (vllm.md: τ 1.285 → 1.266 on the quickstart's drafter, silently).
-    pub fn served_by_warning(self, engine: &str, aux_in_config: &[usize]) -> Option<String> {
+    pub fn served_by_warning(self, engine: &str, aux: &crate::AuxLayers) -> Option<String> {
         let native = Dialect::for_engine(engine)?;
         (native != self).then(|| {
+            let aux_in_config = match self {
+                Dialect::Sglang => aux.output_of_layer(),
+                Dialect::Speculators => aux.input_of_layer(),
+            };
             let (mine, theirs, shift) = match self {
                 Dialect::Sglang => ("output-of-layer", "input-of-layer", "one layer earlier than it was trained on"),
                 Dialect::Speculators => ("input-of-layer", "output-of-layer", "one layer later than it was trained on"),
@@ -321,14 +325,16 @@ mod tests {
     fn each_layout_names_its_engine_and_warns_for_the_other() {
         assert_eq!((Dialect::Sglang.engine(), Dialect::Speculators.engine()), ("SGLang", "vLLM"));
         assert_eq!(Dialect::for_engine("VLLM"), Some(Dialect::Speculators));
-        assert_eq!(Dialect::Sglang.served_by_warning("sglang", &[1, 14, 26]), None);
-        assert_eq!(Dialect::Speculators.served_by_warning("vllm", &[2, 15, 27]), None);
-        let w = Dialect::Sglang.served_by_warning("vllm", &[1, 14, 26]).unwrap();
+        // The same layers, named in each layout's own convention in its warning.
+        let aux = crate::AuxLayers { ids: vec![1, 14, 26], convention: crate::AuxConvention::OutputOfLayer };
+        assert_eq!(Dialect::Sglang.served_by_warning("sglang", &aux), None);
+        assert_eq!(Dialect::Speculators.served_by_warning("vllm", &aux), None);
+        let w = Dialect::Sglang.served_by_warning("vllm", &aux).unwrap();
         assert!(w.contains("SGLang layout") && w.contains("[1, 14, 26]") && w.contains("one layer earlier"), "{w}");
         assert!(w.contains("aerie export --to speculators"), "{w}");
-        let w = Dialect::Speculators.served_by_warning("sglang", &[2]).unwrap();
-        assert!(w.contains("one layer later") && w.contains("--to sglang"), "{w}");
-        assert_eq!(Dialect::Sglang.served_by_warning("llama.cpp", &[1]), None);
+        let w = Dialect::Speculators.served_by_warning("sglang", &aux).unwrap();
+        assert!(w.contains("[2, 15, 27]") && w.contains("one layer later") && w.contains("--to sglang"), "{w}");
+        assert_eq!(Dialect::Sglang.served_by_warning("llama.cpp", &aux), None);
     }
 
     #[test]

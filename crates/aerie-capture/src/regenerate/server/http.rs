@@ -77,18 +77,4 @@ pub(super) fn attempt(
     })
 }
 
-/// The server's message in an error body: `message`, `error.message`, `detail`, or the text.
-pub(super) fn error_message(body: &str) -> String {
-    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
-        let pick = |x: &Value| x.as_str().map(str::to_owned).or_else(|| (!x.is_null()).then(|| x.to_string()));
-        v.get("message")
-            .and_then(pick)
-            .or_else(|| v.get("error").and_then(|e| e.get("message").and_then(pick).or_else(|| pick(e))))
-            .or_else(|| v.get("detail").and_then(pick))
-    });
-    let text = from_json.unwrap_or_else(|| body.trim().to_owned());
-    match text.char_indices().nth(400) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text,
-    }
-}
+pub(super) use aerie_data::server::error_message;

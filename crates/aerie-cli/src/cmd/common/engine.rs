@@ -140,11 +140,7 @@ pub fn served_drafters(
         let parsed = read_config(&src.join("config.json"), None)
             .with_context(|| format!("reading drafter {}", src.display()))?;
         let dialect = parsed.dialect;
-        let ids = match dialect {
-            Dialect::Sglang => parsed.config.aux_layers.output_of_layer(),
-            Dialect::Speculators => parsed.config.aux_layers.input_of_layer(),
-        };
-        let warning = dialect.served_by_warning(engine.kind().name(), &ids);
+        let warning = dialect.served_by_warning(engine.kind().name(), &parsed.config.aux_layers);
         let (dir, layout) = match warning {
             None => (src.clone(), format!("{} layout, served as is", dialect.engine())),
             Some(w) if engine.as_is => {
@@ -183,7 +179,7 @@ pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> Engi
     EngineLaunch {
         kind: engine.kind(),
         python,
-        package_dir: aerie_capture::python::worker_package_dir(),
+        package_dir: aerie_data::python::package_dir(),
         target: target.to_path_buf(),
         served_name: "target".into(),
         port: engine.port,
