@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::{ShardDataset, ShardWriter, ShardWriterOptions};
-use common::{aerie, aerie_cmd, aerie_run, ok, ok_json, python, s};
+use common::{aerie, aerie_cmd, aerie_run, f32_rows, ok, ok_json, python, rel_err, s};
 use serde_json::Value;
 
 fn python_dir() -> PathBuf {
@@ -79,18 +79,6 @@ fn capture_cmd(target: &Path, prepared: &Path, out: &Path, extra: &[&str]) -> Co
     let mut c = aerie_run("capture", target, prepared, out, &["--json"]);
     c.args(extra);
     c
-}
-
-fn f32_rows(rows: aerie_data::shard::HiddenRows<'_>) -> Vec<f32> {
-    rows.to_f32().into_owned()
-}
-
-/// max |a-b| / max |b|: the relative error the comparisons state.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
-    let scale = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max).max(1e-12);
-    diff / scale
 }
 
 /// The Python dataset equals the native one: metadata (but `created_by`), every sample's

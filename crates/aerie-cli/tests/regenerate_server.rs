@@ -29,12 +29,12 @@ mod vllm;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{aerie, aerie_cmd, ok, ok_json, python, s};
+use common::{aerie, aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, python, s};
 use serde_json::{Value, json};
 use vllm::VllmServer;
 
@@ -482,21 +482,7 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
 
     // SIGKILL once the first record is durable, then rerun: the uninterrupted bytes.
     let c = dir.path().join("mt-c.jsonl");
-    let partial = dir.path().join("mt-c.jsonl.partial");
-    let mut child = regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&partial).map_or(0, |t| t.lines().count()) < 1 {
-        assert!(t0.elapsed() < Duration::from_secs(300), "no record written");
-        assert!(child.try_wait().unwrap().is_none(), "finished before it could be killed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(!c.exists());
+    kill_once_a_record_is_durable(regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"]), &c);
     drop(server);
     server = VllmServer::start(&python, &tok, dir.path(), SERVE_ARGS);
     let url = server.url.clone();

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::ShardDataset;
-use common::{aerie, aerie_cmd, aerie_run, ok, ok_json, s};
+use common::{aerie, aerie_cmd, aerie_run, f32_rows, ok, ok_json, rel_err, s};
 use serde_json::Value;
 use vllm::{assets_dir, kill_group, python_dir, smollm2, vllm_env, vllm_python};
 
@@ -44,18 +44,6 @@ fn capture(target: &Path, data: &Path, out: &Path, flags: &[&str]) -> Command {
     c.args(flags);
     vllm_env(&mut c);
     c
-}
-
-fn f32_rows(rows: aerie_data::shard::HiddenRows<'_>) -> Vec<f32> {
-    rows.to_f32().into_owned()
-}
-
-/// max |a-b| / max |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
-    let scale = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max).max(1e-12);
-    diff / scale
 }
 
 /// What `compare` measured: worst aux and final rel, worst top-k log-prob abs, top-1 agreement

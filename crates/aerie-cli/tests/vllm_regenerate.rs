@@ -19,12 +19,12 @@ mod vllm;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aerie_data::tokenizer::TokenizerFiles;
-use common::{aerie_cmd, ok, ok_json, s};
+use common::{aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, s};
 use serde_json::{Value, json};
 use vllm::{VllmServer, assets_dir, smollm2, vllm_env, vllm_python};
 
@@ -224,21 +224,7 @@ fn vllm_dialect_regenerates_mt_bench_with_vllms_own_greedy_ids_and_resumes() {
 
     // SIGKILL once the first record is durable, then rerun: the uninterrupted bytes.
     let c = dir.path().join("c.jsonl");
-    let partial = dir.path().join("c.jsonl.partial");
-    let mut child = regen(&server.url, &c, &["--api", "vllm", "--concurrency", "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&partial).map_or(0, |t| t.lines().count()) < 1 {
-        assert!(t0.elapsed() < Duration::from_secs(300), "no record written");
-        assert!(child.try_wait().unwrap().is_none(), "finished before it could be killed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(!c.exists());
+    kill_once_a_record_is_durable(regen(&server.url, &c, &["--api", "vllm", "--concurrency", "1"]), &c);
     let rc = ok_json(regen(&server.url, &c, &["--api", "vllm", "--concurrency", "1"]).output().unwrap());
     assert!(rc["resumed_records"].as_u64().unwrap() >= 1, "{rc}");
     assert_eq!(rc["records"], 3);

@@ -55,3 +55,34 @@ pub fn python(test: &str) -> Option<PathBuf> {
         }
     }
 }
+
+/// Start a `regenerate` writing `out` and SIGKILL it once its first record is durable (a line
+/// in `out.partial`): a run cut off mid-way, for the resume tests. The file is not published.
+pub fn kill_once_a_record_is_durable(mut regenerate: Command, out: &Path) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let partial = PathBuf::from(format!("{}.partial", out.display()));
+    let mut child = regenerate.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&partial).map_or(0, |t| t.lines().count()) < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(300), "no record written");
+        assert!(child.try_wait().unwrap().is_none(), "finished before it could be killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.exists());
+}
+
+/// The rows as f32.
+pub fn f32_rows(rows: aerie_data::shard::HiddenRows<'_>) -> Vec<f32> {
+    rows.to_f32().into_owned()
+}
+
+/// max |a-b| / max |b|: the relative error the capture comparisons state.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
+    let scale = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max).max(1e-12);
+    diff / scale
+}
