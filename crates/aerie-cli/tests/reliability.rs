@@ -302,27 +302,23 @@ fn shards_convert_refuses_a_source_whose_checksum_fails() {
     assert!(shards.is_empty(), "a converted copy of the corrupt shard was written: {shards:?}");
 }
 
+/// A tiny target in `dir/target` and 24 conversations prepared into `dir/prepared`, half of
+/// them held out (`eval`): two splits a capture can be pointed at.
+fn target_and_two_splits(dir: &Path) -> (PathBuf, PathBuf) {
+    let target = dir.join("target");
+    fixture::write_target(&target, 32, 4, 3);
+    let chats = dir.join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(24));
+    let prepared = dir.join("prepared");
+    let args = ["--tokenizer", s(&target), "--out", s(&prepared), "--split", "eval=0.5", "--json"];
+    ok_json(aerie(&[&["data", "prepare", "--data", s(&chats)][..], &args].concat()));
+    (target, prepared)
+}
+
 #[test]
 fn a_capture_resumed_with_another_split_is_refused_naming_both() {
     let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("target");
-    fixture::write_target(&target, 32, 4, 3);
-    let chats = dir.path().join("chat.jsonl");
-    fixture::write_jsonl(&chats, &fixture::conversations(24));
-    let prepared = dir.path().join("prepared");
-    ok_json(aerie(&[
-        "data",
-        "prepare",
-        "--data",
-        s(&chats),
-        "--tokenizer",
-        s(&target),
-        "--out",
-        s(&prepared),
-        "--split",
-        "eval=0.5",
-        "--json",
-    ]));
+    let (target, prepared) = target_and_two_splits(dir.path());
     let out = dir.path().join("capture");
     let capture = |split: &str| {
         aerie_run(
@@ -350,13 +346,7 @@ fn a_capture_resumed_with_another_split_is_refused_naming_both() {
 #[test]
 fn a_second_python_capture_into_one_dataset_is_refused_before_it_records_anything() {
     let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("target");
-    fixture::write_target(&target, 32, 4, 3);
-    let chats = dir.path().join("chat.jsonl");
-    fixture::write_jsonl(&chats, &fixture::conversations(24));
-    let prepared = dir.path().join("prepared");
-    let args = ["--tokenizer", s(&target), "--out", s(&prepared), "--split", "eval=0.5", "--json"];
-    ok_json(aerie(&[&["data", "prepare", "--data", s(&chats)][..], &args].concat()));
+    let (target, prepared) = target_and_two_splits(dir.path());
     let worker = dir.path().join("waiting-worker");
     std::fs::write(&worker, "#!/bin/sh\nexec sleep 120\n").unwrap();
     std::fs::set_permissions(&worker, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -365,8 +355,17 @@ fn a_second_python_capture_into_one_dataset_is_refused_before_it_records_anythin
         let flags = ["--engine", "transformers", "--python", s(&worker), "--aux-layers", "0,1,2", "--split", split];
         aerie_run("capture", &target, &prepared, &out, &flags)
     };
-    let first = start_and_freeze(capture("train"), &dir.path().join(".capture.aerie-lock"));
-    let recorded = std::fs::read_to_string(out.join("capture-options.json")).unwrap();
+    // The first holds its lock until its (stand-in) worker ends; wait until it has recorded its
+    // inputs, which it does only once it holds the lock.
+    let mut first = capture("train").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let options = out.join("capture-options.json");
+    let start = Instant::now();
+    while !options.exists() {
+        assert!(first.try_wait().unwrap().is_none(), "the first capture ended early");
+        assert!(start.elapsed() < Duration::from_secs(60), "{} not written in 60 s", options.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let recorded = std::fs::read_to_string(&options).unwrap();
     assert!(recorded.contains("\"split\": \"train\""), "{recorded}");
     let before = snapshot(dir.path());
     refused(capture("eval").output().unwrap(), &[s(&out), &format!("pid {}", first.id())]);
