@@ -1,12 +1,13 @@
-//! Offline evaluation on captured shards, as `aerie eval accept` and `aerie compare` run it: the
-//! shards and, when they carry final hidden states, the target head are opened once; then each
-//! drafter is loaded and evaluated against them.
+//! Offline evaluation on captured shards, as `aerie eval loss`, `aerie eval accept` and `aerie
+//! compare` run it: the shards and, when they carry final hidden states, the target head are
+//! opened once; then each drafter is loaded and evaluated against them.
 
 use std::path::{Path, PathBuf};
 
 use aerie_data::shard::ShardDataset;
-use aerie_model::Drafter;
 use aerie_model::checkpoint::{load_drafter, load_target_head};
+use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
+use aerie_model::{Drafter, TargetHead, TttMetrics};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 use crate::accept::AcceptReport;
@@ -82,6 +83,32 @@ impl<B: Backend> ShardEval<B> {
     }
 
     /// Load the drafter at `drafter_dir` (its embedding from `target` when it ships none) and
+    /// measure the training objective on these shards: teacher-forced loss, accuracy and
+    /// simulated τ per step; the target head's logits are taken `head_chunk_rows` rows at a time.
+    /// `progress(done)` after every batch (samples).
+    pub fn loss(
+        &self,
+        drafter_dir: &Path,
+        target: Option<&Path>,
+        opts: &EvalLossOptions,
+        head_chunk_rows: usize,
+        progress: &dyn Fn(usize),
+        device: &B::Device,
+    ) -> Result<TttMetrics> {
+        let drafter = self.drafter(drafter_dir, target, device)?;
+        let head = self.head.clone().map(|h| TargetHead::new(h, drafter.vocab(), head_chunk_rows));
+        eval_loss(&drafter, &self.data, head.as_ref(), opts, &mut |done, _| progress(done))
+            .map_err(|e| Error::step(format!("evaluating {} on {}", drafter_dir.display(), self.dir.display()), e))
+    }
+
+    fn drafter(&self, drafter_dir: &Path, target: Option<&Path>, device: &B::Device) -> Result<Drafter<B>> {
+        let ckpt = load_drafter(drafter_dir, target)
+            .map_err(|e| Error::step(format!("loading drafter {}", drafter_dir.display()), e))?;
+        Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
+            .map_err(|e| Error::step(format!("building drafter {}", drafter_dir.display()), e))
+    }
+
+    /// Load the drafter at `drafter_dir` (its embedding from `target` when it ships none) and
     /// measure its serving-mode acceptance; `progress(done)` after every batch (samples).
     pub fn accept(
         &self,
@@ -91,10 +118,7 @@ impl<B: Backend> ShardEval<B> {
         progress: &dyn Fn(usize),
         device: &B::Device,
     ) -> Result<AcceptReport> {
-        let ckpt = load_drafter(drafter_dir, target)
-            .map_err(|e| Error::step(format!("loading drafter {}", drafter_dir.display()), e))?;
-        let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
-            .map_err(|e| Error::step(format!("building drafter {}", drafter_dir.display()), e))?;
+        let drafter = self.drafter(drafter_dir, target, device)?;
         eval_accept(&drafter, &self.data, self.head.as_ref(), opts, &mut |done, _| progress(done))
             .map_err(|e| Error::step(format!("evaluating {} on {}", drafter_dir.display(), self.dir.display()), e))
     }

@@ -1,5 +1,6 @@
 //! `aerie eval ...`: the evaluations of a drafter, one module per subcommand. `aerie eval loss`
-//! (teacher-forced TTT metrics on captured shards) is here; `accept`, `decode` and `serve` have their own.
+//! (teacher-forced TTT metrics on captured shards, measured by `aerie_eval::offline`) is here;
+//! `accept`, `decode` and `serve` have their own.
 
 mod accept;
 mod decode;
@@ -8,10 +9,9 @@ pub mod serve;
 use std::path::PathBuf;
 
 use aerie_eval::offline::ShardEval;
-use aerie_model::checkpoint::load_drafter;
-use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
-use aerie_model::{Drafter, TargetHead, TttOptions};
-use anyhow::{Context, Result};
+use aerie_model::TttOptions;
+use aerie_model::ttt::eval::EvalLossOptions;
+use anyhow::Result;
 use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
 
@@ -80,12 +80,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 
 fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     let target = args.target.clone().or_else(|| args.target_head.clone().filter(|p| p.is_dir()));
-    let ckpt = load_drafter(&args.drafter, target.as_deref())
-        .with_context(|| format!("loading drafter {}", args.drafter.display()))?;
-    let drafter = Drafter::<B>::from_tensors(&ckpt.config, &ckpt.tensors, device)
-        .with_context(|| format!("building drafter {}", args.drafter.display()))?;
     let shards = ShardEval::<B>::open(&args.data, args.target_head.as_deref(), device)?;
-    let head = shards.head.clone().map(|h| TargetHead::new(h, drafter.vocab(), args.pass.head_chunk_rows));
     let opts = EvalLossOptions {
         ttt: TttOptions::geometric(args.ttt_length, args.step_decay),
         batch_size: args.pass.batch_size,
@@ -93,14 +88,15 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     };
     let total = shards.samples(args.pass.max_samples);
     let pb = progress::bar(total as u64, "eval loss", "samples");
-    let metrics = eval_loss(&drafter, &shards.data, head.as_ref(), &opts, &mut |done, _| pb.set_position(done as u64))?;
+    let progress = |done: usize| pb.set_position(done as u64);
+    let metrics = shards.loss(&args.drafter, target.as_deref(), &opts, args.pass.head_chunk_rows, &progress, device)?;
     pb.finish_and_clear();
     if args.json {
         let mut v = serde_json::to_value(&metrics)?;
         let obj = v.as_object_mut().expect("metrics serialise to an object");
         obj.insert("samples".into(), total.into());
         obj.insert("ttt_length".into(), args.ttt_length.into());
-        obj.insert("teacher".into(), (if head.is_some() { "final-hidden" } else { "topk" }).into());
+        obj.insert("teacher".into(), (if shards.head.is_some() { "final-hidden" } else { "topk" }).into());
         println!("{}", serde_json::to_string(&v)?);
     } else {
         println!("drafter   {}", args.drafter.display());
