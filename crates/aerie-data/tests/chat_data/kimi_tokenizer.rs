@@ -123,3 +123,50 @@ fn base64_of(bytes: &[u8]) -> String {
     }
     out
 }
+
+/// The head cut of `data prepare` (only the first `max_length + 1` tokens are tokenised) on Kimi's
+/// tiktoken tokenizer and K2's template: ids and masks equal to tokenising everything, for long
+/// messages cut inside the text (prose, one unbroken word, digits, CJK, a special token inside an
+/// answer) and near special tokens.
+#[test]
+fn kimi_head_cut_matches_tokenising_everything() {
+    use aerie_data::conversation::Role;
+    use aerie_data::template::{BuiltinTemplate, ChatEncoder, ChatTemplate, EncodeOptions};
+    let what = "the Kimi head-cut check";
+    let (Some(py), Some(fixtures)) = (python(what), kimi_fixtures(what)) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    kimi_tokenizer_dir(&py, &fixtures, dir.path());
+    let tok = TokenizerFiles::load(dir.path()).unwrap();
+    let template = ChatTemplate::builtin(BuiltinTemplate::KimiK2);
+    let prose: String = (0..20_000).map(|i| ["the ", "answer ", "is ", "42, ", "and\n", "ünïcødé "][i % 6]).collect();
+    let bodies = [
+        prose.clone(),
+        "a".repeat(60_000),
+        "1234567890".repeat(6_000),
+        "日本語のテキスト、".repeat(3_000),
+        format!("<|im_middle|> {prose}"),
+    ];
+    let all = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
+    let mut compared = 0;
+    for body in &bodies {
+        for (user, answer) in [("hi", body.as_str()), (body.as_str(), "short answer")] {
+            let c = conv("long", &[(Role::User, user), (Role::Assistant, answer), (Role::User, "more?")]);
+            let full = all.encode(&c).unwrap().unwrap();
+            for max in [1usize, 7, 64, 300, 1000] {
+                let opts = EncodeOptions { max_length: Some(max), ..EncodeOptions::default() };
+                let head = ChatEncoder::new(&template, &tok.tokenizer, opts).unwrap();
+                let what = format!("max {max} body {:?}…", &body[..12]);
+                match head.encode(&c).unwrap() {
+                    Ok(s) => {
+                        let n = max.min(full.input_ids.len());
+                        assert_eq!(s.input_ids, full.input_ids[..n], "{what}");
+                        assert_eq!(s.loss_mask, full.loss_mask[..n], "{what}");
+                        compared += 1;
+                    }
+                    Err(_) => assert!(full.loss_mask[..max].iter().all(|&m| m == 0), "{what}"),
+                }
+            }
+        }
+    }
+    assert!(compared > 10, "{compared}");
+}
