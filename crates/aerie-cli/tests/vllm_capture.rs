@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aerie_data::shard::ShardDataset;
-use common::{aerie, aerie_cmd, aerie_run, f32_rows, ok, ok_json, rel_err, s};
+use common::{aerie, aerie_cmd, aerie_run, capture_parity, ok, ok_json, s};
 use serde_json::Value;
 use vllm::{assets_dir, kill_group, python_dir, smollm2, vllm_env, vllm_python};
 
@@ -38,64 +38,15 @@ fn take_turn() -> std::sync::MutexGuard<'static, ()> {
     VLLM.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How a vLLM capture names itself in `created_by`.
+const VLLM_CREATED_BY: &str = "aerie-capture 0.1.0 (vllm 0.32.0, tp1, cpu, float32";
+
 /// `aerie capture --target … --data … --out … --json` and `flags`, with vLLM's environment.
 fn capture(target: &Path, data: &Path, out: &Path, flags: &[&str]) -> Command {
     let mut c = aerie_run("capture", target, data, out, &["--json"]);
     c.args(flags);
     vllm_env(&mut c);
     c
-}
-
-/// What `compare` measured: worst aux and final rel, worst top-k log-prob abs, top-1 agreement
-/// on rows whose reference top-1 leads by more than 1e-3.
-#[derive(Debug)]
-struct Parity {
-    aux: f64,
-    fin: f64,
-    logprob: f64,
-    top1_agree: f64,
-}
-
-/// The vLLM dataset against `reference`: every metadata key but `created_by` equal, the same
-/// samples, ids, masks and shard boundaries; the parity figures.
-fn compare(reference: &Path, vllm: &Path) -> Parity {
-    let (a, b) = (ShardDataset::open(reference).unwrap(), ShardDataset::open(vllm).unwrap());
-    let (mut ma, mut mb) = (a.metadata().to_map(), b.metadata().to_map());
-    assert!(
-        mb["created_by"].starts_with("aerie-capture 0.1.0 (vllm 0.32.0, tp1, cpu, float32"),
-        "{}",
-        mb["created_by"]
-    );
-    ma.remove("created_by");
-    mb.remove("created_by");
-    assert_eq!(ma, mb, "metadata (every key but created_by)");
-    assert_eq!(a.len(), b.len());
-    assert_eq!(a.manifest().shards.len(), b.manifest().shards.len(), "same shard boundaries");
-    let (mut aux, mut fin, mut logprob) = (0f64, 0f64, 0f64);
-    let (mut agree, mut rows) = (0usize, 0usize);
-    for i in 0..a.len() {
-        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
-        assert_eq!(x.sample_id(), y.sample_id(), "sample {i}: id");
-        assert_eq!(x.input_ids(), y.input_ids(), "sample {i}: input ids");
-        assert_eq!(x.loss_mask(), y.loss_mask(), "sample {i}: loss mask");
-        aux = aux.max(rel_err(&f32_rows(y.aux_hidden()), &f32_rows(x.aux_hidden())));
-        if let (Some(fx), Some(fy)) = (x.final_hidden(), y.final_hidden()) {
-            fin = fin.max(rel_err(&f32_rows(fy), &f32_rows(fx)));
-        }
-        if let (Some(tx), Some(ty)) = (x.topk(), y.topk()) {
-            let (lx, ly, k) = (tx.logprobs(), ty.logprobs(), tx.k());
-            for (t, (rx, ry)) in lx.chunks(k).zip(ly.chunks(k)).enumerate() {
-                for (p, q) in rx.iter().zip(ry) {
-                    logprob = logprob.max((p - q).abs() as f64);
-                }
-                if k > 1 && rx[0] - rx[1] > 1e-3 {
-                    rows += 1;
-                    agree += usize::from(tx.ids()[t * k] == ty.ids()[t * k]);
-                }
-            }
-        }
-    }
-    Parity { aux, fin, logprob, top1_agree: agree as f64 / rows.max(1) as f64 }
 }
 
 /// SmolLM2's own greedy answers to the first `n` MT-Bench questions (aerie's native engine, both
@@ -173,7 +124,7 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
     );
     assert_eq!(v["engine"], "vllm");
     assert_eq!(v["verified"]["samples"], n["verified"]["samples"], "{v}");
-    let p = compare(&native, &full);
+    let p = capture_parity(&native, &full, VLLM_CREATED_BY);
     println!("SmolLM2 native vs vLLM: {p:?}");
     assert!(p.aux <= 1e-3 && p.fin <= 1e-3 && p.logprob <= 1e-3, "{p:?}");
     assert_eq!(p.top1_agree, 1.0, "top-1 ids equal where not tied: {p:?}");
@@ -280,21 +231,8 @@ print('locked', flush=True)\nsys.stdin.read()\nw.close()\n";
     // The shards feed aerie's evaluation as a native capture does: a random drafter shaped for
     // SmolLM2, its own head.
     let drafter = dir.path().join("drafter");
-    let cfg = aerie_model::DrafterConfig {
-        hidden_size: 576,
-        target_hidden_size: 576,
-        intermediate_size: 1536,
-        num_attention_heads: 9,
-        num_key_value_heads: 3,
-        head_dim: 64,
-        vocab_size: 49152,
-        draft_vocab_size: 1024,
-        aux_layers: aerie_model::AuxLayers {
-            ids: vec![1, 14, 26],
-            convention: aerie_model::AuxConvention::OutputOfLayer,
-        },
-        ..aerie_model::checkpoint::synthetic::tiny_config()
-    };
+    let cfg = aerie_model::DrafterConfig::smollm2_135m(1024);
+    assert_eq!(cfg.aux_layers.output_of_layer(), [1, 14, 26]);
     let opts = aerie_model::checkpoint::SaveOptions { include_embedding: true, ..Default::default() };
     let weights = aerie_model::checkpoint::synthetic::random_drafter(&cfg, aerie_model::checkpoint::Dtype::F32, 5);
     aerie_model::checkpoint::save_drafter(&weights, &drafter, &opts).unwrap();
@@ -362,7 +300,7 @@ fn tiny_deepseek_v3_through_vllm_equals_the_transformers_engine() {
             .unwrap(),
     );
     assert_eq!(v["verified"]["samples"], 8, "{v}");
-    let p = compare(&hf, &out);
+    let p = capture_parity(&hf, &out, VLLM_CREATED_BY);
     println!("tiny DeepSeek-V3, transformers vs vLLM: {p:?}");
     // vLLM's CPU MLA differs from transformers' attention by ~1e-2 relative from the first
     // layer on (measured 1.8e-3 to 1.1e-2 per layer on these shapes); the Llama path agrees to

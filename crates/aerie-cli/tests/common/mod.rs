@@ -86,3 +86,54 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let scale = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max).max(1e-12);
     diff / scale
 }
+
+/// How far one capture is from another of the same samples: worst aux and final-hidden relative
+/// error, worst top-k log-prob absolute error, and top-1 agreement on the rows whose reference
+/// top-1 leads by more than 1e-3 (near ties may swap in any engine).
+#[derive(Debug)]
+pub struct Parity {
+    pub aux: f64,
+    pub fin: f64,
+    pub logprob: f64,
+    pub top1_agree: f64,
+}
+
+/// Compare the capture in `other` with `reference`: every metadata key but `created_by` equal
+/// (`other`'s must start with `created_by`), the same samples, ids, masks and shard boundaries
+/// (asserted); the figures returned.
+pub fn capture_parity(reference: &Path, other: &Path, created_by: &str) -> Parity {
+    use aerie_data::shard::ShardDataset;
+    let (a, b) = (ShardDataset::open(reference).unwrap(), ShardDataset::open(other).unwrap());
+    let (mut ma, mut mb) = (a.metadata().to_map(), b.metadata().to_map());
+    assert!(mb["created_by"].starts_with(created_by), "{}", mb["created_by"]);
+    ma.remove("created_by");
+    mb.remove("created_by");
+    assert_eq!(ma, mb, "metadata (every key but created_by)");
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a.manifest().shards.len(), b.manifest().shards.len(), "same shard boundaries");
+    let (mut aux, mut fin, mut logprob) = (0f64, 0f64, 0f64);
+    let (mut agree, mut rows) = (0usize, 0usize);
+    for i in 0..a.len() {
+        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
+        assert_eq!(x.sample_id(), y.sample_id(), "sample {i}: id");
+        assert_eq!(x.input_ids(), y.input_ids(), "sample {i}: input ids");
+        assert_eq!(x.loss_mask(), y.loss_mask(), "sample {i}: loss mask");
+        aux = aux.max(rel_err(&f32_rows(y.aux_hidden()), &f32_rows(x.aux_hidden())));
+        if let (Some(fx), Some(fy)) = (x.final_hidden(), y.final_hidden()) {
+            fin = fin.max(rel_err(&f32_rows(fy), &f32_rows(fx)));
+        }
+        if let (Some(tx), Some(ty)) = (x.topk(), y.topk()) {
+            let (lx, ly, k) = (tx.logprobs(), ty.logprobs(), tx.k());
+            for (t, (rx, ry)) in lx.chunks(k).zip(ly.chunks(k)).enumerate() {
+                for (p, q) in rx.iter().zip(ry) {
+                    logprob = logprob.max((p - q).abs() as f64);
+                }
+                if k > 1 && rx[0] - rx[1] > 1e-3 {
+                    rows += 1;
+                    agree += usize::from(tx.ids()[t * k] == ty.ids()[t * k]);
+                }
+            }
+        }
+    }
+    Parity { aux, fin, logprob, top1_agree: agree as f64 / rows.max(1) as f64 }
+}
