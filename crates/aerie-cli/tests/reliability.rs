@@ -12,13 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use aerie_data::shard::{
-    AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher, shard_file_name,
-};
+use aerie_data::shard::{SampleRef, ShardWriter, ShardWriterOptions, shard_file_name};
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
-use common::{aerie, aerie_cmd, aerie_run, ok, ok_json, s};
+use common::{aerie, aerie_cmd, aerie_run, ok, ok_json, s, tiny_drafter_and_head, tiny_shard_metadata};
 
 /// Every file under `dir` with its bytes: "no existing output changed" is this map's equality.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
@@ -85,14 +83,7 @@ struct Shards {
 impl Shards {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = tiny_config();
-        let drafter = dir.path().join("drafter");
-        let opts = SaveOptions { include_embedding: true, ..SaveOptions::default() };
-        save_drafter(&random_drafter(&cfg, Dtype::F32, 1), &drafter, &opts).unwrap();
-        let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
-        let vals: Vec<f32> = (0..v * ht).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
-        let head = dir.path().join("head.safetensors");
-        write_safetensors(&head, [("lm_head.weight", &HostTensor::from_f32(vec![v, ht], &vals, Dtype::F32))]).unwrap();
+        let (drafter, head) = tiny_drafter_and_head(dir.path());
         Self { dir, drafter, head }
     }
 
@@ -117,20 +108,7 @@ impl Shards {
         let cfg = tiny_config();
         let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
         let out = self.root().join(name);
-        let meta = ShardMetadata {
-            target: "synthetic/tiny-target".into(),
-            target_num_layers: 10,
-            target_vocab_size: v,
-            aux_layer_ids: vec![1, 4, 6],
-            aux_convention: AuxConvention::OutputOfLayer,
-            hidden_size: ht,
-            dtype: HiddenDtype::F32,
-            tokenizer_digest: tokenizer_digest.into(),
-            chat_template: "none".into(),
-            teacher: Teacher::FinalHidden,
-            created_by: "aerie-cli reliability tests".into(),
-            extra: BTreeMap::new(),
-        };
+        let meta = tiny_shard_metadata(tokenizer_digest);
         let mut w = ShardWriter::create(&out, meta, ShardWriterOptions { shard_tokens, checksums }).unwrap();
         for s in 0..samples {
             let n = 10 + s % 7;

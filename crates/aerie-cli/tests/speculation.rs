@@ -3,16 +3,13 @@
 //! the library crates (a random tiny drafter, a unit-row target head, one shard).
 
 mod common;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use aerie_data::shard::{
-    AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher,
-};
+use aerie_data::shard::{SampleRef, ShardWriter, ShardWriterOptions};
 use aerie_model::checkpoint::io::write_safetensors;
-use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
-use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
-use common::{aerie, ok};
+use aerie_model::checkpoint::synthetic::tiny_config;
+use aerie_model::checkpoint::{Dtype, HostTensor};
+use common::{aerie, ok, tiny_drafter_and_head, tiny_shard_metadata};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -27,28 +24,9 @@ fn fixture() -> Fixture {
     let root = dir.path().to_path_buf();
     let cfg = tiny_config();
     let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
-    let drafter = root.join("drafter");
-    let opts = SaveOptions { include_embedding: true, ..SaveOptions::default() };
-    save_drafter(&random_drafter(&cfg, Dtype::F32, 1), &drafter, &opts).unwrap();
-    let head_vals: Vec<f32> = (0..v * ht).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
-    let head = root.join("head.safetensors");
-    let t = HostTensor::from_f32(vec![v, ht], &head_vals, Dtype::F32);
-    write_safetensors(&head, [("lm_head.weight", &t)]).unwrap();
+    let (drafter, head) = tiny_drafter_and_head(&root);
     let data = root.join("data");
-    let meta = ShardMetadata {
-        target: "synthetic/tiny-target".into(),
-        target_num_layers: 10,
-        target_vocab_size: v,
-        aux_layer_ids: vec![1, 4, 6],
-        aux_convention: AuxConvention::OutputOfLayer,
-        hidden_size: ht,
-        dtype: HiddenDtype::F32,
-        tokenizer_digest: "0".repeat(64),
-        chat_template: "none".into(),
-        teacher: Teacher::FinalHidden,
-        created_by: "aerie-cli tests".into(),
-        extra: BTreeMap::new(),
-    };
+    let meta = tiny_shard_metadata(&"0".repeat(64));
     let mut w = ShardWriter::create(&data, meta, ShardWriterOptions::default()).unwrap();
     for s in 0..2usize {
         let n = 10 + s;

@@ -137,3 +137,42 @@ pub fn capture_parity(reference: &Path, other: &Path, created_by: &str) -> Parit
     }
     Parity { aux, fin, logprob, top1_agree: agree as f64 / rows.max(1) as f64 }
 }
+
+/// The tiny synthetic drafter (`tiny_config`, embedding included, seed 1) in `root/drafter` and a
+/// target head `[V, Ht]` of fixed values in `root/head.safetensors`: the pair the offline
+/// evaluation tests run on.
+pub fn tiny_drafter_and_head(root: &Path) -> (PathBuf, PathBuf) {
+    use aerie_model::checkpoint::io::write_safetensors;
+    use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
+    use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
+    let cfg = tiny_config();
+    let drafter = root.join("drafter");
+    let opts = SaveOptions { include_embedding: true, ..SaveOptions::default() };
+    save_drafter(&random_drafter(&cfg, Dtype::F32, 1), &drafter, &opts).unwrap();
+    let (v, ht) = (cfg.vocab_size, cfg.target_hidden_size);
+    let vals: Vec<f32> = (0..v * ht).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
+    let head = root.join("head.safetensors");
+    write_safetensors(&head, [("lm_head.weight", &HostTensor::from_f32(vec![v, ht], &vals, Dtype::F32))]).unwrap();
+    (drafter, head)
+}
+
+/// Shard metadata of a capture from the tiny synthetic target of [`tiny_drafter_and_head`] (10
+/// layers, aux [1, 4, 6], f32 features, final-hidden teacher), of ids of `tokenizer_digest`.
+pub fn tiny_shard_metadata(tokenizer_digest: &str) -> aerie_data::shard::ShardMetadata {
+    use aerie_data::shard::{AuxConvention, HiddenDtype, ShardMetadata, Teacher};
+    let cfg = aerie_model::checkpoint::synthetic::tiny_config();
+    ShardMetadata {
+        target: "synthetic/tiny-target".into(),
+        target_num_layers: 10,
+        target_vocab_size: cfg.vocab_size,
+        aux_layer_ids: vec![1, 4, 6],
+        aux_convention: AuxConvention::OutputOfLayer,
+        hidden_size: cfg.target_hidden_size,
+        dtype: HiddenDtype::F32,
+        tokenizer_digest: tokenizer_digest.into(),
+        chat_template: "none".into(),
+        teacher: Teacher::FinalHidden,
+        created_by: "aerie-cli tests".into(),
+        extra: Default::default(),
+    }
+}
