@@ -5,6 +5,7 @@ runs; the worker moves them to the host and writes them."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,6 +31,36 @@ class TargetInfo:
     hidden_size: int
     vocab_size: int
     architecture: str
+
+
+class SeamCheck:
+    """The names an engine uses inside a serving engine's package (SGLang, vLLM), checked against
+    the installed package without loading a model; every problem is collected, so one run names
+    them all, and an upgrade fails here instead of mid-capture."""
+
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def installed(self, package: str, version: str, install: str):
+        """The package, noting a version other than `version`; `None` when it is not importable
+        (the problem then says `install`)."""
+        try:
+            mod = importlib.import_module(package)
+        except ImportError as e:
+            self.problems.append(f"{package} is not importable ({e}); {install}")
+            return None
+        if getattr(mod, "__version__", None) != version:
+            self.problems.append(f"{package} {getattr(mod, '__version__', '?')} is installed; this engine is written for {version}")
+        return mod
+
+    def need(self, modname: str, attr: str):
+        """`modname.attr`, or `None` with the problem noted."""
+        try:
+            mod = __import__(modname, fromlist=[attr])
+            return getattr(mod, attr)
+        except (ImportError, AttributeError) as e:
+            self.problems.append(f"{modname}.{attr}: missing ({e})")
+            return None
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

