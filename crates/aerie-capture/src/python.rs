@@ -8,10 +8,13 @@
 //! dataset with aerie's own reader and verifies every value, so a dataset that aerie refuses is
 //! a failed capture whatever the worker said. docs/capture-python.md has the details.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use aerie_data::shard::{MANIFEST_FILE, ShardDataset, VerifyReport};
+use aerie_engine::Engine;
+use aerie_engine::process::{die_with_parent, exception_line, root_cause};
 
 use crate::{CaptureOptions, Error, Result};
 
@@ -20,10 +23,20 @@ use crate::{CaptureOptions, Error, Result};
 pub enum PythonEngine {
     /// transformers, one process, on `device`.
     Transformers,
-    /// SGLang, `tp` processes started by torchrun.
-    Sglang,
-    /// vLLM, one process that starts vLLM's own `tp` workers; the teacher's head on `device`.
-    Vllm,
+    /// A serving engine in the worker's process: SGLang's `ModelRunner` (`tp` processes started
+    /// by torchrun) or vLLM's `LLM` (one process that starts vLLM's own `tp` workers; the
+    /// teacher's head on `device`).
+    Served(Engine),
+}
+
+impl PythonEngine {
+    /// The worker's `--engine` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PythonEngine::Transformers => "transformers",
+            PythonEngine::Served(e) => e.name(),
+        }
+    }
 }
 
 /// A Python capture: the native capture's options plus the worker's own.
@@ -63,47 +76,17 @@ pub struct PythonReport {
     pub bytes_per_token: f64,
 }
 
-/// Have the worker (or torchrun, which then stops its ranks) receive SIGTERM when aerie dies,
-/// even by SIGKILL: otherwise a killed `aerie capture` leaves a job on the GPUs that keeps
-/// writing and holds the dataset's lock.
-fn stop_with_parent(c: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
-        // is async-signal-safe; the death signal survives exec.
-        unsafe {
-            c.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = c;
-}
-
 impl PythonCapture {
     /// The worker's command line: `python -m aerie_capture ...`, under torchrun (as `python -m
     /// torch.distributed.run`, so the same interpreter) for SGLang with `tp` > 1. `self_test`
     /// names a self-test phase (`all`, `tiny`, `real`) instead of a capture.
     pub fn command(&self, self_test: Option<&str>) -> Command {
-        let mut c = Command::new(&self.python);
-        if self.engine == PythonEngine::Sglang && self.tp > 1 {
+        let mut c = aerie_engine::python::command(&self.python);
+        if self.engine == PythonEngine::Served(Engine::Sglang) && self.tp > 1 {
             c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &self.tp.to_string()]);
         }
         c.args(["-m", "aerie_capture"]);
-        if let Some(dir) = aerie_data::python::package_dir() {
-            aerie_data::python::prepend_pythonpath(&mut c, &dir);
-        }
-        let engine = match self.engine {
-            PythonEngine::Transformers => "transformers",
-            PythonEngine::Sglang => "sglang",
-            PythonEngine::Vllm => "vllm",
-        };
-        c.args(["--engine", engine]);
+        c.args(["--engine", self.engine.name()]);
         let o = &self.capture;
         c.arg("--target").arg(&self.target).args(["--target-name", &o.target_name]);
         c.arg("--data").arg(&self.data);
@@ -126,14 +109,16 @@ impl PythonCapture {
         }
         match self.engine {
             PythonEngine::Transformers => c.args(["--device", &self.device]),
-            PythonEngine::Sglang => c.args(["--tp", &self.tp.to_string()]),
-            PythonEngine::Vllm => c.args(["--tp", &self.tp.to_string(), "--device", &self.device]),
+            PythonEngine::Served(Engine::Vllm) => c.args(["--tp", &self.tp.to_string(), "--device", &self.device]),
+            PythonEngine::Served(_) => c.args(["--tp", &self.tp.to_string()]),
         };
         if let Some(phase) = self_test {
             c.args(["--self-test", phase]);
         }
         c.args(&self.extra_args);
-        stop_with_parent(&mut c);
+        // A killed `aerie capture` must not leave a job on the GPUs that keeps writing and holds
+        // the dataset's lock (torchrun stops its ranks on SIGTERM).
+        die_with_parent(&mut c, false);
         c
     }
 
@@ -156,14 +141,15 @@ impl PythonCapture {
         let on_disk = if dir.join(MANIFEST_FILE).exists() { ShardDataset::open(dir)?.len() as u64 } else { 0 };
         crate::provenance::check_or_record(dir, &self.data, &self.capture.split, on_disk)?;
         let mut cmd = self.command(None);
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-        let out = cmd.output().map_err(|e| self.start_error(e))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
+        let (status, stdout, cause) = run_echoing_stderr(&mut cmd).map_err(|e| self.start_error(e))?;
+        if !status.success() {
+            let cause = cause.map_or_else(
+                || "no exception in its stderr (above)".to_string(),
+                |c| format!("the {} worker's root cause: {c}", self.engine.name()),
+            );
             return Err(Error::Invalid(format!(
-                "the Python capture worker ({}) failed with {} (its stderr is above); its stdout:\n{stdout}",
+                "the Python capture worker ({}) failed with {status}; its stdout:\n{stdout}\n{cause}",
                 self.python.display(),
-                out.status
             )));
         }
         let worker: serde_json::Value =
@@ -187,7 +173,7 @@ impl PythonCapture {
     /// worker prints one JSON line per phase on stdout (inherited).
     pub fn self_test(&self) -> Result<()> {
         let phases: &[&str] = match self.engine {
-            PythonEngine::Sglang | PythonEngine::Vllm => &["tiny", "real"],
+            PythonEngine::Served(_) => &["tiny", "real"],
             PythonEngine::Transformers => &["all"],
         };
         for phase in phases {
@@ -199,5 +185,58 @@ impl PythonCapture {
             }
         }
         Ok(())
+    }
+}
+
+/// Run `cmd` with its stdout captured and its stderr passed through to aerie's line by line (the
+/// user sees the worker's progress as it comes) and read for its root cause
+/// ([`aerie_engine::process::root_cause`]): the exit status, the stdout, and that cause.
+fn run_echoing_stderr(cmd: &mut Command) -> std::io::Result<(std::process::ExitStatus, String, Option<String>)> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let echo = std::thread::spawn(move || {
+        // The first exception is the cause: keep lines until one is seen, then only the last few
+        // (for an ERROR line without exception), so an endless log does not grow aerie.
+        let mut kept = String::new();
+        let mut cause = None;
+        for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+            eprintln!("{line}");
+            if cause.is_none() {
+                kept.push_str(&line);
+                kept.push('\n');
+                cause = exception_line(&line).map(str::to_string);
+                if kept.len() > 1 << 20 {
+                    kept.drain(..kept.len() - (1 << 16));
+                }
+            }
+        }
+        cause.or_else(|| root_cause(&kept))
+    });
+    let mut stdout = String::new();
+    child.stdout.take().expect("stdout is piped").read_to_string(&mut stdout)?;
+    let status = child.wait()?;
+    let cause = echo.join().unwrap_or(None);
+    Ok((status, stdout, cause))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 34 §3: a failed worker's last line names its own root cause, not "exit status 1
+    /// (its stderr is above)".
+    #[test]
+    fn a_failed_worker_is_reported_by_its_root_cause() {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "echo '{\"partial\": 1}'; echo 'Traceback (most recent call last):' >&2; \
+             echo 'ModuleNotFoundError: No module named pyarrow' >&2; echo 'RuntimeError: worker failed' >&2; exit 3",
+        ]);
+        let (status, stdout, cause) = run_echoing_stderr(&mut c).unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(stdout.trim(), "{\"partial\": 1}");
+        assert_eq!(cause.as_deref(), Some("ModuleNotFoundError: No module named pyarrow"));
     }
 }

@@ -53,7 +53,7 @@ enum Command {
     Bench(cmd::bench::BenchCommand),
     /// Project an acceptance curve through a costs file: speedup, break-even τ, best k.
     Project(cmd::project::ProjectArgs),
-    /// Measure τ, acceptance, tokens/s and cycle cost on a running SGLang server.
+    /// Measure τ, acceptance, tokens/s and cycle cost on a running SGLang, vLLM or OpenAI-compatible server.
     Measure(cmd::measure::MeasureArgs),
     /// Compare drafters on the same data: table, plots, projected speedup.
     Compare(cmd::compare::CompareArgs),

@@ -369,7 +369,16 @@ fn vllm_engine_is_one_worker_process_given_tp_and_device() {
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = dir.path().join("shards");
     let o = aerie_run("capture", &target, &data, &out, &["--engine", "vllm", "--python", s(&fake)])
-        .args(["--tp", "8", "--device", "cuda:0", "--aux-layers", "1,2", "--", "--vllm-tmp", "/scratch"])
+        .args([
+            "--tp",
+            "8",
+            "--device",
+            "cuda:0",
+            "--aux-layers",
+            "1,2",
+            "--engine-arg=--vllm-tmp",
+            "--engine-arg=/scratch",
+        ])
         .output()
         .unwrap();
     assert!(!o.status.success(), "the fake worker fails");

@@ -78,13 +78,6 @@ pub fn tau_curve(r: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// Unconditional rates from a histogram `h[a]` = number of verify passes that accepted exactly
-/// `a` drafts (SGLang's `spec_accept_histogram`): `r_i = Σ_{a≥i} h[a] / Σ h`.
-pub fn unconditional_from_histogram(hist: &[f64]) -> Vec<f64> {
-    let total: f64 = hist.iter().sum();
-    (1..hist.len()).map(|i| if total > 0.0 { hist[i..].iter().sum::<f64>() / total } else { 0.0 }).collect()
-}
-
 /// Greedy verification of a draft tree: from the root, follow the child whose token equals the
 /// target's choice at that depth (`target[d-1]`, `None` where it cannot be verified), as long as
 /// one exists. `parents[i]` is node i's parent (`None` under the root), parents before children.
@@ -372,14 +365,6 @@ mod tests {
         let mut m = c.clone();
         m.merge(&e);
         assert_eq!(m.positions, 5);
-    }
-
-    #[test]
-    fn histogram_round_trip() {
-        // SGLang histogram: 2 passes accepted 0, 3 accepted 1, 5 accepted 2 → τ = 1 + (8 + 5)/10.
-        let r = unconditional_from_histogram(&[2.0, 3.0, 5.0]);
-        assert_eq!(r, vec![0.8, 0.5]);
-        assert!(close(tau_from_unconditional(&r), 2.3));
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct Provenance {
     /// Keys that hold measurements.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<String>,
+    /// Keys derived from measured ones, each with how (`t_v.table.1 (= t_d_ms ...)`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub derived: Vec<String>,
     /// Keys that hold assumptions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub assumed: Vec<String>,
@@ -120,8 +123,10 @@ impl Costs {
         Self::from_toml(&text, path)
     }
 
-    /// TOML text of this file.
+    /// TOML text of this file; a file that does not validate (a NaN, a missing cost) is an
+    /// error, never written.
     pub fn to_toml(&self) -> Result<String> {
+        self.validate().map_err(|m| Error::Report(format!("refusing to write an invalid costs file: {m}")))?;
         toml::to_string_pretty(self).map_err(|e| Error::Report(format!("cannot write costs TOML: {e}")))
     }
 

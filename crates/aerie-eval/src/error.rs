@@ -65,3 +65,14 @@ impl Error {
         Self::Step { what: what.into(), source: Box::new(source.into()) }
     }
 }
+
+/// An engine's error keeps its kind: a server's answer, a file, or a refused option.
+impl From<aerie_engine::Error> for Error {
+    fn from(e: aerie_engine::Error) -> Self {
+        match e {
+            aerie_engine::Error::Server { url, status, message } => Error::Server { url, status, message },
+            aerie_engine::Error::Io { path, source } => Error::Io { path, source },
+            other => Error::Incompatible(other.to_string()),
+        }
+    }
+}

@@ -2,11 +2,16 @@
 //! - MT-Bench (`question.jsonl` of FastChat): `{"question_id": 81, "category": "writing",
 //!   "turns": ["...", "..."]}`: each turn a user message; later turns follow the model's own
 //!   earlier answers;
-//! - `{"prompt": "..."}`: one user message;
+//! - `{"prompt": "..."}` (or `{"text": "..."}`): one user message;
 //! - `{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`: a fixed
 //!   context ending with a user message, answered once.
 //!
 //! An `id` (or `question_id`) names the prompt in reports; the line number otherwise.
+//!
+//! This is the one prompt reader: `eval decode`, `eval serve` (every turn, each follow-up seeing
+//! the model's own earlier answer), `bench generate` and `measure` (each conversation's first
+//! turn only: its requests are independent, [`Prompt::first_request`]) all read through it, and
+//! all take the first N with [`select`].
 
 use std::path::Path;
 
@@ -32,6 +37,33 @@ impl Prompt {
     /// Number of answers this prompt asks for.
     pub fn turns(&self) -> usize {
         1 + self.follow_ups.len()
+    }
+
+    /// The first turn as one request (what `measure` sends): raw text when the context is one
+    /// user message (so `/generate` can take it), else the messages.
+    pub fn first_request(&self) -> aerie_engine::meta::Request {
+        use aerie_engine::meta::{Message as Wire, Request};
+        match self.context.as_slice() {
+            [m] if m.role == Role::User => Request::Text(m.content.clone()),
+            msgs => Request::Messages(
+                msgs.iter().map(|m| Wire { role: m.role.as_str().to_string(), content: m.content.clone() }).collect(),
+            ),
+        }
+    }
+}
+
+/// The first `max` prompts (all without `max`), the same set for every pass of a command (an
+/// engine's and aerie's own prediction). `--max-prompts 0` is refused: it would select nothing.
+pub fn select(mut prompts: Vec<Prompt>, max: Option<usize>) -> Result<Vec<Prompt>> {
+    match max {
+        Some(0) => Err(Error::Incompatible(
+            "--max-prompts 0 selects no prompt: give at least 1, or leave it out for all".into(),
+        )),
+        Some(n) => {
+            prompts.truncate(n);
+            Ok(prompts)
+        }
+        None => Ok(prompts),
     }
 }
 
@@ -68,8 +100,9 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
                 return Err(bad(path, n, "`turns` is empty"));
             };
             (vec![Message::new(Role::User, first.clone())], rest.to_vec())
-        } else if let Some(p) = obj.get("prompt") {
-            let p = p.as_str().ok_or_else(|| bad(path, n, "`prompt` must be a string"))?;
+        } else if let Some((key, p)) = obj.get("prompt").map(|p| ("prompt", p)).or(obj.get("text").map(|p| ("text", p)))
+        {
+            let p = p.as_str().ok_or_else(|| bad(path, n, format!("`{key}` must be a string")))?;
             (vec![Message::new(Role::User, p)], Vec::new())
         } else if let Some(msgs) = obj.get("messages") {
             let msgs = msgs.as_array().ok_or_else(|| bad(path, n, "`messages` must be a list"))?;
@@ -142,5 +175,17 @@ mod tests {
         let e = read("not json\n").unwrap_err().to_string();
         assert!(e.contains("p.jsonl: line 1") && e.contains("JSON"), "{e}");
         assert!(read("\n").unwrap_err().to_string().contains("no prompts"));
+    }
+
+    /// Issue 34 §2: `--max-prompts 0` ran one prompt in the engine (`max(1)`) and none in the
+    /// prediction; one selection now serves both, and refuses 0.
+    #[test]
+    fn one_selection_refuses_zero_and_first_turns_are_requests() {
+        let all = read("{\"turns\": [\"a\", \"b\"]}\n{\"text\": \"c\"}\n").unwrap();
+        assert!(select(all.clone(), Some(0)).unwrap_err().to_string().contains("--max-prompts 0"));
+        assert_eq!(select(all.clone(), Some(1)).unwrap().len(), 1);
+        assert_eq!(select(all.clone(), None).unwrap().len(), 2);
+        assert_eq!(all[0].first_request(), aerie_engine::meta::Request::Text("a".into()));
+        assert_eq!(all[1].first_request(), aerie_engine::meta::Request::Text("c".into()));
     }
 }

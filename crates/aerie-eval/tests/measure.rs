@@ -5,11 +5,11 @@ mod mock_sglang;
 
 use std::time::Duration;
 
+use aerie_engine::Engine;
+use aerie_engine::meta::{Endpoint, Request as Prompt};
 use aerie_eval::Error;
 use aerie_eval::cost::Provenance;
 use aerie_eval::measure::{MeasureOptions, costs_from_report, measure};
-use aerie_eval::server_api::ServerApi;
-use aerie_eval::sglang::{Endpoint, Prompt};
 use mock_sglang::{
     Reply, UNSUPPORTED_MEDIA_TYPE, chat_response, error_body, generate_events, generate_response, plain_meta,
     spec_meta, start,
@@ -34,7 +34,7 @@ fn opts(url: &str, endpoint: Endpoint, stream: bool) -> MeasureOptions {
         backoff: Duration::from_millis(10),
         label: "mock".into(),
         // The mock speaks SGLang only and counts every request: no detection round.
-        api: Some(ServerApi::Sglang),
+        api: Some(Engine::Sglang),
         ..MeasureOptions::default()
     }
 }
@@ -194,4 +194,41 @@ fn chat_without_stream_reads_choices_meta_info() {
     assert_eq!(rep.steps, Some(3));
     assert_eq!(rep.accept_rate_unconditional, Some(vec![0.5, 0.5, 0.5]));
     assert_eq!(rep.accept_rate_conditional, Some(vec![0.5, 1.0, 1.0]));
+}
+
+/// A server that streams one chat event after another without end, as fast as the socket takes.
+fn endless_stream() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { break };
+            let mut buf = [0u8; 8192];
+            let _ = s.read(&mut buf);
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+            if s.write_all(head.as_bytes()).is_err() {
+                continue;
+            }
+            let event = format!("data: {}\n\n", json!({"choices": [{"delta": {"content": "la "}}]}));
+            let chunk = event.repeat(256);
+            while s.write_all(chunk.as_bytes()).is_ok() {}
+        }
+    });
+    url
+}
+
+/// Issue 34 §1: an endless answer fails at aerie-engine's one response cap (the cap regenerate
+/// uses too), without retrying, instead of buffering until the request's timeout.
+#[test]
+fn an_endless_stream_stops_at_the_response_cap() {
+    let url = endless_stream();
+    let mut o = opts(&url, Endpoint::Chat, true);
+    o.concurrency = 1;
+    o.timeout = Duration::from_secs(120);
+    let start = std::time::Instant::now();
+    let e = measure(&prompts(1), &o, &quiet).unwrap_err().to_string();
+    assert!(e.contains("64 MiB") && e.contains("without end"), "{e}");
+    assert!(!e.contains("attempts"), "the cap is final, not retried: {e}");
+    assert!(start.elapsed() < Duration::from_secs(60), "stopped at the cap, not the timeout: {:?}", start.elapsed());
 }

@@ -162,10 +162,11 @@ impl InspectReport {
         self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
     }
 
-    /// Add the warning for serving this layout with `engine` (`vllm`, `sglang`) as it is, when
-    /// that engine reads its aux ids in the other convention (an SGLang export given to vLLM).
-    pub fn served_by(&mut self, engine: &str) {
-        if let Some(w) = self.dialect.served_by_warning(engine, &self.config.aux_layers) {
+    /// Add the warning for serving this layout with `engine` as it is, when that engine reads its
+    /// aux ids in the other convention (an SGLang export given to vLLM).
+    pub fn served_by(&mut self, engine: aerie_engine::Engine) {
+        let Ok(native) = crate::served::layout_for(engine) else { return };
+        if let Some(w) = self.dialect.served_by_warning(native, &self.config.aux_layers) {
             self.findings.push(Finding { severity: Severity::Warning, code: "layout-engine".into(), message: w });
         }
     }

@@ -86,7 +86,7 @@ pub use options::{RegenerateOptions, RegenerateProgress, RegenerateReport};
 use output::{Generator, PartialOutput, run_meta};
 pub use output::{REGENERATE_FORMAT, meta_path, partial_path, report_path};
 pub use sampling::Sampling;
-pub use server::{Api, ServerOptions, ServerReport};
+pub use server::{ServerOptions, ServerReport};
 
 /// Regenerate the assistant turns of `opts.data` with `target` (loaded from `target_dir`,
 /// which also holds `generation_config.json` when there is one) into `opts.out`.

@@ -78,12 +78,14 @@ pub struct CaptureArgs {
     /// Python engines, then 8 real samples of `--data` checked) instead of a capture.
     #[arg(long)]
     pub self_test: bool,
-    /// Further arguments for the Python worker, after `--` (`python -m aerie_capture --help`).
-    #[arg(last = true)]
+    /// Extra worker/engine argument, passed as is (repeat it: `--engine-arg=--trust-remote-code`;
+    /// `python -m aerie_capture --help` lists them), as `eval serve` and `compare` take theirs.
+    #[arg(long = "engine-arg", allow_hyphen_values = true)]
     pub engine_args: Vec<String>,
 }
 
-/// `--engine`.
+/// `--engine`: the native engine, or the Python worker on transformers or a serving engine
+/// (`aerie_engine::Engine`, which it maps to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
     /// aerie's Rust target (Llama family), on `--device`.
@@ -109,7 +111,7 @@ pub fn run(args: CaptureArgs) -> Result<()> {
     match args.engine {
         Engine::Native => {
             if args.self_test || !args.engine_args.is_empty() {
-                bail!("--self-test and worker arguments after `--` need --engine transformers, sglang or vllm");
+                bail!("--self-test and --engine-arg need --engine transformers, sglang or vllm");
             }
             with_backend!(args.device, |B, dev| run_on::<B>(&args, &dev))
         }
@@ -139,14 +141,10 @@ fn capture_options(args: &CaptureArgs) -> CaptureOptions {
 /// native writer does, byte for byte the same).
 fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
     Ok(PythonCapture {
-        python: args
-            .python
-            .clone()
-            .or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from))
-            .unwrap_or_else(|| "python3".into()),
+        python: aerie_engine::python::interpreter(args.python.as_deref()),
         engine: match args.engine {
-            Engine::Sglang => PythonEngine::Sglang,
-            Engine::Vllm => PythonEngine::Vllm,
+            Engine::Sglang => PythonEngine::Served(aerie_engine::Engine::Sglang),
+            Engine::Vllm => PythonEngine::Served(aerie_engine::Engine::Vllm),
             _ => PythonEngine::Transformers,
         },
         target: args.target.clone(),

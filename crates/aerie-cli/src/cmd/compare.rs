@@ -59,15 +59,10 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
-fn default_name(p: &std::path::Path) -> String {
-    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
-}
-
 /// Run `aerie compare`.
 pub fn run(args: CompareArgs) -> Result<()> {
-    if !args.names.is_empty() && args.names.len() != args.drafters.len() {
-        bail!("--names has {} entries for {} drafters", args.names.len(), args.drafters.len());
-    }
+    // One name per candidate in every mode (rows, plots, exports): duplicates are refused.
+    aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
     args.common.options()?;
     let costs = args.costs.as_deref().map(Costs::load).transpose().context("reading the costs file")?;
     if args.serving.engine.is_some() {
@@ -121,7 +116,7 @@ fn compare_serving(args: &CompareArgs, costs: Option<&Costs>) -> Result<()> {
     bars.bar.finish_and_clear();
     let report =
         result.with_context(|| format!("comparing in {} (engine logs in {})", args.serving.kind(), dir.display()))?;
-    let measured = report.costs(&today());
+    let measured = report.costs(&today())?;
     let costs = costs.unwrap_or(&measured);
     let mut cands: Vec<Candidate> = report
         .runs
@@ -156,12 +151,13 @@ fn compare_decoding<B: Backend>(
     };
     opts.validate(usize::MAX)?;
     let session = DecodeSession::<B>::load(target, prompts, c.pass.max_samples, &args.template, device)?;
+    let names = aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
     let n = args.drafters.len();
     let pb = candidates_bar(n, 2 * session.answers() * args.max_new_tokens, "tokens (max)");
     let mut cands = Vec::with_capacity(n);
     let mut report_costs = costs.cloned();
     for (i, dir) in args.drafters.iter().enumerate() {
-        let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
+        let name = names[i].clone();
         pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
         pb.set_position((i * 2 * session.answers() * args.max_new_tokens) as u64);
         let run = session.run(target, dir, &opts, device, &mut |t| pb.inc(t as u64));
@@ -194,12 +190,13 @@ fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::De
     let shards = ShardEval::<B>::open(c.data_dir()?, c.target_head.as_deref(), device)?;
     let opts = c.options()?;
     let target = c.target_for_embedding();
+    let names = aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
     let n = args.drafters.len();
     let per = shards.samples(c.pass.max_samples);
     let pb = candidates_bar(n, per, "samples");
     let mut cands = Vec::with_capacity(n);
     for (i, dir) in args.drafters.iter().enumerate() {
-        let name = args.names.get(i).cloned().unwrap_or_else(|| default_name(dir));
+        let name = names[i].clone();
         pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
         let report = shards.accept(dir, target.as_deref(), &opts, &|d| pb.set_position((i * per + d) as u64), device);
         let report = match report {

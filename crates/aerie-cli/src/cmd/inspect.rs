@@ -25,14 +25,14 @@ pub struct InspectArgs {
     pub strict: bool,
     /// The engine that will serve it (`vllm`, `sglang`): warn when it reads this layout's aux
     /// ids in the other convention.
-    #[arg(long, value_parser = ["vllm", "sglang"])]
-    pub engine: Option<String>,
+    #[arg(long, value_parser = aerie_engine::parse_startable)]
+    pub engine: Option<aerie_engine::Engine>,
 }
 
 /// Run `aerie inspect`; returns the exit code.
 pub fn run(args: InspectArgs) -> Result<i32> {
     let mut report = inspect(&args.dir, args.target.as_deref())?;
-    if let Some(engine) = &args.engine {
+    if let Some(engine) = args.engine {
         report.served_by(engine);
     }
     if args.json {

@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use aerie_engine::meta::Endpoint;
 use aerie_eval::cost::{Costs, Provenance};
 use aerie_eval::measure::{MeasureOptions, MeasureReport, costs_from_report, measure};
-use aerie_eval::server_api::ServerApi;
-use aerie_eval::sglang::{Endpoint, load_prompts};
+use aerie_eval::prompts::{read_prompts, select};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
@@ -20,11 +20,12 @@ pub struct MeasureArgs {
     /// Server base URL, e.g. http://127.0.0.1:30000.
     #[arg(long)]
     pub server: String,
-    /// The server's engine: auto (asked: vLLM's /metrics, SGLang's /get_server_info, an
-    /// OpenAI-compatible /v1/models), sglang, vllm or openai.
+    /// The server's engine: auto (asked: SGLang when /get_model_info answers, vLLM when
+    /// /v1/models says `owned_by: vllm`, else OpenAI-compatible), sglang, vllm or openai.
     #[arg(long, default_value = "auto")]
     pub api: String,
-    /// JSONL prompts: MT-Bench (`turns`, first turn used), `{"prompt": ...}` or `{"messages": [...]}`.
+    /// JSONL prompts: MT-Bench (`turns`: each conversation's first turn is sent), `{"prompt": ...}`
+    /// or `{"messages": [...]}`.
     #[arg(long)]
     pub prompts: PathBuf,
     /// Use only the first N prompts.
@@ -73,14 +74,9 @@ pub struct MeasureArgs {
 
 /// Run `aerie measure`.
 pub fn run(args: MeasureArgs) -> Result<()> {
-    let mut prompts = load_prompts(&args.prompts)?;
-    if let Some(n) = args.max_prompts {
-        prompts.truncate(n.max(1));
-    }
-    let api = match args.api.as_str() {
-        "auto" => None,
-        other => Some(other.parse::<ServerApi>().map_err(anyhow::Error::msg)?),
-    };
+    let prompts: Vec<_> =
+        select(read_prompts(&args.prompts)?, args.max_prompts)?.iter().map(|p| p.first_request()).collect();
+    let api = aerie_engine::parse_api(&args.api).map_err(|e| anyhow::anyhow!("--api: {e}"))?;
     let opts = MeasureOptions {
         server: args.server.clone(),
         endpoint: args.endpoint,
@@ -136,14 +132,15 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Res
     let provenance =
         Provenance { measured_where, when: aerie_data::clock::today(), by: args.by.clone(), ..Default::default() };
     let costs = costs_from_report(report, existing, provenance)?;
-    std::fs::write(out, costs.to_toml()?).with_context(|| format!("writing {}", out.display()))?;
+    aerie_data::atomic::write_bytes(out, costs.to_toml()?.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }
 
 fn print_report(r: &MeasureReport) {
     let opt = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |x| format!("{x:.d$}"));
     println!(
-        "server     {} ({:?}, {}), {} requests, concurrency {}",
+        "server     {} ({}, {}), {} requests, concurrency {}",
         r.server,
         r.api,
         r.endpoint.path(),

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aerie_capture::regenerate::{Api, Sampling, ServerOptions, report_path};
+use aerie_capture::regenerate::{Sampling, ServerOptions, report_path};
 use aerie_capture::{RegenerateOptions, RegenerateProgress, RegenerateReport, regenerate, regenerate_server};
 use aerie_data::readers::ProgressUnit;
 use aerie_data::template::TemplateChoice;
@@ -34,7 +34,7 @@ pub struct RegenerateArgs {
     /// (`/v1/chat/completions`, text), or `auto` (SGLang when `GET /get_model_info` answers,
     /// vLLM when `/v1/models` says `owned_by: vllm`, else OpenAI-compatible).
     #[arg(long, default_value = "auto", requires = "server")]
-    pub api: Api,
+    pub api: String,
     /// `model` of OpenAI chat requests (default: the first id `GET /v1/models` lists).
     #[arg(long, requires = "server")]
     pub model: Option<String>,
@@ -133,7 +133,7 @@ impl RegenerateArgs {
             anyhow::bail!("--timeout {} must be a positive number of seconds", self.timeout);
         }
         let mut s = ServerOptions::new(url);
-        s.api = self.api;
+        s.api = aerie_engine::parse_api(&self.api).map_err(|e| anyhow::anyhow!("--api: {e}"))?;
         s.model = self.model.clone();
         s.concurrency = self.concurrency;
         s.timeout = Duration::from_secs_f64(self.timeout);

@@ -16,7 +16,7 @@ use aerie_model::drafter::shape::DraftShape;
 use super::run::{BatchedPlain, PlainRun};
 use super::{DecodeOptions, DecodeReport, DecodeTimings, SpecDecoder, decode_prompts};
 use crate::cost::Costs;
-use crate::prompts::{Prompt, read_prompts};
+use crate::prompts::{Prompt, read_prompts, select};
 use crate::{Error, Result};
 use aerie_model::native::batch::{BatchGenerator, GenerationRequest, greedy};
 
@@ -39,10 +39,7 @@ impl<B: Backend> DecodeSession<B> {
         template: &str,
         device: &B::Device,
     ) -> Result<Self> {
-        let mut list = read_prompts(prompts)?;
-        if let Some(n) = max_prompts {
-            list.truncate(n);
-        }
+        let list = select(read_prompts(prompts)?, max_prompts)?;
         let template: TemplateChoice = template.parse()?;
         let encoder = PromptEncoder::load(target_dir, &template).map_err(|e| {
             Error::step(format!("loading the tokenizer and chat template of {}", target_dir.display()), e)

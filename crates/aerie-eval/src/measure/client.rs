@@ -1,5 +1,6 @@
 //! The HTTP side of a measurement: one greedy request, streamed and timed, with bounded retries
-//! and backoff. `aerie measure` and `aerie eval serve` both send through it.
+//! and backoff. `aerie measure` and `aerie eval serve` both send through it, with aerie-engine's
+//! agent and its one cap on the bytes of a response (`MAX_RESPONSE_BYTES`).
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
@@ -7,11 +8,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::MeasureOptions;
-use crate::sglang::{
-    ChunkProgress, Endpoint, Prompt, SpecMeta, chunk_progress, chunk_text, error_message, parse_meta, request_body,
-    response_text, sse_data,
+use aerie_engine::http::{capped_reader, error_message, over_cap, over_cap_message, read_text, sse_data};
+use aerie_engine::meta::{
+    ChunkProgress, Endpoint, Request, SpecMeta, chunk_progress, chunk_text, parse_meta, request_body, response_text,
 };
+
+use super::MeasureOptions;
 use crate::{Error, Result};
 
 /// One request's outcome.
@@ -76,7 +78,7 @@ fn attempt(
     let status = resp.status().as_u16();
     let mut resp_body = resp.into_body();
     if !(200..300).contains(&status) {
-        let text = resp_body.read_to_string().unwrap_or_default();
+        let text = read_text(&mut resp_body).unwrap_or_default();
         let retry = status == 429 || status >= 500;
         return Err(Failure {
             status: Some(status),
@@ -86,7 +88,10 @@ fn attempt(
     }
     let bad = |m: String| Failure { status: Some(status), message: m, retry: false };
     if !opts.stream {
-        let text = resp_body.read_to_string().map_err(|e| transport_failure(&e, opts.timeout))?;
+        let text = read_text(&mut resp_body).map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => bad(over_cap_message()),
+            e => transport_failure(&e, opts.timeout),
+        })?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| bad(format!("response is not JSON ({e}): {}", error_message(&text))))?;
         return Ok(RequestResult {
@@ -97,7 +102,7 @@ fn attempt(
             ..Default::default()
         });
     }
-    let reader = BufReader::new(resp_body.into_reader());
+    let reader = BufReader::new(capped_reader(resp_body));
     // (time, tokens so far) of the first and the latest chunk that carried generated text.
     let mut first: Option<(Instant, u64)> = None;
     let mut last: Option<(Instant, u64)> = None;
@@ -105,8 +110,10 @@ fn attempt(
     let mut chat_tokens = 0u64;
     let mut answer = String::new();
     for line in reader.lines() {
-        let line =
-            line.map_err(|e| Failure { status: Some(status), message: format!("stream broke: {e}"), retry: true })?;
+        let line = line.map_err(|e| match over_cap(&e) {
+            true => bad(over_cap_message()),
+            false => Failure { status: Some(status), message: format!("stream broke: {e}"), retry: true },
+        })?;
         let Some(data) = sse_data(&line) else { continue };
         let v: Value =
             serde_json::from_str(data).map_err(|e| bad(format!("stream event is not JSON ({e}): {data}")))?;
@@ -162,19 +169,14 @@ fn attempt(
     })
 }
 
-/// The HTTP client `measure` and `eval serve` send with: no status as error (the body says why),
-/// the whole-request timeout of `opts`.
+/// The HTTP client `measure` and `eval serve` send with: aerie-engine's agent with the
+/// whole-request timeout of `opts`.
 pub fn agent(opts: &MeasureOptions) -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(opts.timeout))
-        .timeout_connect(Some(opts.timeout.min(Duration::from_secs(10))))
-        .build()
-        .into()
+    aerie_engine::http::agent(opts.timeout)
 }
 
 /// Send one greedy request with bounded retries and exponential backoff.
-pub fn send(agent: &ureq::Agent, prompt: &Prompt, opts: &MeasureOptions) -> Result<RequestResult> {
+pub fn send(agent: &ureq::Agent, prompt: &Request, opts: &MeasureOptions) -> Result<RequestResult> {
     let url = format!("{}{}", opts.server.trim_end_matches('/'), opts.endpoint.path());
     let body = request_body(opts.endpoint, prompt, opts.max_new_tokens, opts.stream, &opts.model)?.to_string();
     let mut wait = opts.backoff;

@@ -1,10 +1,10 @@
 //! `aerie measure`: what a running serving engine actually delivers. Sends greedy requests
 //! (concurrently, with bounded retries) and reports τ and per-position acceptance, output
 //! tokens/s, inter-token latency (from the event stream), and the implied cost of one
-//! draft+verify cycle. The engine is asked what it is ([`crate::server_api`]) unless named:
-//! - SGLang: each response's `meta_info` ([`crate::sglang`]): τ = Σ completion_tokens / Σ
+//! draft+verify cycle. The engine is asked what it is ([`aerie_engine::detect`]) unless named:
+//! - SGLang: each response's `meta_info` ([`aerie_engine::meta`]): τ = Σ completion_tokens / Σ
 //!   spec_verify_ct, per-position acceptance from the accepted-drafts histogram;
-//! - vLLM: its Prometheus counters before and after the run ([`crate::counters`]);
+//! - vLLM: its Prometheus counters before and after the run ([`aerie_engine::counters`]);
 //! - any other OpenAI-compatible server: timings only (no speculation is visible).
 //!
 //! Against a server without speculation it measures T_d, the plain decode step, and can start a
@@ -14,20 +14,23 @@
 //! delta. Tested against vLLM's CPU build (`crates/aerie-cli/tests/serve_vllm.rs`).
 
 mod client;
+mod pool;
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 pub use client::{RequestResult, agent, send};
+pub use pool::run_pool;
 
-use crate::accept::{CurvePoint, conditional_from_unconditional, tau_curve, unconditional_from_histogram};
+use aerie_engine::Engine;
+use aerie_engine::counters::{SETTLE_WAIT, settled_vllm_counters, vllm_counters};
+use aerie_engine::detect::detect;
+use aerie_engine::meta::{Endpoint, Request};
+
+use crate::accept::{CurvePoint, tau_curve};
 use crate::cost::{Costs, Provenance, VerifyCost};
-use crate::counters::RunAcceptance;
-use crate::server_api::{ServerApi, detect_api, settled_vllm_counters, vllm_counters};
-use crate::sglang::{Endpoint, Prompt};
+use crate::engine_acceptance::RunAcceptance;
 use crate::{Error, Result};
 
 /// What to measure and how.
@@ -55,8 +58,8 @@ pub struct MeasureOptions {
     pub label: String,
     /// `model` of chat requests.
     pub model: String,
-    /// The server's dialect; `None` asks the server ([`crate::server_api::detect_api`]).
-    pub api: Option<ServerApi>,
+    /// The server's engine; `None` asks the server ([`aerie_engine::detect`]).
+    pub api: Option<Engine>,
 }
 
 impl Default for MeasureOptions {
@@ -85,8 +88,8 @@ pub struct MeasureReport {
     pub label: String,
     /// Server base URL.
     pub server: String,
-    /// The server's dialect, as detected or named.
-    pub api: ServerApi,
+    /// The server's engine, as detected or named.
+    pub api: Engine,
     /// Endpoint used.
     pub endpoint: Endpoint,
     /// Requests in flight at once.
@@ -140,7 +143,7 @@ pub struct MeasureReport {
 /// Measure `prompts` against the server. `progress(done, total)` may be called from worker
 /// threads.
 pub fn measure(
-    prompts: &[Prompt],
+    prompts: &[Request],
     opts: &MeasureOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<MeasureReport> {
@@ -152,41 +155,18 @@ pub fn measure(
     }
     let api = match opts.api {
         Some(api) => api,
-        None => detect_api(&opts.server)?,
+        None => detect(&opts.server, None, Some(&opts.model))?.engine,
     };
-    let before = if api == ServerApi::Vllm { Some(vllm_counters(&opts.server)?) } else { None };
+    let before = if api == Engine::Vllm { Some(vllm_counters(&opts.server)?) } else { None };
     let agent = agent(opts);
-    let next = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
-    let abort = AtomicBool::new(false);
-    let results: Mutex<Vec<RequestResult>> = Mutex::new(Vec::with_capacity(prompts.len()));
-    let failure: Mutex<Option<Error>> = Mutex::new(None);
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..opts.concurrency.min(prompts.len()) {
-            s.spawn(|| {
-                while !abort.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(p) = prompts.get(i) else { break };
-                    match send(&agent, p, opts) {
-                        Ok(r) => results.lock().expect("no poisoned lock").push(r),
-                        Err(e) => {
-                            abort.store(true, Ordering::Relaxed);
-                            failure.lock().expect("no poisoned lock").get_or_insert(e);
-                        }
-                    }
-                    progress(done.fetch_add(1, Ordering::Relaxed) + 1, prompts.len());
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().expect("no poisoned lock") {
-        return Err(e);
-    }
-    let mut report = summarize(&results.into_inner().expect("no poisoned lock"), start.elapsed().as_secs_f64(), opts);
+    let results = run_pool(prompts, opts.concurrency, &|p| send(&agent, p, opts), &|n| progress(n, prompts.len()))?;
+    let mut report = summarize(&results, start.elapsed().as_secs_f64(), opts);
     report.api = api;
     if let Some(before) = before {
-        let after = settled_vllm_counters(&opts.server)?;
+        let settled = settled_vllm_counters(&opts.server, SETTLE_WAIT)?;
+        report.warnings.extend(settled.warning);
+        let after = settled.counters;
         if after.drafts > before.drafts {
             let k = after.accepted_per_pos.len();
             let acceptance = RunAcceptance::between(&before, &after, k).map_err(|e| Error::Server {
@@ -202,7 +182,7 @@ pub fn measure(
             url: opts.server.clone(),
             status: None,
             message: format!(
-                "{} requests answered as {:?} but no generated token came back: is `--model {}` served there, and is `--endpoint {}` its API?",
+                "{} requests answered as {} but no generated token came back: is `--model {}` served there, and is `--endpoint {}` its API?",
                 report.requests,
                 api,
                 opts.model,
@@ -218,7 +198,7 @@ pub fn measure(
             url: opts.server.clone(),
             status: None,
             message: match api {
-                ServerApi::Vllm => "speculation was expected but vLLM's spec_decode counters did not move: is the server started with --speculative-config?".into(),
+                Engine::Vllm => "speculation was expected but vLLM's spec_decode counters did not move: is the server started with --speculative-config?".into(),
                 _ => "speculation was expected but no response carried `spec_verify_ct` in meta_info: is the server started with --speculative-algorithm EAGLE3 (and, for chat, does it honour return_meta_info)?".into(),
             },
         });
@@ -248,9 +228,10 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         }
         acc.iter_mut().zip(h).for_each(|(a, b)| *a += b);
     }
-    let hist_f: Option<Vec<f64>> = hist.as_ref().map(|h| h.iter().map(|&x| x as f64).collect());
-    let r = hist_f.as_deref().map(unconditional_from_histogram);
-    let tau_hist = r.as_ref().map(|r| 1.0 + r.iter().sum::<f64>());
+    // The one histogram-to-τ reduction (`eval serve` reads SGLang's histograms through it too).
+    let acc = hist.as_deref().and_then(|h| RunAcceptance::from_histogram(h).ok());
+    let r = acc.as_ref().map(|a| a.accept_rate_unconditional.clone());
+    let tau_hist = acc.as_ref().map(|a| a.tau);
     let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let proposed: u64 = results.iter().filter_map(|r| r.meta.proposed_drafts).sum();
     let spec_verify_with_drafts: u64 =
@@ -318,7 +299,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
     MeasureReport {
         label: opts.label.clone(),
         server: opts.server.clone(),
-        api: opts.api.unwrap_or(ServerApi::Sglang),
+        api: opts.api.unwrap_or(Engine::Sglang),
         endpoint: opts.endpoint,
         concurrency: opts.concurrency,
         max_new_tokens: opts.max_new_tokens,
@@ -336,7 +317,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         spec_verify_ct: verify,
         tau: (verify > 0).then(|| completion as f64 / verify as f64),
         tau_from_histogram: tau_hist,
-        accept_rate_conditional: r.as_deref().map(conditional_from_unconditional),
+        accept_rate_conditional: acc.as_ref().map(|a| a.accept_rate_conditional.clone()),
         accept_rate_unconditional: r,
         accept_histogram: hist,
         steps,
@@ -384,7 +365,7 @@ pub fn costs_from_report(report: &MeasureReport, existing: Option<Costs>, proven
         let t_d = report.t_d_ms.ok_or_else(|| err("no decode time measured: no tokens came back"))?;
         let mut p = provenance;
         p.measured.push("t_d_ms".into());
-        p.measured.push("t_v.table.1 (= t_d_ms: a verify pass over one token is a decode step)".into());
+        p.derived.push("t_v.table.1 (= t_d_ms: a verify pass over one token is a decode step)".into());
         return Ok(Costs {
             name: if report.label.is_empty() { "measured".into() } else { report.label.clone() },
             t_d_ms: t_d,
@@ -404,14 +385,17 @@ pub fn costs_from_report(report: &MeasureReport, existing: Option<Costs>, proven
         return Err(err("tree drafting: cycle_ms holds chain cycles (k drafts, k+1 verified tokens) only"));
     }
     costs.cycle_ms.insert(k.to_string(), cycle);
-    costs.provenance.measured.push(format!("cycle_ms.{k} ({}: {})", provenance.when, provenance.measured_where));
+    costs.provenance.derived.push(format!(
+        "cycle_ms.{k} (the inter-token time × τ of a run {}: {})",
+        provenance.when, provenance.measured_where
+    ));
     Ok(costs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sglang::SpecMeta;
+    use aerie_engine::meta::SpecMeta;
 
     fn spec(completion: u64, verify: u64, hist: Vec<u64>, decode_s: f64, decode_tokens: u64) -> RequestResult {
         RequestResult {

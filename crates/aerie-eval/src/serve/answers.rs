@@ -2,14 +2,14 @@
 //! (a follow-up sees the engine's own earlier answer, as `eval decode` does with its own), every
 //! answer streamed and timed, and the pass reduced to the decode rate a user would see.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::measure::{MeasureOptions, RequestResult, agent, send};
+use aerie_engine::meta::{Message, Request};
+
+use crate::measure::{MeasureOptions, RequestResult, agent, run_pool, send};
 use crate::prompts::Prompt;
-use crate::sglang::{Message, Prompt as Request};
 use crate::{Error, Result};
 
 /// One answer of a pass, in prompt-file order.
@@ -56,11 +56,7 @@ pub fn run_pass(
     check: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<(Vec<Answer>, PassTimings)> {
     let agent = agent(opts);
-    let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
-    let abort = AtomicBool::new(false);
-    let answers: Mutex<Vec<(usize, Answer)>> = Mutex::new(Vec::new());
-    let failure: Mutex<Option<Error>> = Mutex::new(None);
     let start = std::time::Instant::now();
     let conversation = |p: &Prompt| -> Result<Vec<Answer>> {
         let mut messages: Vec<Message> = p.context.iter().map(to_message).collect();
@@ -79,30 +75,10 @@ pub fn run_pass(
         }
         Ok(out)
     };
-    std::thread::scope(|s| {
-        for _ in 0..opts.concurrency.clamp(1, prompts.len().max(1)) {
-            s.spawn(|| {
-                while !abort.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(p) = prompts.get(i) else { break };
-                    match conversation(p) {
-                        Ok(a) => answers.lock().expect("no poisoned lock").extend(a.into_iter().map(|a| (i, a))),
-                        Err(e) => {
-                            abort.store(true, Ordering::Relaxed);
-                            failure.lock().expect("no poisoned lock").get_or_insert(e);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().expect("no poisoned lock") {
-        return Err(e);
-    }
+    // Conversations in the pool, turns of one conversation in order within it.
+    let answers: Vec<Answer> =
+        run_pool(prompts, opts.concurrency, &conversation, &|_| {})?.into_iter().flatten().collect();
     let wall_s = start.elapsed().as_secs_f64();
-    let mut answers = answers.into_inner().expect("no poisoned lock");
-    answers.sort_by_key(|(i, a)| (*i, a.turn));
-    let answers: Vec<Answer> = answers.into_iter().map(|(_, a)| a).collect();
     let timings = timings(&answers, wall_s);
     Ok((answers, timings))
 }

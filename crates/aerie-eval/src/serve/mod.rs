@@ -4,43 +4,48 @@
 //! speculation and once per drafter and draft length k; each time the same prompts are answered
 //! greedily through its chat endpoint (its own chat template), streamed so that the first token
 //! and every later one are timed. Acceptance comes from the engine's own speculative counters
-//! read before and after the pass ([`crate::counters`]), speed from the streamed timings, and the
-//! verdict from both: the measured speedup, and the break-even τ at the engine's measured cycle
-//! cost. aerie's own decoder can be run on the same prompts beside it ([`Prediction`]), so the
-//! distance between what aerie predicts and what the engine does is a number, not a guess.
+//! read before and after the pass ([`crate::engine_acceptance`]), speed from the streamed timings,
+//! and the verdict from both: the measured speedup, and the break-even τ derived from the engine's
+//! measured cycle. aerie's own decoder can be run on the same prompts beside it ([`Prediction`]),
+//! so the distance between what aerie predicts and what the engine does is a number, not a guess.
+//!
+//! Measured and derived figures are named as such ([`HOW`]): T_d is the plain pass's decode time
+//! over its decode tokens, the cycle the speculative pass's decode time over the engine's own
+//! count of draft+verify cycles, the speedup the ratio of the two decode rates; the break-even τ
+//! (cycle / T_d) and a projected speedup (τ · T_d / cycle) are derived from them.
 
 pub mod answers;
-pub mod engine;
+mod predict;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::counters::{RunAcceptance, SpecCounters};
+pub use aerie_engine::Engine;
+pub use aerie_engine::launch::{EngineLaunch, RunningEngine, ServedDrafter};
 pub use answers::{Answer, FirstDifference, PassTimings, compare_answers, run_pass};
-pub use engine::{EngineKind, EngineLaunch, RunningEngine};
+pub use predict::predict;
+
+use aerie_engine::counters::{SETTLE_WAIT, settled_vllm_counters, vllm_counters};
+use aerie_engine::meta::Endpoint;
 
 use crate::accept::{AcceptReport, AcceptRule};
 use crate::cost::{Costs, Provenance, VerifyCost, break_even_tau, speedup};
+use crate::engine_acceptance::RunAcceptance;
 use crate::measure::MeasureOptions;
 use crate::prompts::Prompt;
-use crate::server_api::{ServerApi, settled_vllm_counters};
-use crate::sglang::Endpoint;
 use crate::{Error, Result};
 
-/// A drafter as the engine will load it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ServedDrafter {
-    /// Short name for reports.
-    pub name: String,
-    /// The directory given by the user.
-    pub source: PathBuf,
-    /// The directory the engine loads (the source, or its export to the engine's layout).
-    pub dir: PathBuf,
-    /// How the layout was prepared for the engine, or the warning that it was not.
-    pub layout: String,
-}
+/// How each figure of a report is obtained, measured or derived (printed with the report and
+/// recorded in its JSON, so no derived number passes for a measurement).
+pub const HOW: [&str; 5] = [
+    "t_d_ms (measured): the plain pass's decode time over its decode tokens (after each answer's first chunk)",
+    "speedup (measured): the speculative pass's decode rate over the plain pass's, same prompts and answers length",
+    "cycle_ms (measured): the speculative pass's decode time over the engine's own count of draft+verify cycles",
+    "break_even_tau (derived): cycle_ms / t_d_ms, the τ at which that cycle pays",
+    "projected_speedup (derived): aerie's τ × t_d_ms / cycle_ms",
+];
 
 /// Everything about one evaluation but the drafters.
 #[derive(Debug, Clone)]
@@ -83,7 +88,8 @@ pub struct PlainServe {
 pub struct Prediction {
     /// τ of aerie's own decoder (`eval decode`) on the same prompts.
     pub tau: f64,
-    /// The speedup that τ projects through the engine's measured T_d and cycle.
+    /// Derived: the speedup that τ projects through the engine's measured T_d and cycle
+    /// (τ · T_d / cycle).
     pub projected_speedup: f64,
     /// The engine's τ minus aerie's.
     pub tau_difference: f64,
@@ -105,7 +111,7 @@ pub struct ServeRun {
     /// Draft steps.
     pub k: usize,
     /// `vllm` or `sglang`.
-    pub engine: EngineKind,
+    pub engine: Engine,
     /// The engine's version.
     pub engine_version: String,
     /// Accept length: tokens per draft+verify cycle, bonus included.
@@ -134,11 +140,12 @@ pub struct ServeRun {
     pub answers: usize,
     /// The first answer that differs.
     pub first_difference: Option<FirstDifference>,
-    /// The engine's plain decode step, ms.
+    /// The engine's plain decode step, ms (measured, the plain run's).
     pub t_d_ms: f64,
-    /// One draft+verify cycle, ms: the speculative inter-token time × τ.
+    /// One draft+verify cycle, ms, measured: the pass's decode time over the engine's count of
+    /// cycles.
     pub cycle_ms: f64,
-    /// τ at which this cycle cost breaks even with plain decoding (cycle / T_d).
+    /// Derived: the τ at which this cycle breaks even with plain decoding, cycle_ms / t_d_ms.
     pub break_even_tau: f64,
     /// Seconds from start to the engine answering.
     pub startup_s: f64,
@@ -183,7 +190,7 @@ impl ServeRun {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServeReport {
     /// `vllm` or `sglang`.
-    pub engine: EngineKind,
+    pub engine: Engine,
     /// The engine's version.
     pub engine_version: String,
     /// The target directory served.
@@ -204,22 +211,28 @@ pub struct ServeReport {
     pub workdir: PathBuf,
     /// Caveats.
     pub warnings: Vec<String>,
+    /// How each figure is obtained, measured or derived ([`HOW`]).
+    pub how: Vec<String>,
 }
 
 impl ServeReport {
     /// The engine's measured costs as a costs file for `aerie project --costs`: T_d, and the
     /// cycle at each k from the first drafter run at it (the cycle depends on the drafter's
-    /// shape and k, not on its weights).
-    pub fn costs(&self, when: &str) -> Costs {
+    /// shape and k, not on its weights); T_v(1) = T_d is derived, by definition. A figure that is
+    /// not a positive number is an error, never a NaN in the file.
+    pub fn costs(&self, when: &str) -> Result<Costs> {
         let mut cycle_ms = std::collections::BTreeMap::new();
-        let mut measured = vec!["t_d_ms".to_string(), "t_v.table.1 (= t_d_ms)".to_string()];
+        let mut measured = vec!["t_d_ms (the plain pass's decode time over its decode tokens)".to_string()];
         for r in &self.runs {
             if let std::collections::btree_map::Entry::Vacant(e) = cycle_ms.entry(r.k.to_string()) {
                 e.insert(r.cycle_ms);
-                measured.push(format!("cycle_ms.{} (drafter {})", r.k, r.drafter));
+                measured.push(format!(
+                    "cycle_ms.{} (drafter {}: the pass's decode time over the engine's count of draft+verify cycles)",
+                    r.k, r.drafter
+                ));
             }
         }
-        Costs {
+        let costs = Costs {
             name: format!("{} {} on {}", self.engine, self.engine_version, self.target.display()),
             t_d_ms: self.plain.t_d_ms,
             t_v: Some(VerifyCost { table: [("1".to_string(), self.plain.t_d_ms)].into(), ..Default::default() }),
@@ -232,10 +245,13 @@ impl ServeReport {
                 when: when.to_string(),
                 by: "aerie eval serve".into(),
                 measured,
+                derived: vec!["t_v.table.1 (= t_d_ms: one verify pass over one token is a decode step)".into()],
                 ..Default::default()
             },
             ..Default::default()
-        }
+        };
+        costs.validate().map_err(|m| Error::Report(format!("the engine's costs are not a costs file: {m}")))?;
+        Ok(costs)
     }
 }
 
@@ -264,11 +280,17 @@ fn measure_options(opts: &ServeOptions, base_url: &str, label: &str) -> MeasureO
         backoff: Duration::from_millis(500),
         label: label.to_string(),
         model: opts.launch.served_name.clone(),
-        api: Some(match opts.launch.kind {
-            EngineKind::Vllm => ServerApi::Vllm,
-            EngineKind::Sglang => ServerApi::Sglang,
-        }),
+        api: Some(opts.launch.engine),
     }
+}
+
+/// What one engine run gave.
+struct RunResult {
+    answers: Vec<Answer>,
+    timings: PassTimings,
+    acceptance: Option<RunAcceptance>,
+    startup_s: f64,
+    warnings: Vec<String>,
 }
 
 /// Start the engine for one run, answer every prompt, stop it.
@@ -277,7 +299,9 @@ fn one_run(
     label: &str,
     speculative: Option<(PathBuf, usize)>,
     progress: &dyn ServeProgress,
-) -> Result<(Vec<Answer>, PassTimings, Option<RunAcceptance>, f64)> {
+) -> Result<RunResult> {
+    // Drafter names are unique and hold no path separator (`aerie_hub::served`): one directory
+    // per run.
     let dir = opts.workdir.join(label.replace(['/', '@'], "_"));
     std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
     let mut launch = opts.launch.clone();
@@ -290,17 +314,19 @@ fn one_run(
     let startup_s = t0.elapsed().as_secs_f64();
     let answers_total: usize = opts.prompts.iter().map(Prompt::turns).sum();
     progress.serving(label, answers_total);
-    let counted = k.is_some() && opts.launch.kind == EngineKind::Vllm;
-    let before = if counted { Some(engine::spec_counters(engine.base_url(), opts.launch.kind)?) } else { None };
+    let counted = k.is_some() && opts.launch.engine == Engine::Vllm;
+    let before = if counted { Some(vllm_counters(engine.base_url())?) } else { None };
     let m = measure_options(opts, engine.base_url(), label);
     let engine_lock = std::sync::Mutex::new(&mut engine);
     let check = || engine_lock.lock().expect("no poisoned lock").check_alive();
     let (answers, timings) = run_pass(&opts.prompts, &m, &|n| progress.answered(n), &check)?;
     let engine = engine_lock.into_inner().expect("no poisoned lock");
+    let mut warnings = Vec::new();
     let acceptance = match (k, before) {
         (Some(k), Some(before)) => {
-            let after = settled_vllm_counters(engine.base_url())?;
-            Some(RunAcceptance::between(&before, &after, k)?)
+            let settled = settled_vllm_counters(engine.base_url(), SETTLE_WAIT)?;
+            warnings.extend(settled.warning.map(|w| format!("{label}: {w}")));
+            Some(RunAcceptance::between(&before, &settled.counters, k)?)
         }
         // SGLang reports each response's accepted-drafts histogram instead of counters.
         (Some(k), None) => {
@@ -313,7 +339,72 @@ fn one_run(
         _ => None,
     };
     engine.stop(Duration::from_secs(20));
-    Ok((answers, timings, acceptance, startup_s))
+    Ok(RunResult { answers, timings, acceptance, startup_s, warnings })
+}
+
+/// The plain run's figures; an error when it timed no decode step.
+fn plain_serve(t: PassTimings, startup_s: f64) -> Result<PlainServe> {
+    if t.decode_tokens == 0 || t.decode_s <= 0.0 {
+        return Err(Error::Incompatible(
+            "the plain run timed no decode step (every answer was one chunk): raise --max-new-tokens".into(),
+        ));
+    }
+    Ok(PlainServe {
+        tokens_per_s: t.decode_tokens_per_s,
+        t_d_ms: 1000.0 / t.decode_tokens_per_s,
+        ttft_ms: t.ttft_ms,
+        timings: t,
+        startup_s,
+    })
+}
+
+/// One speculative run's figures against the plain run (pure). A run that timed no decode step
+/// is an error naming it: its speedup would read 0 and its cycle NaN.
+fn speculative_run(
+    d: &ServedDrafter,
+    k: usize,
+    engine: (Engine, &str),
+    plain: &PlainServe,
+    plain_answers: &[Answer],
+    run: &RunResult,
+    acc: &RunAcceptance,
+) -> Result<ServeRun> {
+    let t = &run.timings;
+    if t.decode_tokens == 0 || t.decode_s <= 0.0 || acc.drafts == 0 {
+        return Err(Error::Incompatible(format!(
+            "{}@k{k}: the speculative run timed no decode step ({} decode tokens in {:.3} s, {} cycles counted): \
+             no speedup or cycle can be measured; raise --max-new-tokens",
+            d.name, t.decode_tokens, t.decode_s, acc.drafts
+        )));
+    }
+    let (identical, first_difference) = compare_answers(plain_answers, &run.answers);
+    let cycle_ms = 1000.0 * t.decode_s / acc.drafts as f64;
+    Ok(ServeRun {
+        drafter: d.name.clone(),
+        drafter_dir: d.dir.clone(),
+        layout: d.layout.clone(),
+        k,
+        engine: engine.0,
+        engine_version: engine.1.to_string(),
+        tau: acc.tau,
+        accept_rate_conditional: acc.accept_rate_conditional.clone(),
+        accept_rate_unconditional: acc.accept_rate_unconditional.clone(),
+        drafts: acc.drafts,
+        accepted_per_pos: acc.accepted_per_pos.clone(),
+        plain_tokens_per_s: plain.tokens_per_s,
+        speculative_tokens_per_s: t.decode_tokens_per_s,
+        speedup: t.decode_tokens_per_s / plain.tokens_per_s,
+        ttft_ms: t.ttft_ms,
+        plain_ttft_ms: plain.ttft_ms,
+        greedy_identical: identical,
+        answers: run.answers.len(),
+        first_difference,
+        t_d_ms: plain.t_d_ms,
+        cycle_ms,
+        break_even_tau: break_even_tau(cycle_ms, plain.t_d_ms),
+        startup_s: run.startup_s,
+        prediction: None,
+    })
 }
 
 /// Evaluate `drafters` in the engine against one plain run of the same prompts.
@@ -323,27 +414,20 @@ pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn 
             "eval serve needs at least one prompt, one drafter, one k and max_new_tokens >= 1".into(),
         ));
     }
-    let version = engine::engine_version(&opts.launch)?;
-    let mut warnings = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    if let Some(d) = drafters.iter().find(|d| !names.insert(d.name.as_str())) {
+        return Err(Error::Incompatible(format!("two drafters are named `{}`: each run needs its own name", d.name)));
+    }
+    let version = aerie_engine::launch::engine_version(&opts.launch)?;
+    let mut warnings: Vec<String> = drafters.iter().filter_map(|d| d.warning.clone()).collect();
     if opts.concurrency > 1 {
         warnings.push(format!(
             "concurrency {}: step times are those of a batch of up to {} sequences, not of one",
             opts.concurrency, opts.concurrency
         ));
     }
-    let (plain_answers, plain_t, _, plain_startup) = one_run(opts, "plain", None, progress)?;
-    if plain_t.decode_tokens == 0 {
-        return Err(Error::Incompatible(
-            "the plain run timed no decode step (every answer was one chunk): raise --max-new-tokens".into(),
-        ));
-    }
-    let plain = PlainServe {
-        tokens_per_s: plain_t.decode_tokens_per_s,
-        t_d_ms: 1000.0 / plain_t.decode_tokens_per_s,
-        ttft_ms: plain_t.ttft_ms,
-        timings: plain_t,
-        startup_s: plain_startup,
-    };
+    let plain_run = one_run(opts, "plain", None, progress)?;
+    let plain = plain_serve(plain_run.timings.clone(), plain_run.startup_s)?;
     progress.finished(&format!(
         "plain: {:.1} tokens/s (T_d {:.2} ms), TTFT {:.0} ms",
         plain.tokens_per_s, plain.t_d_ms, plain.ttft_ms
@@ -352,42 +436,16 @@ pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn 
     for d in drafters {
         for &k in &opts.ks {
             let label = format!("{}@k{k}", d.name);
-            let (answers, t, acc, startup_s) = one_run(opts, &label, Some((d.dir.clone(), k)), progress)?;
-            let acc = acc.expect("a speculative run reads its counters");
-            let (identical, first_difference) = compare_answers(&plain_answers, &answers);
-            let spec_rate = t.decode_tokens_per_s;
-            let cycle_ms = if spec_rate > 0.0 { 1000.0 * acc.tau / spec_rate } else { f64::NAN };
-            let run = ServeRun {
-                drafter: d.name.clone(),
-                drafter_dir: d.dir.clone(),
-                layout: d.layout.clone(),
-                k,
-                engine: opts.launch.kind,
-                engine_version: version.clone(),
-                tau: acc.tau,
-                accept_rate_conditional: acc.accept_rate_conditional.clone(),
-                accept_rate_unconditional: acc.accept_rate_unconditional.clone(),
-                drafts: acc.drafts,
-                accepted_per_pos: acc.accepted_per_pos.clone(),
-                plain_tokens_per_s: plain.tokens_per_s,
-                speculative_tokens_per_s: spec_rate,
-                speedup: spec_rate / plain.tokens_per_s,
-                ttft_ms: t.ttft_ms,
-                plain_ttft_ms: plain.ttft_ms,
-                greedy_identical: identical,
-                answers: answers.len(),
-                first_difference,
-                t_d_ms: plain.t_d_ms,
-                cycle_ms,
-                break_even_tau: break_even_tau(cycle_ms, plain.t_d_ms),
-                startup_s,
-                prediction: None,
-            };
+            let r = one_run(opts, &label, Some((d.dir.clone(), k)), progress)?;
+            warnings.extend(r.warnings.iter().cloned());
+            let acc = r.acceptance.as_ref().expect("a speculative run reads its acceptance");
+            let run = speculative_run(d, k, (opts.launch.engine, &version), &plain, &plain_run.answers, &r, acc)?;
             progress.finished(&format!(
-                "{label}: τ {:.4}, {:.1} tokens/s, speedup {:.3}×, break-even τ {:.3}, greedy identical {}/{}",
+                "{label}: τ {:.4}, {:.1} tokens/s, speedup {:.3}× (measured), cycle {:.2} ms (measured), break-even τ {:.3} (derived), greedy identical {}/{}",
                 run.tau,
                 run.speculative_tokens_per_s,
                 run.speedup,
+                run.cycle_ms,
                 run.break_even_tau,
                 run.greedy_identical,
                 run.answers
@@ -396,16 +454,88 @@ pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn 
         }
     }
     Ok(ServeReport {
-        engine: opts.launch.kind,
+        engine: opts.launch.engine,
         engine_version: version,
         target: opts.launch.target.clone(),
         prompts: opts.prompts_path.clone(),
-        answers: plain_answers.len(),
+        answers: plain_run.answers.len(),
         max_new_tokens: opts.max_new_tokens,
         concurrency: opts.concurrency,
         plain,
         runs,
         workdir: opts.workdir.clone(),
         warnings,
+        how: HOW.iter().map(|s| s.to_string()).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drafter() -> ServedDrafter {
+        ServedDrafter { name: "d".into(), source: "/d".into(), dir: "/d".into(), layout: "as is".into(), warning: None }
+    }
+
+    fn timings(decode_tokens: u64, decode_s: f64) -> PassTimings {
+        PassTimings {
+            answers: 1,
+            completion_tokens: decode_tokens + 1,
+            decode_tokens,
+            decode_s,
+            decode_tokens_per_s: if decode_s > 0.0 { decode_tokens as f64 / decode_s } else { 0.0 },
+            ttft_ms: 50.0,
+            wall_s: 1.0,
+        }
+    }
+
+    fn run(t: PassTimings) -> RunResult {
+        RunResult { answers: Vec::new(), timings: t, acceptance: None, startup_s: 1.0, warnings: Vec::new() }
+    }
+
+    /// Issue 34 §2: a speculative run with no timed decode used to report speedup 0 and a NaN
+    /// cycle (written into the costs file); measured and derived figures are labelled.
+    #[test]
+    fn a_run_without_timed_decode_is_an_error_and_the_cycle_is_measured() {
+        let plain = plain_serve(timings(100, 2.0), 1.0).unwrap();
+        assert!((plain.t_d_ms - 20.0).abs() < 1e-12);
+        assert!(plain_serve(timings(0, 0.0), 1.0).unwrap_err().to_string().contains("plain run timed no decode"));
+        // 40 cycles accepting 60 drafts: τ 2.5, 100 tokens in 1.6 s.
+        let acc = RunAcceptance::from_histogram(&[0, 20, 20]).unwrap();
+        let engine = (Engine::Vllm, "0.32");
+        let none = speculative_run(&drafter(), 2, engine, &plain, &[], &run(timings(0, 0.0)), &acc);
+        let e = none.unwrap_err().to_string();
+        assert!(e.contains("d@k2") && e.contains("timed no decode step"), "{e}");
+        let r = speculative_run(&drafter(), 2, engine, &plain, &[], &run(timings(100, 1.6)), &acc).unwrap();
+        // Measured: 1.6 s over the engine's 40 cycles = 40 ms; derived: break-even 40 / 20 = 2.
+        assert!((r.cycle_ms - 40.0).abs() < 1e-9, "{}", r.cycle_ms);
+        assert!((r.break_even_tau - 2.0).abs() < 1e-9);
+        assert!((r.speedup - 62.5 / 50.0).abs() < 1e-9);
+        let report = ServeReport {
+            engine: Engine::Vllm,
+            engine_version: "0.32".into(),
+            target: "/t".into(),
+            prompts: "/p".into(),
+            answers: 1,
+            max_new_tokens: 8,
+            concurrency: 1,
+            plain,
+            runs: vec![r.clone()],
+            workdir: "/w".into(),
+            warnings: Vec::new(),
+            how: Vec::new(),
+        };
+        let costs = report.costs("today").unwrap();
+        let p = &costs.provenance;
+        assert!(p.measured.iter().any(|m| m.starts_with("cycle_ms.2") && m.contains("count of draft+verify cycles")));
+        assert!(p.derived.iter().any(|m| m.starts_with("t_v.table.1")), "{p:?}");
+        assert!(!p.measured.iter().any(|m| m.starts_with("t_v")), "{p:?}");
+        // A NaN never reaches a costs file.
+        let mut bad = report.clone();
+        bad.runs[0].cycle_ms = f64::NAN;
+        assert!(bad.costs("today").is_err());
+        let mut nan = costs.clone();
+        nan.t_d_ms = f64::NAN;
+        assert!(nan.to_toml().unwrap_err().to_string().contains("refusing"));
+    }
 }

@@ -64,21 +64,12 @@ impl Dialect {
         }
     }
 
-    /// The layout an engine reads natively (`sglang`, `vllm`; case-insensitive), if it is one.
-    pub fn for_engine(engine: &str) -> Option<Self> {
-        match engine.to_ascii_lowercase().as_str() {
-            "sglang" => Some(Dialect::Sglang),
-            "vllm" => Some(Dialect::Speculators),
-            _ => None,
-        }
-    }
-
-    /// The warning for a drafter in this layout served by `engine` (`sglang` or `vllm`) as it
-    /// is, or `None` when the engine reads this layout natively. Neither engine converts aux ids
-    /// between conventions or warns: an SGLang export served by vLLM is fed hidden states one
-    /// layer off (vllm.md: τ 1.285 → 1.266 on the quickstart's drafter, silently).
-    pub fn served_by_warning(self, engine: &str, aux: &crate::AuxLayers) -> Option<String> {
-        let native = Dialect::for_engine(engine)?;
+    /// The warning for a drafter in this layout served as it is by an engine whose own layout
+    /// is `native` (which engine reads which layout is `aerie_hub::served::layout_for`), or
+    /// `None` when they are the same. Neither engine converts aux ids between conventions or
+    /// warns: an SGLang export served by vLLM is fed hidden states one layer off (vllm.md: τ
+    /// 1.285 → 1.266 on the quickstart's drafter, silently).
+    pub fn served_by_warning(self, native: Dialect, aux: &crate::AuxLayers) -> Option<String> {
         (native != self).then(|| {
             let aux_in_config = match self {
                 Dialect::Sglang => aux.output_of_layer(),
@@ -324,17 +315,15 @@ mod tests {
     #[test]
     fn each_layout_names_its_engine_and_warns_for_the_other() {
         assert_eq!((Dialect::Sglang.engine(), Dialect::Speculators.engine()), ("SGLang", "vLLM"));
-        assert_eq!(Dialect::for_engine("VLLM"), Some(Dialect::Speculators));
         // The same layers, named in each layout's own convention in its warning.
         let aux = crate::AuxLayers { ids: vec![1, 14, 26], convention: crate::AuxConvention::OutputOfLayer };
-        assert_eq!(Dialect::Sglang.served_by_warning("sglang", &aux), None);
-        assert_eq!(Dialect::Speculators.served_by_warning("vllm", &aux), None);
-        let w = Dialect::Sglang.served_by_warning("vllm", &aux).unwrap();
+        assert_eq!(Dialect::Sglang.served_by_warning(Dialect::Sglang, &aux), None);
+        assert_eq!(Dialect::Speculators.served_by_warning(Dialect::Speculators, &aux), None);
+        let w = Dialect::Sglang.served_by_warning(Dialect::Speculators, &aux).unwrap();
         assert!(w.contains("SGLang layout") && w.contains("[1, 14, 26]") && w.contains("one layer earlier"), "{w}");
         assert!(w.contains("aerie export --to speculators"), "{w}");
-        let w = Dialect::Speculators.served_by_warning("sglang", &aux).unwrap();
+        let w = Dialect::Speculators.served_by_warning(Dialect::Sglang, &aux).unwrap();
         assert!(w.contains("[2, 15, 27]") && w.contains("one layer later") && w.contains("--to sglang"), "{w}");
-        assert_eq!(Dialect::Sglang.served_by_warning("llama.cpp", &aux), None);
     }
 
     #[test]

@@ -1,76 +1,21 @@
-//! The wire dialects: detecting which one a server speaks, the request body of a turn, and
-//! reading the answer (SGLang's `/generate`, vLLM's ids-in/ids-out `/v1/completions`, the
+//! The wire dialects of a regenerated turn: the request body of a turn, and reading the answer (SGLang's `/generate`, vLLM's ids-in/ids-out `/v1/completions`, the
 //! OpenAI-compatible `/v1/chat/completions`).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
+use aerie_engine::Engine;
 use serde_json::{Value, json};
 
-use super::http::{agent, error_message, get};
-use super::{Api, Resolved, ServerOptions};
+use super::{Resolved, ServerOptions};
 use crate::regenerate::engine::{Finish, TurnDone, TurnJob};
 use crate::regenerate::sampling::turn_seed;
 use crate::{Error, Result};
 
-/// Resolve `--api auto` and the model: SGLang answers `GET /get_model_info` (200, with its
-/// `model_path`); an OpenAI-compatible server answers `GET /v1/models` with
-/// `{"data": [{"id", "owned_by"}, ...]}` (the first id is the model unless `--model` names one),
-/// and vLLM's cards are `owned_by: "vllm"`.
+/// Resolve `--api auto` and the model by aerie-engine's one detection rule.
 pub(in crate::regenerate) fn detect(opts: &ServerOptions) -> Result<(Resolved, &'static str)> {
-    let agent = agent(opts.timeout.min(Duration::from_secs(30)));
-    let base = opts.base();
-    let info_url = format!("{base}/get_model_info");
-    let info = get(&agent, &info_url);
-    let sglang = match (opts.api, &info) {
-        (Api::Auto, Err(e)) => {
-            return Err(Error::Invalid(format!(
-                "--server {}: GET {info_url} failed ({e}): is the server running and listening there?",
-                opts.url
-            )));
-        }
-        (_, Ok((200, _))) => true,
-        _ => false,
-    };
-    if opts.api == Api::Sglang || (opts.api == Api::Auto && sglang) {
-        // SGLang names its model in /get_model_info (`model_path`).
-        let model = opts.model.clone().or_else(|| {
-            info.ok()
-                .filter(|(status, _)| *status == 200)
-                .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-                .and_then(|v| v.get("model_path")?.as_str().map(str::to_owned))
-        });
-        let source = if opts.api == Api::Auto { "detected" } else { "given" };
-        return Ok((Resolved { api: Api::Sglang, model }, source));
-    }
-    let url = format!("{base}/v1/models");
-    let listed = || -> Result<Value> {
-        let (status, body) = get(&agent, &url).map_err(|e| {
-            Error::Invalid(format!("--server {}: GET {url} failed ({e}): is the server running?", opts.url))
-        })?;
-        let first = (status == 200)
-            .then(|| serde_json::from_str::<Value>(&body).ok())
-            .flatten()
-            .and_then(|v| v.get("data")?.get(0).cloned())
-            .filter(|card| card.get("id").is_some_and(Value::is_string));
-        first.ok_or_else(|| {
-            Error::Invalid(format!(
-                "--server {}: GET {url} answered HTTP {status} without a model id ({}); it does not look \
-                 like an OpenAI-compatible server (pass --api sglang for SGLang's /generate, or --model NAME)",
-                opts.url,
-                error_message(&body)
-            ))
-        })
-    };
-    // The model list is needed to detect vLLM, or to name the model when --model does not.
-    let card = if opts.api == Api::Auto || opts.model.is_none() { Some(listed()?) } else { None };
-    let api = match opts.api {
-        Api::Auto if card.as_ref().and_then(|c| c.get("owned_by")).and_then(Value::as_str) == Some("vllm") => Api::Vllm,
-        Api::Auto => Api::Openai,
-        given => given,
-    };
-    let model = opts.model.clone().or_else(|| card?.get("id")?.as_str().map(str::to_owned));
-    Ok((Resolved { api, model }, if opts.api == Api::Auto { "detected" } else { "given" }))
+    let d = aerie_engine::detect::detect(&opts.url, opts.api, opts.model.as_deref())
+        .map_err(|e| Error::Invalid(format!("--server {e}")))?;
+    Ok((Resolved { api: d.engine, model: d.model }, d.source))
 }
 
 /// The request body of one turn.
@@ -84,7 +29,7 @@ pub(in crate::regenerate) fn request_body(
     let sampled = !s.is_greedy();
     let seed = turn_seed(s.seed, job.source_index, job.turn);
     match resolved.api {
-        Api::Sglang => {
+        Engine::Sglang => {
             let mut params = json!({
                 "max_new_tokens": job.max_new_tokens,
                 "temperature": s.temperature,
@@ -98,7 +43,7 @@ pub(in crate::regenerate) fn request_body(
             }
             json!({"input_ids": job.prompt_ids, "sampling_params": params, "stream": false})
         }
-        Api::Vllm => {
+        Engine::Vllm => {
             let mut body = json!({
                 "model": resolved.model.as_deref().unwrap_or("default"),
                 "prompt": job.prompt_ids,
@@ -143,7 +88,7 @@ pub(in crate::regenerate) fn request_body(
 
 /// Read one successful response.
 pub(in crate::regenerate) fn parse_response(
-    api: Api,
+    api: Engine,
     job: &TurnJob,
     eos: &[u32],
     v: &Value,
@@ -162,7 +107,7 @@ pub(in crate::regenerate) fn parse_response(
     };
     let u = |x: Option<&Value>| x.and_then(Value::as_u64);
     match api {
-        Api::Sglang => {
+        Engine::Sglang => {
             let meta = v.get("meta_info").ok_or("no `meta_info` in the /generate response")?;
             let mut ids: Vec<u32> = v
                 .get("output_ids")
@@ -196,7 +141,7 @@ pub(in crate::regenerate) fn parse_response(
             done.tokens = completion;
             done.ids = Some(ids);
         }
-        Api::Vllm => {
+        Engine::Vllm => {
             let choice = v.get("choices").and_then(|c| c.get(0)).ok_or("no `choices[0]` in the completion response")?;
             let mut ids: Vec<u32> = choice
                 .get("token_ids")
@@ -263,14 +208,14 @@ mod tests {
 
     #[test]
     fn bodies_carry_the_ids_or_the_messages_and_seed_only_when_sampling() {
-        let sg = Resolved { api: Api::Sglang, model: None };
+        let sg = Resolved { api: Engine::Sglang, model: None };
         let b = request_body(&sg, &job(0.0), &[9], &BTreeMap::new());
         assert_eq!(b["input_ids"], json!([1, 2, 3]));
         assert_eq!(b["sampling_params"]["stop_token_ids"], json!([9]));
         assert!(b["sampling_params"].get("sampling_seed").is_none());
         let b = request_body(&sg, &job(0.7), &[9], &BTreeMap::new());
         assert_eq!(b["sampling_params"]["sampling_seed"], json!(turn_seed(7, 5, 1)));
-        let oa = Resolved { api: Api::Openai, model: Some("m".into()) };
+        let oa = Resolved { api: Engine::Openai, model: Some("m".into()) };
         let kw = BTreeMap::from([("thinking".to_owned(), json!(false))]);
         let b = request_body(&oa, &job(0.7), &[9], &kw);
         assert_eq!(b["messages"][0], json!({"role": "user", "content": "hi"}));
@@ -288,23 +233,23 @@ mod tests {
         let j = job(0.0);
         let sg = json!({"text": "ab", "output_ids": [5, 6, 9], "meta_info": {"id": "x", "prompt_tokens": 3,
             "completion_tokens": 3, "finish_reason": {"type": "stop", "matched": 9}}});
-        let d = parse_response(Api::Sglang, &j, &[9], &sg).unwrap();
+        let d = parse_response(Engine::Sglang, &j, &[9], &sg).unwrap();
         assert_eq!((d.ids.as_deref(), d.finish, d.tokens), (Some(&[5, 6][..]), Finish::Eos, 3));
         let len = json!({"output_ids": [5, 6], "meta_info": {"completion_tokens": 2,
             "finish_reason": {"type": "length", "length": 2}}});
-        assert_eq!(parse_response(Api::Sglang, &j, &[9], &len).unwrap().finish, Finish::Budget);
+        assert_eq!(parse_response(Engine::Sglang, &j, &[9], &len).unwrap().finish, Finish::Budget);
         let abort = json!({"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "oom"}}});
-        assert!(parse_response(Api::Sglang, &j, &[9], &abort).unwrap_err().contains("oom"));
+        assert!(parse_response(Engine::Sglang, &j, &[9], &abort).unwrap_err().contains("oom"));
         let chat = json!({"choices": [{"message": {"role": "assistant", "content": "hey", "reasoning_content": "r"},
             "finish_reason": "length"}], "usage": {"prompt_tokens": 4, "completion_tokens": 16}});
-        let d = parse_response(Api::Openai, &j, &[9], &chat).unwrap();
+        let d = parse_response(Engine::Openai, &j, &[9], &chat).unwrap();
         assert_eq!((d.text.as_deref(), d.reasoning.as_deref()), (Some("hey"), Some("r")));
         assert_eq!((d.finish, d.prompt_tokens, d.tokens), (Finish::Budget, 4, 16));
     }
 
     #[test]
     fn vllm_completions_carry_ids_both_ways() {
-        let vl = Resolved { api: Api::Vllm, model: Some("smol".into()) };
+        let vl = Resolved { api: Engine::Vllm, model: Some("smol".into()) };
         let b = request_body(&vl, &job(0.0), &[9, 4], &BTreeMap::new());
         assert_eq!(b["prompt"], json!([1, 2, 3]), "aerie's ids are the prompt");
         assert_eq!((b["model"].as_str(), b["max_tokens"].as_u64()), (Some("smol"), Some(16)));
@@ -319,28 +264,20 @@ mod tests {
         // Stopped on a stop_token_ids entry: vLLM names it in stop_reason and keeps it.
         let stop = json!({"choices": [{"index": 0, "text": "ab", "token_ids": [5, 6, 9], "finish_reason": "stop",
             "stop_reason": 9, "prompt_token_ids": null}], "usage": {"prompt_tokens": 3, "completion_tokens": 3}});
-        let d = parse_response(Api::Vllm, &j, &[9], &stop).unwrap();
+        let d = parse_response(Engine::Vllm, &j, &[9], &stop).unwrap();
         assert_eq!((d.ids.as_deref(), d.finish, d.tokens, d.prompt_tokens), (Some(&[5, 6][..]), Finish::Eos, 3, 3));
         // The model's own eos: stop_reason null, the token still last.
         let eos = json!({"choices": [{"token_ids": [5, 9], "finish_reason": "stop", "stop_reason": null}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
-        assert_eq!(parse_response(Api::Vllm, &j, &[9], &eos).unwrap().ids.as_deref(), Some(&[5][..]));
+        assert_eq!(parse_response(Engine::Vllm, &j, &[9], &eos).unwrap().ids.as_deref(), Some(&[5][..]));
         // The budget: every token is the answer's, an eos-looking last one included.
         let len = json!({"choices": [{"token_ids": [5, 6, 9], "finish_reason": "length", "stop_reason": null}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 3}});
-        let d = parse_response(Api::Vllm, &j, &[9], &len).unwrap();
+        let d = parse_response(Engine::Vllm, &j, &[9], &len).unwrap();
         assert_eq!((d.ids.as_deref(), d.finish), (Some(&[5, 6, 9][..]), Finish::Budget));
         let no_ids = json!({"choices": [{"text": "x", "finish_reason": "stop"}]});
-        assert!(parse_response(Api::Vllm, &j, &[9], &no_ids).unwrap_err().contains("return_token_ids"));
+        assert!(parse_response(Engine::Vllm, &j, &[9], &no_ids).unwrap_err().contains("return_token_ids"));
         let abort = json!({"choices": [{"token_ids": [], "finish_reason": "abort"}]});
-        assert!(parse_response(Api::Vllm, &j, &[9], &abort).unwrap_err().contains("abort"));
-    }
-
-    #[test]
-    fn api_names() {
-        assert!("x".parse::<Api>().is_err());
-        assert_eq!("sglang".parse::<Api>(), Ok(Api::Sglang));
-        assert_eq!("vllm".parse::<Api>(), Ok(Api::Vllm));
-        assert_eq!(Api::Vllm.name(), "vllm");
+        assert!(parse_response(Engine::Vllm, &j, &[9], &abort).unwrap_err().contains("abort"));
     }
 }

@@ -1,27 +1,11 @@
-//! The HTTP side: one blocking ureq agent per worker, a GET, and one POST attempt classified as a
-//! success, a failure worth retrying (connection errors, timeouts, 429, 5xx) or a final one, and
-//! the message a server puts in an error body.
+//! One POST attempt of a regenerated turn, classified as a success, a failure worth retrying
+//! (connection errors, timeouts, 429, 5xx) or a final one, through aerie-engine's agent and its
+//! response-size cap.
 
 use std::time::Duration;
 
+use aerie_engine::http::{error_message, over_cap_message, read_text};
 use serde_json::Value;
-
-pub(super) fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(timeout))
-        .timeout_connect(Some(timeout.min(Duration::from_secs(10))))
-        .build()
-        .into()
-}
-
-/// Answer `GET path` with (status, body), or the transport error's text.
-pub(super) fn get(agent: &ureq::Agent, url: &str) -> std::result::Result<(u16, String), String> {
-    let resp = agent.get(url).header("Accept", "application/json").call().map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().read_to_string().unwrap_or_default();
-    Ok((status, body))
-}
 
 /// One failed attempt: what to say, and whether trying again may help (with the cause).
 pub(super) struct Failure {
@@ -54,14 +38,19 @@ pub(super) fn attempt(
     body: &str,
     timeout: Duration,
 ) -> std::result::Result<Value, Failure> {
-    let resp = agent
+    let mut resp = agent
         .post(url)
         .header("Content-Type", "application/json")
         .header("Accept", "application/json")
         .send(body)
         .map_err(|e| transport_failure(&e, timeout))?;
     let status = resp.status().as_u16();
-    let text = resp.into_body().read_to_string().map_err(|e| transport_failure(&e, timeout))?;
+    let text = read_text(resp.body_mut()).map_err(|e| match e {
+        ureq::Error::BodyExceedsLimit(_) => {
+            Failure { status: Some(status), message: over_cap_message(), retry_as: None }
+        }
+        e => transport_failure(&e, timeout),
+    })?;
     if !(200..300).contains(&status) {
         let retry = status == 429 || status >= 500;
         return Err(Failure {
@@ -76,5 +65,3 @@ pub(super) fn attempt(
         retry_as: None,
     })
 }
-
-pub(super) use aerie_data::server::error_message;

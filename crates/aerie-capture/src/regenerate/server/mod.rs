@@ -22,10 +22,8 @@
 //! - **OpenAI-compatible** `POST /v1/chat/completions` with `messages` (the server renders its
 //!   own chat template), `choices[0].message.content` and `reasoning_content` back.
 //!
-//! Detection (`--api auto`): `GET /get_model_info` answers 200 only on SGLang (which also serves
-//! `/v1/models`, so it is asked first); otherwise `GET /v1/models` answering 200 with a `data`
-//! list is an OpenAI-compatible server, and vLLM when its first model is `owned_by: "vllm"`
-//! (vLLM's `ModelCard` default, `vllm/entrypoints/serve/engine/protocol.py`).
+//! Detection (`--api auto`) is aerie-engine's one rule ([`aerie_engine::detect`]); the agent, its
+//! response-size cap and error bodies are aerie-engine's too ([`aerie_engine::http`]).
 
 mod dialect;
 mod http;
@@ -38,58 +36,22 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
+use aerie_engine::Engine;
+
 use super::engine::{TurnDone, TurnEngine, TurnJob};
 use crate::{Error, Result};
+use aerie_engine::http::agent;
 pub(super) use dialect::{detect, parse_response, request_body};
-use http::{agent, attempt};
-
-/// The HTTP dialect of the server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Api {
-    /// SGLang's native `/generate` (token ids in and out).
-    Sglang,
-    /// vLLM's `/v1/completions` with token ids in and `return_token_ids` out.
-    Vllm,
-    /// `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI layer, ...).
-    Openai,
-    /// Ask the server ([`detect`]).
-    Auto,
-}
-
-impl std::str::FromStr for Api {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "sglang" => Ok(Api::Sglang),
-            "vllm" => Ok(Api::Vllm),
-            "openai" => Ok(Api::Openai),
-            "auto" => Ok(Api::Auto),
-            _ => Err(format!("`{s}` is not an API: use sglang, vllm, openai or auto")),
-        }
-    }
-}
-
-impl Api {
-    /// The name `--api` takes and the report and the run's meta record.
-    pub fn name(self) -> &'static str {
-        match self {
-            Api::Sglang => "sglang",
-            Api::Vllm => "vllm",
-            Api::Openai => "openai",
-            Api::Auto => "auto",
-        }
-    }
-}
+use http::attempt;
 
 /// Where the server is and how to talk to it.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Base URL, `http://host:port` (a trailing `/` is ignored).
     pub url: String,
-    /// Dialect; `Auto` asks the server.
-    pub api: Api,
+    /// The server's engine (dialect); `None` (`--api auto`) asks the server
+    /// ([`aerie_engine::detect`]).
+    pub api: Option<Engine>,
     /// `model` of chat and completion requests; `None` = the first id `/v1/models` lists.
     pub model: Option<String>,
     /// Requests in flight at once.
@@ -107,11 +69,11 @@ pub struct ServerOptions {
 }
 
 impl ServerOptions {
-    /// Defaults: auto-detected API, 8 requests in flight, 600 s timeout, 3 retries from 1 s.
+    /// Defaults: auto-detected engine, 8 requests in flight, 600 s timeout, 3 retries from 1 s.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
-            api: Api::Auto,
+            api: None,
             model: None,
             concurrency: 8,
             timeout: Duration::from_secs(600),
@@ -142,7 +104,7 @@ impl ServerOptions {
 /// The server as resolved at the start of a run: dialect and chat model (OpenAI).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Resolved {
-    pub api: Api,
+    pub api: Engine,
     pub model: Option<String>,
 }
 
@@ -182,10 +144,11 @@ struct Outcome {
 
 /// Send one turn with bounded retries; the error names the request.
 fn send(agent: &ureq::Agent, ctx: &Worker, job: &TurnJob) -> Outcome {
-    let (path, api) = match ctx.resolved.api {
-        Api::Sglang => ("/generate", Api::Sglang),
-        Api::Vllm => ("/v1/completions", Api::Vllm),
-        _ => ("/v1/chat/completions", Api::Openai),
+    let api = ctx.resolved.api;
+    let path = match api {
+        Engine::Sglang => "/generate",
+        Engine::Vllm => "/v1/completions",
+        Engine::Openai => "/v1/chat/completions",
     };
     let url = format!("{}{path}", ctx.base);
     let body = request_body(&ctx.resolved, job, &ctx.eos, &ctx.kwargs).to_string();

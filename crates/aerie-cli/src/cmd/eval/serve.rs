@@ -6,10 +6,8 @@
 use std::path::PathBuf;
 
 use aerie_data::clock::today;
-use aerie_eval::accept::AcceptRule;
-use aerie_eval::decode::{DecodeOptions, DecodeSession};
+use aerie_eval::decode::DecodeSession;
 use aerie_eval::serve::{ServeReport, ServedDrafter, evaluate};
-use aerie_model::drafter::shape::DraftShape;
 use anyhow::{Context, Result};
 use burn::tensor::backend::Backend;
 use clap::Args;
@@ -84,7 +82,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         with_backend!(args.device, |B, dev| predict::<B>(&args, &drafters, &mut report, &dev))?;
     }
     if let Some(path) = &args.costs_out {
-        let costs = report.costs(&today());
+        let costs = report.costs(&today())?;
         aerie_data::atomic::write_bytes(path, costs.to_toml()?.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
     }
@@ -99,7 +97,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// aerie's own decoder on the same prompts, k and answers length, for each run.
+/// aerie's own decoder on the same prompts, k and answers length, for each run
+/// (`aerie_eval::serve::predict`), with a progress bar.
 fn predict<B: Backend>(
     args: &ServeArgs,
     drafters: &[ServedDrafter],
@@ -112,20 +111,12 @@ fn predict<B: Backend>(
         "predict",
         "tok",
     );
-    for run in &mut report.runs {
-        let d = drafters.iter().find(|d| d.name == run.drafter).expect("every run is of a given drafter");
-        let opts = DecodeOptions {
-            shape: DraftShape::Chain { k: run.k },
-            temperature: 0.0,
-            rule: AcceptRule::Greedy,
-            max_new_tokens: args.max_new_tokens,
-            seed: 0,
-        };
-        let (decoded, _) = session.run(&args.target, &d.source, &opts, device, &mut |n| pb.inc(n as u64))?;
-        run.predict(decoded.tau, decoded.greedy_identical.unwrap_or(false));
-    }
+    let result =
+        aerie_eval::serve::predict(report, drafters, &session, &args.target, args.max_new_tokens, device, &mut |n| {
+            pb.inc(n as u64)
+        });
     pb.finish_and_clear();
-    Ok(())
+    Ok(result?)
 }
 
 fn print_report(r: &ServeReport) {
@@ -187,6 +178,9 @@ fn print_report(r: &ServeReport) {
             x.tau,
             x.break_even_tau
         );
+    }
+    for h in &r.how {
+        println!("how        {h}");
     }
     println!("logs       {}", r.workdir.display());
     for w in &r.warnings {

@@ -1,6 +1,8 @@
-//! SGLang's HTTP shapes as `aerie measure` uses them: prompt files, request bodies for `/generate`
-//! and `/v1/chat/completions`, and the per-request speculative statistics of `meta_info`
-//! (kimi-k25.md, "SGLang facts"). Pure functions; the client is in [`crate::measure`].
+//! The request and response shapes of a measured request (`aerie measure`, `eval serve`): request
+//! bodies for SGLang's `/generate` and the OpenAI-compatible `/v1/chat/completions` (vLLM, SGLang,
+//! others), the tokens and text a streamed chunk carries, and the per-request speculative
+//! statistics of SGLang's `meta_info` (kimi-k25.md, "SGLang facts"). Pure functions; the client is
+//! `aerie_eval::measure`.
 //!
 //! `meta_info` keys read (all optional, both generations of names):
 //! `completion_tokens`, `spec_verify_ct`, `spec_accept_length`, `spec_accept_histogram` /
@@ -8,8 +10,6 @@
 //! `spec_accept_token_num` / `spec_accepted_drafts` / `spec_num_correct_drafts`,
 //! `spec_draft_token_num` / `spec_proposed_drafts` / `spec_num_proposed_drafts`.
 //! In chat responses `meta_info` sits in `choices[0]` (with `return_meta_info: true`).
-
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -57,72 +57,26 @@ pub struct Message {
     pub content: String,
 }
 
-/// A prompt: raw text, or messages.
+/// What one request asks: raw text (`/generate`, or one user message in chat), or messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Prompt {
+pub enum Request {
     /// Raw text.
     Text(String),
     /// A conversation ending with a user turn.
     Messages(Vec<Message>),
 }
 
-/// Read a JSONL prompt file: one object per line with `turns` (MT-Bench: the first turn is
-/// used, later turns need the model's answers), `prompt`/`text`, or `messages`. Blank lines are
-/// skipped.
-pub fn load_prompts(path: &Path) -> Result<Vec<Prompt>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
-    let err = |line: usize, message: String| Error::Input {
-        path: path.to_path_buf(),
-        message: format!("line {line}: {message}"),
-    };
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(line).map_err(|e| err(line_no, format!("not JSON: {e}")))?;
-        out.push(prompt_of(&v).map_err(|m| err(line_no, m))?);
-    }
-    if out.is_empty() {
-        return Err(Error::Input { path: path.to_path_buf(), message: "no prompts".into() });
-    }
-    Ok(out)
-}
-
-fn prompt_of(v: &Value) -> std::result::Result<Prompt, String> {
-    if let Some(turns) = v.get("turns") {
-        let first = turns.as_array().and_then(|t| t.first()).and_then(Value::as_str);
-        return first
-            .map(|s| Prompt::Text(s.to_string()))
-            .ok_or_else(|| "`turns` must be a non-empty list of strings".into());
-    }
-    for key in ["prompt", "text"] {
-        if let Some(p) = v.get(key) {
-            return p.as_str().map(|s| Prompt::Text(s.to_string())).ok_or_else(|| format!("`{key}` must be a string"));
-        }
-    }
-    if let Some(m) = v.get("messages") {
-        let msgs: Vec<Message> = serde_json::from_value(m.clone()).map_err(|e| format!("`messages`: {e}"))?;
-        if msgs.is_empty() {
-            return Err("`messages` is empty".into());
-        }
-        return Ok(Prompt::Messages(msgs));
-    }
-    Err("expected `turns` (MT-Bench), `prompt` or `messages`".into())
-}
-
 /// The JSON body of one greedy request (temperature 0: the regime where τ is comparable).
 pub fn request_body(
     endpoint: Endpoint,
-    prompt: &Prompt,
+    prompt: &Request,
     max_new_tokens: usize,
     stream: bool,
     model: &str,
 ) -> Result<Value> {
     Ok(match endpoint {
         Endpoint::Generate => {
-            let Prompt::Text(text) = prompt else {
+            let Request::Text(text) = prompt else {
                 return Err(Error::Incompatible(
                     "a `messages` prompt needs --endpoint chat (/generate takes raw text and applies no chat template)"
                         .into(),
@@ -136,8 +90,8 @@ pub fn request_body(
         }
         Endpoint::Chat => {
             let messages = match prompt {
-                Prompt::Text(t) => vec![Message { role: "user".into(), content: t.clone() }],
-                Prompt::Messages(m) => m.clone(),
+                Request::Text(t) => vec![Message { role: "user".into(), content: t.clone() }],
+                Request::Messages(m) => m.clone(),
             };
             let mut body = json!({
                 "model": model,
@@ -204,26 +158,28 @@ pub fn parse_meta(response: &Value) -> SpecMeta {
     }
 }
 
-/// Re-exported for this crate's clients, which read SGLang's answers with them.
-pub use aerie_data::server::{error_message, sse_data};
-
 /// Tokens a streamed chunk carries, as far as it shows: for `/generate` the cumulative
 /// `completion_tokens` (returned as is); for chat the cumulative `usage.completion_tokens` of a
-/// chunk with generated text when the server sends it (continuous usage statistics), else 1 per
-/// non-empty content delta.
+/// chunk of the answer when the server sends it (continuous usage statistics), with or without
+/// text: the end-of-sequence token arrives as an empty delta with the finish reason and counts
+/// one more token, timed like the others. Without usage statistics, 1 per non-empty content
+/// delta. The count 0 (vLLM's first chunk, the role alone) and usage-only chunks (no choice, the
+/// stream's summary) carry no token.
 pub fn chunk_progress(endpoint: Endpoint, chunk: &Value) -> ChunkProgress {
     match endpoint {
         Endpoint::Generate => match meta_info(chunk).and_then(|m| first_u64(m, &["completion_tokens"])) {
             Some(n) => ChunkProgress::Cumulative(n),
             None => ChunkProgress::None,
         },
-        Endpoint::Chat => match chunk_text(endpoint, chunk) {
-            Some(s) if !s.is_empty() => match chunk.get("usage").and_then(|u| first_u64(u, &["completion_tokens"])) {
-                Some(n) => ChunkProgress::Cumulative(n),
-                None => ChunkProgress::Delta,
-            },
-            _ => ChunkProgress::None,
-        },
+        Endpoint::Chat => {
+            let of_answer = chunk.get("choices").and_then(|c| c.get(0)).is_some();
+            let usage = chunk.get("usage").and_then(|u| first_u64(u, &["completion_tokens"]));
+            match (chunk_text(endpoint, chunk), usage) {
+                (_, Some(n)) if of_answer && n > 0 => ChunkProgress::Cumulative(n),
+                (Some(s), None) if !s.is_empty() => ChunkProgress::Delta,
+                _ => ChunkProgress::None,
+            }
+        }
     }
 }
 
@@ -269,28 +225,35 @@ pub enum ChunkProgress {
 mod tests {
     use super::*;
 
+    /// Issue 34 §2: the end-of-sequence token of a chat stream arrives in an empty delta with the
+    /// finish reason; its cumulative count is a token timed like the others (it used to be
+    /// dropped from the timing, while the total counted it: plain rates read a little high).
     #[test]
-    fn prompt_shapes() {
-        let mt = json!({"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]});
-        assert_eq!(prompt_of(&mt).unwrap(), Prompt::Text("Write a poem.".into()));
-        assert_eq!(prompt_of(&json!({"prompt": "hi"})).unwrap(), Prompt::Text("hi".into()));
-        let m = prompt_of(&json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
-        assert!(matches!(m, Prompt::Messages(v) if v.len() == 1));
-        assert!(prompt_of(&json!({"turns": []})).unwrap_err().contains("non-empty"));
-        assert!(prompt_of(&json!({"q": 1})).unwrap_err().contains("expected"));
+    fn an_eos_token_in_an_empty_chunk_is_counted_where_it_arrives() {
+        let role =
+            json!({"choices": [{"delta": {"role": "assistant", "content": ""}}], "usage": {"completion_tokens": 0}});
+        let text = json!({"choices": [{"delta": {"content": "Hi"}}], "usage": {"completion_tokens": 4}});
+        let eos = json!({"choices": [{"delta": {"content": ""}, "finish_reason": "stop"}], "usage": {"completion_tokens": 5}});
+        let summary = json!({"choices": [], "usage": {"completion_tokens": 5}});
+        assert_eq!(chunk_progress(Endpoint::Chat, &role), ChunkProgress::None);
+        assert_eq!(chunk_progress(Endpoint::Chat, &text), ChunkProgress::Cumulative(4));
+        assert_eq!(chunk_progress(Endpoint::Chat, &eos), ChunkProgress::Cumulative(5));
+        assert_eq!(chunk_progress(Endpoint::Chat, &summary), ChunkProgress::None);
+        let no_usage = json!({"choices": [{"delta": {"content": "a"}}]});
+        assert_eq!(chunk_progress(Endpoint::Chat, &no_usage), ChunkProgress::Delta);
     }
 
     #[test]
     fn request_bodies() {
-        let b = request_body(Endpoint::Generate, &Prompt::Text("x".into()), 64, false, "m").unwrap();
+        let b = request_body(Endpoint::Generate, &Request::Text("x".into()), 64, false, "m").unwrap();
         assert_eq!(b["sampling_params"]["max_new_tokens"], 64);
         assert_eq!(b["sampling_params"]["temperature"], 0);
-        let c = request_body(Endpoint::Chat, &Prompt::Text("x".into()), 8, true, "m").unwrap();
+        let c = request_body(Endpoint::Chat, &Request::Text("x".into()), 8, true, "m").unwrap();
         assert_eq!(c["return_meta_info"], true);
         assert_eq!(c["messages"][0]["role"], "user");
         assert_eq!(c["stream_options"]["include_usage"], true);
         assert_eq!(c["stream_options"]["continuous_usage_stats"], true);
-        let msgs = Prompt::Messages(vec![Message { role: "user".into(), content: "x".into() }]);
+        let msgs = Request::Messages(vec![Message { role: "user".into(), content: "x".into() }]);
         assert!(request_body(Endpoint::Generate, &msgs, 8, false, "m").is_err());
     }
 

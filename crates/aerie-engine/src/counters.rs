@@ -1,5 +1,6 @@
 //! The speculative-decoding counters a serving engine exposes at `GET /metrics` (Prometheus
-//! text format), and what a run's difference of two readings says about acceptance.
+//! text format), read from a running vLLM server; what a run's difference of two readings says about
+//! acceptance is `aerie_eval`'s (`engine_acceptance`).
 //!
 //! vLLM's counters are cumulative since the engine started (vllm.md, "EAGLE-3"):
 //! `vllm:spec_decode_num_drafts_total` (draft+verify cycles), `..._num_draft_tokens_total`
@@ -10,10 +11,11 @@
 //! summed over its other labels (`engine`, `model_name`): one engine serves one model here.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::accept::{AcceptCounter, conditional_from_unconditional};
+use crate::http::{agent, error_message, get};
 use crate::{Error, Result};
 
 /// One sample line: metric name, labels, value.
@@ -156,107 +158,55 @@ pub fn vllm_spec_counters(samples: &[Sample]) -> std::result::Result<SpecCounter
     Ok(c)
 }
 
-/// Acceptance over a run: the difference of the readings before and after it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunAcceptance {
-    /// Draft+verify cycles in the run.
-    pub drafts: u64,
-    /// Drafted tokens in the run.
-    pub draft_tokens: u64,
-    /// Accepted drafted tokens.
-    pub accepted: u64,
-    /// Accepted at each position.
-    pub accepted_per_pos: Vec<u64>,
-    /// τ = 1 + accepted / drafts (the bonus token included).
-    pub tau: f64,
-    /// r_i = P(at least i+1 drafts accepted) = accepted_per_pos[i] / drafts.
-    pub accept_rate_unconditional: Vec<f64>,
-    /// α_i = P(draft i accepted | drafts before it accepted).
-    pub accept_rate_conditional: Vec<f64>,
+/// vLLM's speculative counters now, read from `GET /metrics` (all zero on a server without
+/// speculation; an error on a server that is not vLLM).
+pub fn vllm_counters(base_url: &str) -> Result<SpecCounters> {
+    let url = format!("{}/metrics", base_url.trim_end_matches('/'));
+    let server = |message: String, status: Option<u16>| Error::Server { url: url.clone(), status, message };
+    let (status, body) = get(&agent(Duration::from_secs(30)), &url).map_err(|e| server(e, None))?;
+    if status != 200 {
+        return Err(server(format!("HTTP {status}: {}", error_message(&body)), Some(status)));
+    }
+    let samples = parse_prometheus(&body).map_err(|m| server(format!("not Prometheus text: {m}"), Some(status)))?;
+    if !is_vllm(&samples) {
+        return Err(server("no vllm: metrics: is this a vLLM server?".into(), Some(status)));
+    }
+    vllm_spec_counters(&samples).map_err(|m| server(m, Some(status)))
 }
 
-fn count(x: f64, what: &str) -> Result<u64> {
-    if x.is_finite() && x >= 0.0 && x.fract() == 0.0 {
-        Ok(x as u64)
-    } else {
-        Err(Error::Incompatible(format!("the engine's {what} counter moved by {x}, not a count: was it restarted?")))
-    }
+/// Counters read after a run, and whether they settled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    /// The last reading.
+    pub counters: SpecCounters,
+    /// `Some` when no two readings agreed within the wait: the run's acceptance may miss its last
+    /// steps (a report carries this as a warning).
+    pub warning: Option<String>,
 }
 
-impl RunAcceptance {
-    /// `after − before`; `k` is the draft steps the engine was started with.
-    pub fn between(before: &SpecCounters, after: &SpecCounters, k: usize) -> Result<Self> {
-        let drafts = count(after.drafts - before.drafts, "drafts")?;
-        if drafts == 0 {
-            return Err(Error::Incompatible(
-                "the engine counted no speculative cycles over the run: it is not speculating (check its log for the drafter load)".into(),
-            ));
-        }
-        let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
-        let per_pos = (0..k)
-            .map(|i| count(at(&after.accepted_per_pos, i) - at(&before.accepted_per_pos, i), "accepted-per-position"))
-            .collect::<Result<Vec<u64>>>()?;
-        let accepted = count(after.accepted - before.accepted, "accepted tokens")?;
-        // In a chain, draft i is accepted only with every draft before it.
-        let chain = std::iter::once(&drafts).chain(&per_pos).collect::<Vec<_>>();
-        if chain.windows(2).any(|w| w[1] > w[0]) {
-            return Err(Error::Incompatible(format!(
-                "the engine's per-position acceptance ({per_pos:?} of {drafts} cycles) rises with the position: not a chain of drafts (tree speculation?)"
-            )));
-        }
-        if per_pos.iter().sum::<u64>() != accepted {
-            return Err(Error::Incompatible(format!(
-                "the engine's accepted tokens ({accepted}) differ from the sum over its {k} positions ({}): was it started with another num_speculative_tokens?",
-                per_pos.iter().sum::<u64>()
-            )));
-        }
-        let r: Vec<f64> = per_pos.iter().map(|&a| a as f64 / drafts as f64).collect();
-        Ok(Self {
-            drafts,
-            draft_tokens: count(after.draft_tokens - before.draft_tokens, "draft tokens")?,
-            accepted,
-            tau: 1.0 + accepted as f64 / drafts as f64,
-            accept_rate_conditional: conditional_from_unconditional(&r),
-            accept_rate_unconditional: r,
-            accepted_per_pos: per_pos,
-        })
-    }
+/// How long [`settled_vllm_counters`] waits for two readings to agree, by default.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
-    /// From SGLang's accepted-drafts histogram summed over a run's responses (h[a] = verify
-    /// passes that accepted exactly a drafts, k = len − 1): the same numbers vLLM's counters give.
-    pub fn from_histogram(hist: &[u64]) -> Result<Self> {
-        let k = hist.len().saturating_sub(1);
-        let drafts: u64 = hist.iter().sum();
-        if k == 0 || drafts == 0 {
-            return Err(Error::Incompatible(
-                "the engine's responses carried no accepted-drafts histogram: it is not speculating (check its log for the drafter load)".into(),
-            ));
+/// vLLM's counters once two readings half a second apart agree: the engine records a step's
+/// statistics as it streams that step's outputs, so the last step's may land just after the
+/// last answer arrived. After `wait` without agreement, the last reading with a warning.
+pub fn settled_vllm_counters(base_url: &str, wait: Duration) -> Result<Settled> {
+    let start = Instant::now();
+    let mut last = vllm_counters(base_url)?;
+    while start.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = vllm_counters(base_url)?;
+        if now == last {
+            return Ok(Settled { counters: now, warning: None });
         }
-        let per_pos: Vec<u64> = (1..=k).map(|i| hist[i..].iter().sum()).collect();
-        let zero = SpecCounters::default();
-        let after = SpecCounters {
-            drafts: drafts as f64,
-            draft_tokens: (drafts * k as u64) as f64,
-            accepted: per_pos.iter().sum::<u64>() as f64,
-            accepted_per_pos: per_pos.iter().map(|&a| a as f64).collect(),
-        };
-        Self::between(&zero, &after, k)
+        last = now;
     }
-
-    /// The same counts as aerie's own acceptance counter: h[a] = cycles that accepted exactly a
-    /// drafts = a_{a-1} − a_a (with a_{-1} = D), so reports built from it read like `eval decode`'s.
-    pub fn counter(&self) -> AcceptCounter {
-        let k = self.accepted_per_pos.len();
-        let mut c = AcceptCounter::new(k);
-        let at_least = |i: usize| if i == 0 { self.drafts } else { self.accepted_per_pos[i - 1] };
-        for a in 0..=k {
-            let exactly = at_least(a) - if a < k { at_least(a + 1) } else { 0 };
-            for _ in 0..exactly {
-                c.add_length(a);
-            }
-        }
-        c
-    }
+    let warning = format!(
+        "vLLM's speculative counters at {base_url}/metrics still moved {:.1} s after the last answer: \
+         the acceptance read may miss the last steps (another client on the server?)",
+        wait.as_secs_f64()
+    );
+    Ok(Settled { counters: last, warning: Some(warning) })
 }
 
 #[cfg(test)]
@@ -293,36 +243,24 @@ weird{a="x\"y,z}",b="2"} +Inf
     }
 
     #[test]
-    fn run_acceptance_by_hand() {
-        // The hand run of vllm.md: 792 drafts, 187 / 31 / 8 accepted → τ 1.2854,
-        // r = 0.2361 / 0.0391 / 0.0101.
-        let after = vllm_spec_counters(&parse_prometheus(PAGE).unwrap()).unwrap();
-        let a = RunAcceptance::between(&SpecCounters::default(), &after, 3).unwrap();
-        assert!((a.tau - 1.2854).abs() < 5e-5, "{}", a.tau);
-        let r = &a.accept_rate_unconditional;
-        assert!((r[0] - 0.2361).abs() < 5e-5 && (r[1] - 0.0391).abs() < 5e-5 && (r[2] - 0.0101).abs() < 5e-5);
-        assert!((a.accept_rate_conditional[1] - 31.0 / 187.0).abs() < 1e-12);
-        // The histogram view gives back the same τ and rates.
-        let c = a.counter();
-        let u = c.unconditional();
-        assert!(u.iter().zip(r).all(|(x, y)| (x - y).abs() < 1e-12), "{u:?}");
-        // Differences: a second reading minus the first.
-        let mut later = after.clone();
-        later.drafts += 10.0;
-        later.accepted += 4.0;
-        later.accepted_per_pos[0] += 3.0;
-        later.accepted_per_pos[1] += 1.0;
-        let d = RunAcceptance::between(&after, &later, 3).unwrap();
-        assert_eq!((d.drafts, d.accepted, d.accepted_per_pos.clone()), (10, 4, vec![3, 1, 0]));
-        assert!((d.tau - 1.4).abs() < 1e-12);
-        assert!(RunAcceptance::between(&after, &after, 3).unwrap_err().to_string().contains("no speculative cycles"));
-        // SGLang's histogram of the same cycles gives the same numbers: h = [605, 156, 23, 8].
-        let h = RunAcceptance::from_histogram(&[605, 156, 23, 8]).unwrap();
-        assert_eq!((h.drafts, h.accepted_per_pos.clone()), (792, vec![187, 31, 8]));
-        assert!((h.tau - a.tau).abs() < 1e-12);
-        assert!(RunAcceptance::from_histogram(&[5]).is_err());
-        let mut bad = later.clone();
-        bad.accepted += 1.0;
-        assert!(RunAcceptance::between(&after, &bad, 3).unwrap_err().to_string().contains("sum over its 3 positions"));
+    fn counters_that_never_settle_come_with_a_warning() {
+        // A /metrics page whose draft counter grows with every reading.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for (n, stream) in listener.incoming().enumerate() {
+                let Ok(mut s) = stream else { break };
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf);
+                let body = format!("vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {n}.0\n");
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes());
+                let _ = s.write_all(body.as_bytes());
+            }
+        });
+        let s = settled_vllm_counters(&url, Duration::from_millis(1200)).unwrap();
+        assert!(s.counters.drafts >= 2.0, "{s:?}");
+        assert!(s.warning.as_deref().is_some_and(|w| w.contains("still moved")), "{s:?}");
     }
 }

@@ -1,0 +1,456 @@
+//! A serving engine started by aerie: what each engine needs to start (its command line, the
+//! speculative arguments, its environment), one Python process on a loopback port, its log in
+//! a file and its pid, URL and command line in `engine.json` beside it, a readiness wait on the
+//! model aerie asked it to serve, and a stop on every exit path.
+//!
+//! The engine must not outlive aerie, and the engine measured must be the one aerie started.
+//! Dropping [`RunningEngine`] terminates the engine's whole process group (the API server and the
+//! engine workers it forked), SIGTERM first and SIGKILL after a grace period; the server is
+//! started with a parent-death signal ([`crate::process::die_with_parent`]), so a `kill -9` of
+//! aerie still stops it. A port given by the user that another process already holds is refused
+//! before the engine starts, and readiness is the served model's name in `/v1/models` while the
+//! process aerie started is alive, not any answer on the port.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::process::{die_with_parent, log_tail, root_cause, stop_group};
+use crate::{Engine, Error, Result};
+
+/// A drafter as the engine will load it (put in the engine's layout by `aerie_hub::served`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServedDrafter {
+    /// Its name in reports, logs and exports: unique within a run.
+    pub name: String,
+    /// The directory given by the user.
+    pub source: PathBuf,
+    /// The directory the engine loads (the source, or its export to the engine's layout).
+    pub dir: PathBuf,
+    /// How the layout was prepared for the engine, or the warning that it was not.
+    pub layout: String,
+    /// The warning of a drafter served as is in the other engine's layout (`--as-is`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// How to start one engine process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineLaunch {
+    /// Which engine (vLLM or SGLang).
+    pub engine: Engine,
+    /// The Python interpreter whose environment holds the engine ([`crate::python::interpreter`]).
+    pub python: PathBuf,
+    /// The target model directory (HF layout).
+    pub target: PathBuf,
+    /// The name requests use as `model`.
+    pub served_name: String,
+    /// Loopback port; `None` picks a free one.
+    pub port: Option<u16>,
+    /// Speculation: EAGLE-3 drafter directory (in the engine's own layout) and draft steps k.
+    pub speculative: Option<(PathBuf, usize)>,
+    /// Longest sequence the engine must hold (prompt + answer).
+    pub max_model_len: usize,
+    /// Extra engine arguments (`--engine-arg`), appended as given after aerie's own.
+    pub extra_args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Where the engine's stdout and stderr go.
+    pub log: PathBuf,
+    /// How long to wait for the engine to answer.
+    pub startup_timeout: Duration,
+}
+
+/// Bind port 0 on the loopback interface and return what the OS chose; the engine binds it a
+/// moment later (another process could take it in between, which the readiness wait reports).
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Server {
+        url: "127.0.0.1:0".into(),
+        status: None,
+        message: format!("no free port: {e}"),
+    })?;
+    let port = l.local_addr().map(|a| a.port()).map_err(|e| Error::Server {
+        url: "127.0.0.1:0".into(),
+        status: None,
+        message: format!("no free port: {e}"),
+    })?;
+    Ok(port)
+}
+
+impl EngineLaunch {
+    /// The engine's command line (without its environment), for reports and errors.
+    pub fn args(&self, port: u16) -> Vec<String> {
+        let target = self.target.display().to_string();
+        // `start` refuses an OpenAI-compatible server: aerie does not know how to start one.
+        let (program, len_flag): (&[&str], &str) = match self.engine {
+            Engine::Vllm => (&["-m", "aerie_serve", "vllm", "serve"], "--max-model-len"),
+            Engine::Sglang | Engine::Openai => (&["-m", "sglang.launch_server", "--model-path"], "--context-length"),
+        };
+        let mut a: Vec<String> = program.iter().map(|s| s.to_string()).collect();
+        let (port, len) = (port.to_string(), self.max_model_len.to_string());
+        let common: [&str; 9] =
+            [&target, "--host", "127.0.0.1", "--port", &port, "--served-model-name", &self.served_name, len_flag, &len];
+        a.extend(common.iter().map(|s| s.to_string()));
+        match self.engine {
+            // Greedy identity is only meaningful in f32 (vllm.md: in bf16 speculative and plain
+            // answers differ on 5 of 8 prompts); an --engine-arg --dtype overrides it.
+            Engine::Vllm => a.extend(["--dtype".to_string(), "float32".to_string()]),
+            // SGLang's Prometheus metrics (off by default).
+            Engine::Sglang | Engine::Openai => a.push("--enable-metrics".to_string()),
+        }
+        if let Some((drafter, k)) = &self.speculative {
+            match self.engine {
+                Engine::Vllm => {
+                    let cfg = serde_json::json!({
+                        "method": "eagle3",
+                        "model": drafter.display().to_string(),
+                        "num_speculative_tokens": k,
+                    });
+                    a.extend(["--speculative-config".into(), cfg.to_string()]);
+                }
+                Engine::Sglang | Engine::Openai => a.extend([
+                    "--speculative-algorithm".into(),
+                    "EAGLE3".into(),
+                    "--speculative-draft-model-path".into(),
+                    drafter.display().to_string(),
+                    "--speculative-num-steps".into(),
+                    k.to_string(),
+                    "--speculative-eagle-topk".into(),
+                    "1".into(),
+                    "--speculative-num-draft-tokens".into(),
+                    (k + 1).to_string(),
+                ]),
+            }
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+
+    /// The environment the engine runs with: for vLLM loopback only, no telemetry, no Hub (it
+    /// reads the directories it is given) and, on a CPU, a 2 GiB KV cache unless the caller's
+    /// environment sizes it; then [`EngineLaunch::env`].
+    pub fn environment(&self) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        if self.engine == Engine::Vllm {
+            for (k, v) in [("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"), ("HF_HUB_OFFLINE", "1")] {
+                env.push((k.into(), v.into()));
+            }
+            if std::env::var_os("VLLM_CPU_KVCACHE_SPACE").is_none() {
+                env.push(("VLLM_CPU_KVCACHE_SPACE".into(), "2".into()));
+            }
+        }
+        env.extend(self.env.iter().cloned());
+        env
+    }
+
+    /// Start the engine and wait until it serves [`EngineLaunch::served_name`].
+    pub fn start(&self) -> Result<RunningEngine> {
+        self.engine.startable()?;
+        let port = match self.port {
+            Some(p) => {
+                port_is_free(p)?;
+                p
+            }
+            None => free_port()?,
+        };
+        let log = std::fs::File::create(&self.log).map_err(|source| Error::Io { path: self.log.clone(), source })?;
+        let log2 = log.try_clone().map_err(|source| Error::Io { path: self.log.clone(), source })?;
+        let mut c = crate::python::command(&self.python);
+        c.args(self.args(port)).stdin(Stdio::null()).stdout(Stdio::from(log)).stderr(Stdio::from(log2));
+        c.envs(self.environment());
+        die_with_parent(&mut c, true);
+        let child = c.spawn().map_err(|e| Error::Server {
+            url: format!("http://127.0.0.1:{port}"),
+            status: None,
+            message: format!(
+                "cannot start {} with {}: {e} (set --python or AERIE_PYTHON to the Python that holds it)",
+                self.engine,
+                self.python.display()
+            ),
+        })?;
+        let mut engine = RunningEngine {
+            engine: self.engine,
+            child: Some(child),
+            base_url: format!("http://127.0.0.1:{port}"),
+            served_name: self.served_name.clone(),
+            log: self.log.clone(),
+            command: std::iter::once(self.python.display().to_string()).chain(self.args(port)).collect(),
+        };
+        // Beside the log, at once: who to look at (or signal) while the engine starts.
+        let record = serde_json::json!({"pid": engine.pid(), "url": engine.base_url, "command": engine.command});
+        let record_path = self.log.with_file_name("engine.json");
+        std::fs::write(&record_path, record.to_string()).map_err(|source| Error::Io { path: record_path, source })?;
+        engine.wait_ready(self.startup_timeout)?;
+        Ok(engine)
+    }
+}
+
+/// `Err` when another process holds `port` on the loopback interface: whatever answers there is
+/// not the engine aerie is about to start, and would otherwise be measured in its place.
+pub fn port_is_free(port: u16) -> Result<()> {
+    TcpListener::bind(("127.0.0.1", port)).map(drop).map_err(|e| Error::Server {
+        url: format!("http://127.0.0.1:{port}"),
+        status: None,
+        message: format!(
+            "--port {port} is taken ({e}): another server listens there; stop it or leave --port out to use a free port"
+        ),
+    })
+}
+
+/// Whether a `/v1/models` answer lists `name` (the model aerie asked its engine to serve).
+pub fn lists_model(body: &str, name: &str) -> bool {
+    serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        v.get("data")?.as_array().map(|d| d.iter().any(|m| m.get("id").and_then(Value::as_str) == Some(name)))
+    }) == Some(true)
+}
+
+/// An engine process aerie started; stopped when dropped.
+#[derive(Debug)]
+pub struct RunningEngine {
+    engine: Engine,
+    child: Option<Child>,
+    base_url: String,
+    served_name: String,
+    log: PathBuf,
+    command: Vec<String>,
+}
+
+impl RunningEngine {
+    /// Which engine this is.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The engine's log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The command line it was started with.
+    pub fn command(&self) -> &[String] {
+        &self.command
+    }
+
+    /// The engine's process id (the API server), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `Err` naming the exit status and the log's tail when the engine process has ended.
+    pub fn check_alive(&mut self) -> Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            return Err(self.died("was stopped"));
+        };
+        match child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(self.died(&format!("exited ({status})"))),
+            Err(e) => Err(self.died(&format!("cannot be waited for ({e})"))),
+        }
+    }
+
+    /// The error of an engine that ended or never answered: the log's tail, and last the root
+    /// cause the log names ([`root_cause`]), so that is the line a user reads first.
+    fn died(&self, how: &str) -> Error {
+        let tail = log_tail(&self.log, 4000);
+        let cause = std::fs::read(&self.log)
+            .ok()
+            .and_then(|b| root_cause(&String::from_utf8_lossy(&b)))
+            .map_or_else(String::new, |c| format!("\nthe {} engine's root cause: {c}", self.engine));
+        Error::Server {
+            url: self.base_url.clone(),
+            status: None,
+            message: format!(
+                "the {} engine {how}; last lines of its log {}:\n{}{cause}",
+                self.engine,
+                self.log.display(),
+                tail.trim_end()
+            ),
+        }
+    }
+
+    /// Wait until `/v1/models` lists the served model while the process aerie started is alive.
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let agent = crate::http::agent(Duration::from_secs(5));
+        let url = format!("{}/v1/models", self.base_url);
+        let start = Instant::now();
+        loop {
+            self.check_alive()?;
+            if let Ok((200, body)) = crate::http::get(&agent, &url)
+                && lists_model(&body, &self.served_name)
+            {
+                self.check_alive()?;
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(self.died(&format!(
+                    "did not list the model `{}` at {url} within {:.0} s (raise --startup-timeout-s if it is only slow)",
+                    self.served_name,
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Stop the engine's process group: SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if let Some(child) = self.child.take() {
+            stop_group(child, grace);
+        }
+    }
+}
+
+impl Drop for RunningEngine {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(20));
+    }
+}
+
+/// The version of the engine `launch` would start, asked of its own Python.
+pub fn engine_version(launch: &EngineLaunch) -> Result<String> {
+    let mut c = crate::python::command(&launch.python);
+    match launch.engine.startable()? {
+        Engine::Vllm => c.args(["-m", "aerie_serve", "vllm", "--version-json"]),
+        Engine::Sglang | Engine::Openai => {
+            c.args(["-c", "import json, sglang; print(json.dumps({'version': sglang.__version__}))"])
+        }
+    };
+    let fail = |m: String| Error::Incompatible(format!("{} with {}: {m}", launch.engine, launch.python.display()));
+    let out = c.output().map_err(|e| fail(format!("cannot run it: {e} (set --python or AERIE_PYTHON)")))?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "not installed there ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| fail(format!("unreadable version ({e}): {}", String::from_utf8_lossy(&out.stdout))))?;
+    let version = v["version"].as_str().unwrap_or("unknown");
+    Ok(match v["distribution"].as_str() {
+        Some(d) if d != launch.engine.name() => format!("{version} ({d})"),
+        _ => version.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(engine: Engine) -> EngineLaunch {
+        EngineLaunch {
+            engine,
+            python: "python3".into(),
+            target: "/m/target".into(),
+            served_name: "target".into(),
+            port: None,
+            speculative: Some(("/m/drafter".into(), 3)),
+            max_model_len: 2048,
+            extra_args: vec!["--enforce-eager".into()],
+            env: Vec::new(),
+            log: "/tmp/log".into(),
+            startup_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn vllm_command_line_names_the_drafter_and_k_in_its_speculative_config() {
+        let a = launch(Engine::Vllm).args(4242);
+        assert_eq!(&a[..5], ["-m", "aerie_serve", "vllm", "serve", "/m/target"]);
+        let i = a.iter().position(|x| x == "--speculative-config").unwrap();
+        let cfg: serde_json::Value = serde_json::from_str(&a[i + 1]).unwrap();
+        assert_eq!(cfg["method"], "eagle3");
+        assert_eq!(cfg["model"], "/m/drafter");
+        assert_eq!(cfg["num_speculative_tokens"], 3);
+        assert!(a.windows(2).any(|w| w == ["--host", "127.0.0.1"]));
+        assert!(a.windows(2).any(|w| w == ["--port", "4242"]));
+        assert_eq!(a.last().unwrap(), "--enforce-eager");
+    }
+
+    #[test]
+    fn sglang_command_line_is_a_chain_of_k_steps() {
+        let a = launch(Engine::Sglang).args(30000);
+        assert!(a.windows(2).any(|w| w == ["--speculative-num-steps", "3"]));
+        assert!(a.windows(2).any(|w| w == ["--speculative-num-draft-tokens", "4"]));
+        assert!(a.windows(2).any(|w| w == ["--speculative-eagle-topk", "1"]));
+    }
+
+    #[test]
+    fn an_engine_that_exits_at_once_is_an_error_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = launch(Engine::Vllm);
+        // `python3 -m aerie_serve` without the package on the path exits at once.
+        l.python = "sh".into();
+        l.log = dir.path().join("engine.log");
+        let mut fake = l.clone();
+        fake.extra_args.clear();
+        // sh runs `-m` as an option and fails: a process that starts and ends.
+        let err = fake.start().unwrap_err().to_string();
+        assert!(err.contains("the vllm engine exited"), "{err}");
+        assert!(err.contains("engine.log"), "{err}");
+    }
+
+    /// Issue 38 §6: `eval serve --port P` with P held by another server answering `/v1/models`
+    /// fails before any engine starts, naming the port, instead of measuring that server.
+    #[test]
+    fn a_port_another_server_holds_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { break };
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf);
+                let body = r#"{"object":"list","data":[{"id":"target","owned_by":"vllm"}]}"#;
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes());
+                let _ = s.write_all(body.as_bytes());
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = launch(Engine::Vllm);
+        l.port = Some(port);
+        l.python = "sleep".into();
+        l.log = dir.path().join("engine.log");
+        let err = l.start().unwrap_err().to_string();
+        assert!(err.contains(&format!("--port {port} is taken")), "{err}");
+        assert!(!dir.path().join("engine.json").exists(), "nothing was started");
+    }
+
+    #[test]
+    fn readiness_is_the_served_model_not_any_answer() {
+        assert!(lists_model(r#"{"data":[{"id":"other"},{"id":"target"}]}"#, "target"));
+        assert!(!lists_model(r#"{"data":[{"id":"other"}]}"#, "target"));
+        assert!(!lists_model("<html>ok</html>", "target"));
+    }
+
+    /// Issue 34 §3: the last line of an engine's failure is its own root cause.
+    #[test]
+    fn a_failed_engine_ends_with_the_root_cause_from_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        // A "Python" that logs as vLLM does when it cannot start, and fails.
+        let script = "echo 'INFO starting'; echo '(EngineCore_DP0 pid=7) ValueError: Available memory on node 0 (11.52/23.54 GiB) on startup is less than desired CPU memory utilization (0.85, 20.01 GiB)'; echo 'RuntimeError: Engine core initialization failed. See root cause above.'; exit 1";
+        let mut fake = launch(Engine::Vllm);
+        fake.log = dir.path().join("engine.log");
+        fake.python = dir.path().join("fake-python");
+        std::fs::write(&fake.python, format!("#!/bin/sh\n{script}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake.python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = fake.start().unwrap_err().to_string();
+        assert!(err.contains("the vllm engine exited"), "{err}");
+        assert_eq!(
+            err.lines().last().unwrap(),
+            "the vllm engine's root cause: ValueError: Available memory on node 0 (11.52/23.54 GiB) on startup is less than desired CPU memory utilization (0.85, 20.01 GiB)"
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Acceptance over one run in a serving engine, from the engine's own numbers: the difference
+//! of vLLM's counters read before and after the run, or SGLang's accepted-drafts histogram summed
+//! over its responses ([`aerie_engine::counters`] reads them; this module says what they mean
+//! in aerie's acceptance terms).
+
+use aerie_engine::counters::SpecCounters;
+use serde::{Deserialize, Serialize};
+
+use crate::accept::{AcceptCounter, conditional_from_unconditional};
+use crate::{Error, Result};
+
+/// Acceptance over a run: the difference of the readings before and after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunAcceptance {
+    /// Draft+verify cycles in the run.
+    pub drafts: u64,
+    /// Drafted tokens in the run.
+    pub draft_tokens: u64,
+    /// Accepted drafted tokens.
+    pub accepted: u64,
+    /// Accepted at each position.
+    pub accepted_per_pos: Vec<u64>,
+    /// τ = 1 + accepted / drafts (the bonus token included).
+    pub tau: f64,
+    /// r_i = P(at least i+1 drafts accepted) = accepted_per_pos[i] / drafts.
+    pub accept_rate_unconditional: Vec<f64>,
+    /// α_i = P(draft i accepted | drafts before it accepted).
+    pub accept_rate_conditional: Vec<f64>,
+}
+
+fn count(x: f64, what: &str) -> Result<u64> {
+    if x.is_finite() && x >= 0.0 && x.fract() == 0.0 {
+        Ok(x as u64)
+    } else {
+        Err(Error::Incompatible(format!("the engine's {what} counter moved by {x}, not a count: was it restarted?")))
+    }
+}
+
+impl RunAcceptance {
+    /// `after − before`; `k` is the draft steps the engine was started with.
+    pub fn between(before: &SpecCounters, after: &SpecCounters, k: usize) -> Result<Self> {
+        let drafts = count(after.drafts - before.drafts, "drafts")?;
+        if drafts == 0 {
+            return Err(Error::Incompatible(
+                "the engine counted no speculative cycles over the run: it is not speculating (check its log for the drafter load)".into(),
+            ));
+        }
+        let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
+        let per_pos = (0..k)
+            .map(|i| count(at(&after.accepted_per_pos, i) - at(&before.accepted_per_pos, i), "accepted-per-position"))
+            .collect::<Result<Vec<u64>>>()?;
+        let accepted = count(after.accepted - before.accepted, "accepted tokens")?;
+        // In a chain, draft i is accepted only with every draft before it.
+        let chain = std::iter::once(&drafts).chain(&per_pos).collect::<Vec<_>>();
+        if chain.windows(2).any(|w| w[1] > w[0]) {
+            return Err(Error::Incompatible(format!(
+                "the engine's per-position acceptance ({per_pos:?} of {drafts} cycles) rises with the position: not a chain of drafts (tree speculation?)"
+            )));
+        }
+        if per_pos.iter().sum::<u64>() != accepted {
+            return Err(Error::Incompatible(format!(
+                "the engine's accepted tokens ({accepted}) differ from the sum over its {k} positions ({}): was it started with another num_speculative_tokens?",
+                per_pos.iter().sum::<u64>()
+            )));
+        }
+        let r: Vec<f64> = per_pos.iter().map(|&a| a as f64 / drafts as f64).collect();
+        Ok(Self {
+            drafts,
+            draft_tokens: count(after.draft_tokens - before.draft_tokens, "draft tokens")?,
+            accepted,
+            tau: 1.0 + accepted as f64 / drafts as f64,
+            accept_rate_conditional: conditional_from_unconditional(&r),
+            accept_rate_unconditional: r,
+            accepted_per_pos: per_pos,
+        })
+    }
+
+    /// From SGLang's accepted-drafts histogram summed over a run's responses (h[a] = verify
+    /// passes that accepted exactly a drafts, k = len − 1): the same numbers vLLM's counters give.
+    pub fn from_histogram(hist: &[u64]) -> Result<Self> {
+        let k = hist.len().saturating_sub(1);
+        let drafts: u64 = hist.iter().sum();
+        if k == 0 || drafts == 0 {
+            return Err(Error::Incompatible(
+                "the engine's responses carried no accepted-drafts histogram: it is not speculating (check its log for the drafter load)".into(),
+            ));
+        }
+        let per_pos: Vec<u64> = (1..=k).map(|i| hist[i..].iter().sum()).collect();
+        let zero = SpecCounters::default();
+        let after = SpecCounters {
+            drafts: drafts as f64,
+            draft_tokens: (drafts * k as u64) as f64,
+            accepted: per_pos.iter().sum::<u64>() as f64,
+            accepted_per_pos: per_pos.iter().map(|&a| a as f64).collect(),
+        };
+        Self::between(&zero, &after, k)
+    }
+
+    /// The same counts as aerie's own acceptance counter: h[a] = cycles that accepted exactly a
+    /// drafts = a_{a-1} − a_a (with a_{-1} = D), so reports built from it read like `eval decode`'s.
+    pub fn counter(&self) -> AcceptCounter {
+        let k = self.accepted_per_pos.len();
+        let mut c = AcceptCounter::new(k);
+        let at_least = |i: usize| if i == 0 { self.drafts } else { self.accepted_per_pos[i - 1] };
+        for a in 0..=k {
+            let exactly = at_least(a) - if a < k { at_least(a + 1) } else { 0 };
+            for _ in 0..exactly {
+                c.add_length(a);
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_acceptance_by_hand() {
+        // The hand run of vllm.md: 792 drafts, 187 / 31 / 8 accepted → τ 1.2854,
+        // r = 0.2361 / 0.0391 / 0.0101.
+        // The counters of aerie_engine::counters' example /metrics page.
+        let after = SpecCounters {
+            drafts: 792.0,
+            draft_tokens: 2376.0,
+            accepted: 226.0,
+            accepted_per_pos: vec![187.0, 31.0, 8.0],
+        };
+        let a = RunAcceptance::between(&SpecCounters::default(), &after, 3).unwrap();
+        assert!((a.tau - 1.2854).abs() < 5e-5, "{}", a.tau);
+        let r = &a.accept_rate_unconditional;
+        assert!((r[0] - 0.2361).abs() < 5e-5 && (r[1] - 0.0391).abs() < 5e-5 && (r[2] - 0.0101).abs() < 5e-5);
+        assert!((a.accept_rate_conditional[1] - 31.0 / 187.0).abs() < 1e-12);
+        // The histogram view gives back the same τ and rates.
+        let c = a.counter();
+        let u = c.unconditional();
+        assert!(u.iter().zip(r).all(|(x, y)| (x - y).abs() < 1e-12), "{u:?}");
+        // Differences: a second reading minus the first.
+        let mut later = after.clone();
+        later.drafts += 10.0;
+        later.accepted += 4.0;
+        later.accepted_per_pos[0] += 3.0;
+        later.accepted_per_pos[1] += 1.0;
+        let d = RunAcceptance::between(&after, &later, 3).unwrap();
+        assert_eq!((d.drafts, d.accepted, d.accepted_per_pos.clone()), (10, 4, vec![3, 1, 0]));
+        assert!((d.tau - 1.4).abs() < 1e-12);
+        assert!(RunAcceptance::between(&after, &after, 3).unwrap_err().to_string().contains("no speculative cycles"));
+        // SGLang's histogram of the same cycles gives the same numbers: h = [605, 156, 23, 8].
+        let h = RunAcceptance::from_histogram(&[605, 156, 23, 8]).unwrap();
+        assert_eq!((h.drafts, h.accepted_per_pos.clone()), (792, vec![187, 31, 8]));
+        assert!((h.tau - a.tau).abs() < 1e-12);
+        assert!(RunAcceptance::from_histogram(&[5]).is_err());
+        // SGLang histogram: 2 passes accepted 0, 3 accepted 1, 5 accepted 2 → τ = 1 + (8 + 5)/10.
+        let h = RunAcceptance::from_histogram(&[2, 3, 5]).unwrap();
+        assert_eq!(h.accept_rate_unconditional, vec![0.8, 0.5]);
+        assert!((h.tau - 2.3).abs() < 1e-12);
+        let mut bad = later.clone();
+        bad.accepted += 1.0;
+        assert!(RunAcceptance::between(&after, &bad, 3).unwrap_err().to_string().contains("sum over its 3 positions"));
+    }
+}
