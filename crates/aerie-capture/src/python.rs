@@ -196,22 +196,21 @@ fn run_echoing_stderr(cmd: &mut Command) -> std::io::Result<(std::process::ExitS
     let mut child = cmd.spawn()?;
     let stderr = child.stderr.take().expect("stderr is piped");
     let echo = std::thread::spawn(move || {
-        // The first exception is the cause: keep lines until one is seen, then only the last few
-        // (for an ERROR line without exception), so an endless log does not grow aerie.
-        let mut kept = String::new();
+        // The first exception is the cause; the last lines are kept for an ERROR line without
+        // one, so an endless log does not grow aerie.
+        let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
         let mut cause = None;
         for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
             eprintln!("{line}");
             if cause.is_none() {
-                kept.push_str(&line);
-                kept.push('\n');
                 cause = exception_line(&line).map(str::to_string);
-                if kept.len() > 1 << 20 {
-                    kept.drain(..kept.len() - (1 << 16));
-                }
             }
+            if tail.len() == 200 {
+                tail.pop_front();
+            }
+            tail.push_back(line);
         }
-        cause.or_else(|| root_cause(&kept))
+        cause.or_else(|| root_cause(&Vec::from(tail).join("\n")))
     });
     let mut stdout = String::new();
     child.stdout.take().expect("stdout is piped").read_to_string(&mut stdout)?;
