@@ -101,7 +101,8 @@ impl DecodeTimings {
                 measured_where: measured_where.to_owned(),
                 when: when.to_owned(),
                 by: "aerie eval decode".into(),
-                measured: vec!["t_d_ms".into(), "t_s_ms".into(), "t_v.table".into(), "overhead_ms".into()],
+                measured: vec!["t_d_ms".into(), "t_s_ms".into(), "t_v.table".into()],
+                derived: vec!["overhead_ms (= the mean measured cycle − depth·t_s − t_v)".into()],
                 assumed: Vec::new(),
                 notes: format!(
                     "means over {} plain decode steps, {} drafter forwards, {} verify passes, {} cycles ({}, depth {}); overhead = cycle - depth*t_s - t_v",

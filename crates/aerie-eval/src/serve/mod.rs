@@ -318,7 +318,7 @@ fn one_run(
     let before = if counted { Some(vllm_counters(engine.base_url())?) } else { None };
     let m = measure_options(opts, engine.base_url(), label);
     let engine_lock = std::sync::Mutex::new(&mut engine);
-    let check = || engine_lock.lock().expect("no poisoned lock").check_alive();
+    let check = || engine_lock.lock().expect("no poisoned lock").check_alive().map_err(Error::from);
     let (answers, timings) = run_pass(&opts.prompts, &m, &|n| progress.answered(n), &check)?;
     let engine = engine_lock.into_inner().expect("no poisoned lock");
     let mut warnings = Vec::new();
