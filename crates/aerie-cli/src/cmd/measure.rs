@@ -2,7 +2,7 @@
 //! cycle cost of a running SGLang or vLLM server; against a plain server (any OpenAI-compatible
 //! one too), T_d for a costs file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aerie_engine::meta::Endpoint;
@@ -109,7 +109,7 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     Ok(())
 }
 
-fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &PathBuf) -> Result<()> {
+fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &Path) -> Result<()> {
     let existing =
         if out.exists() { Some(Costs::load(out).context("reading the costs file to extend")?) } else { None };
     if existing.is_some() && !report.speculative {
