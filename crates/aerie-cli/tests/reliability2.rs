@@ -213,12 +213,13 @@ fn a_nan_on_the_target_side_or_in_a_linted_drafter_is_found_by_the_one_check() {
     let data = f.write("data", 3, 1 << 20, &"0".repeat(64));
     // eval loss with a NaN target head reported loss 0.0000 at every step.
     patch_tensor(&f.head, "lm_head.weight", 8, &f32::NAN.to_le_bytes());
-    let before = snapshot(f.root());
+    let before = snapshot(&f.drafter);
     let problem = "`lm_head.weight`: element 2 is NaN";
     refused(f.eval("loss", &data, &f.drafter, &[]), &[s(&f.head), problem]);
     let config = f.train_config("t.toml", &f.root().join("run"), 1, 1, &[&data], &[]);
     refused(aerie(&["train", s(&config), "--json"]), &[s(&f.head), problem]);
-    assert_eq!(snapshot(f.root()), before);
+    assert_eq!(snapshot(&f.drafter), before);
+    assert!(!f.root().join("run").join("summary.json").exists());
 
     // inspect --strict and the loaders share the check.
     let weights = f.drafter.join("model.safetensors");
@@ -236,6 +237,10 @@ fn a_resume_over_replaced_shards_is_refused_saying_what_changed() {
     let data = f.write("data", 24, 1 << 20, &"0".repeat(64));
     let run = f.root().join("run");
     let config = f.train_config("t.toml", &run, 1, 1, &[&data], &[]);
+    // Checkpoints hold no embedding: a resume takes the drafter's.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let embedding = format!("[target]\nembedding = {:?}\n", s(&f.drafter.join("model.safetensors")));
+    std::fs::write(&config, text.replace("[target]\n", &embedding)).unwrap();
     let summary: serde_json::Value = serde_json::from_str(ok(aerie(&["train", s(&config), "--json"])).trim()).unwrap();
     assert_eq!(summary["status"], "completed", "{summary}");
     // The same data resumes (a finished run: nothing left to do).
