@@ -442,8 +442,12 @@ mod tests {
     fn atomic_dir_refuses_and_replaces() {
         let root = tempfile::tempdir().unwrap();
         let out = root.path().join("out");
+        // What the writer writes: exactly config.json and model.safetensors.
         let write = |ow| {
-            write_dir_atomic(&out, ow, |d| std::fs::write(d.join("config.json"), "{}").map_err(|e| Error::io(d, e)))
+            write_dir_atomic(&out, ow, |d| {
+                std::fs::write(d.join("config.json"), "{}").map_err(|e| Error::io(d, e))?;
+                std::fs::write(d.join(SINGLE_FILE), "").map_err(|e| Error::io(d, e))
+            })
         };
         write(false).unwrap();
         #[cfg(unix)]
@@ -463,6 +467,11 @@ mod tests {
         std::fs::create_dir(&other).unwrap();
         std::fs::write(other.join("notes.txt"), "x").unwrap();
         let e = write_dir_atomic(&other, true, |_| Ok(())).unwrap_err().to_string();
-        assert!(e.contains("does not look like a checkpoint"), "{e}");
+        assert!(e.contains("refusing to replace") && e.contains("notes.txt"), "{e}");
+        // Nor a model directory holding more than the writer's two files.
+        std::fs::write(out.join("tokenizer.json"), "{}").unwrap();
+        let e = write(true).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.json"), "{e}");
+        assert!(out.join("tokenizer.json").is_file());
     }
 }
