@@ -127,6 +127,27 @@ pub enum Error {
         /// The holder's pid, when it wrote one and is alive.
         holder: Option<u32>,
     },
+    /// An existing file or directory that a command would replace but aerie did not write, or
+    /// an output that is an input of the same run ([`crate::owned`]).
+    #[error("{}: {message}", path.display())]
+    NotOurs {
+        /// The output refused.
+        path: PathBuf,
+        /// What is there and what to do.
+        message: String,
+    },
+    /// A size or count (from a flag or a file) past what aerie can hold ([`crate::limits`]).
+    #[error("{what} = {value} is past the limit of {limit}: {why}")]
+    Limit {
+        /// The flag, key or field, with its file when it came from one.
+        what: String,
+        /// The value given.
+        value: u128,
+        /// The largest value accepted.
+        limit: u64,
+        /// Why the limit is what it is.
+        why: &'static str,
+    },
     /// Writer options that cannot work.
     #[error("invalid shard writer options: {0}")]
     Options(String),

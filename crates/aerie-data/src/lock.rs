@@ -10,6 +10,12 @@
 //! the next run takes it over without any stale-lock guessing. The holder writes its pid into
 //! the file, only to name it in the refusal.
 //!
+//! A lock is keyed on what is written, not on how its path is spelled: the output's parent is
+//! resolved (`canonicalize`: symlinks, `.`, `..`) and a symlink at the output's own name is
+//! followed, so `runA`, `./runA/`, `/abs/runA` and a symlink `runB -> runA` all take the one
+//! lock `.runA.aerie-lock` beside the directory actually written. A lock inside a directory is
+//! one file whatever the directory is called.
+//!
 //! Where the lock file lives:
 //! - beside the output ([`OutputLock::beside`]): `.<name>.aerie-lock` in the same parent, for
 //!   training runs, prepared data, regenerated chat files and GGUF imports. Beside, not inside:
@@ -47,11 +53,13 @@ impl OutputLock {
 
     /// Lock `output` (a file, or a directory that is replaced whole) through
     /// `.<name>.aerie-lock` in its parent directory, created for the run and removed after it.
+    /// The lock file is beside what `output` resolves to ([`resolve_output`]).
     pub fn beside(output: &Path) -> Result<Self> {
-        let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let parent = parent_dir(output);
         fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        Self::take(output, parent.join(format!(".{name}.aerie-lock")), true)
+        let resolved = resolve_output(output)?;
+        let name = resolved.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Self::take(output, parent_dir(&resolved).join(format!(".{name}.aerie-lock")), true)
     }
 
     /// The lock file.
@@ -88,6 +96,33 @@ impl OutputLock {
             return Ok(Self { file, path, remove });
         }
     }
+}
+
+/// What `output` names on disk, however it is spelled: its parent directory canonicalized and a
+/// symlink at its own name followed (also a dangling one: the output it will create), so every
+/// spelling of one output resolves to one path. The parent must exist.
+pub fn resolve_output(output: &Path) -> Result<PathBuf> {
+    // As the kernel does (ELOOP): a chain this long is a loop.
+    const MAX_LINKS: usize = 40;
+    let mut path = output.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        let Some(name) = path.file_name().map(|n| n.to_owned()) else {
+            // `.`, `..`, `/`: a directory that exists, named by its canonical path.
+            return fs::canonicalize(&path).map_err(|e| Error::io(&path, e));
+        };
+        let parent = parent_dir(&path);
+        let parent = fs::canonicalize(parent).map_err(|e| Error::io(parent, e))?;
+        let here = parent.join(&name);
+        match fs::symlink_metadata(&here) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&here).map_err(|e| Error::io(&here, e))?;
+                // An absolute target replaces `parent` in the join.
+                path = parent.join(target);
+            }
+            _ => return Ok(here),
+        }
+    }
+    Err(Error::io(output, std::io::Error::other(format!("more than {MAX_LINKS} symbolic links in a chain"))))
 }
 
 impl Drop for OutputLock {
@@ -148,6 +183,49 @@ mod tests {
         drop(first);
         assert!(!lock_path.exists(), "a lock beside its output is removed after the run");
         drop(OutputLock::beside(&out).unwrap());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn every_spelling_of_one_output_takes_one_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("runA");
+        fs::create_dir(&run).unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink(&run, dir.path().join("runB")).unwrap();
+        std::os::unix::fs::symlink("../runA", dir.path().join("sub/rel")).unwrap();
+        // A dangling link: the output a run will create through it.
+        std::os::unix::fs::symlink("fresh", dir.path().join("later")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("here")).unwrap();
+        let lock = OutputLock::beside(&run).unwrap();
+        for other in [
+            dir.path().join("runB"),
+            dir.path().join("sub/rel"),
+            dir.path().join("sub/../runA/"),
+            dir.path().join("here/runA"),
+            dir.path().join("here/runB"),
+        ] {
+            let err = OutputLock::beside(&other).unwrap_err();
+            assert!(matches!(err, Error::Locked { .. }), "{}: {err}", other.display());
+        }
+        drop(lock);
+        let fresh = OutputLock::beside(&dir.path().join("fresh")).unwrap();
+        assert!(OutputLock::beside(&dir.path().join("later")).is_err(), "a dangling link names what it will create");
+        drop(fresh);
+        // Two different outputs do not share a lock.
+        let a = OutputLock::beside(&dir.path().join("runB")).unwrap();
+        let _b = OutputLock::beside(&dir.path().join("fresh")).unwrap();
+        drop(a);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_loop_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("b", dir.path().join("a")).unwrap();
+        std::os::unix::fs::symlink("a", dir.path().join("b")).unwrap();
+        let err = OutputLock::beside(&dir.path().join("a")).unwrap_err();
+        assert!(err.to_string().contains("symbolic links"), "{err}");
     }
 
     #[test]

@@ -20,6 +20,10 @@ use crate::cost::{Costs, Projection, project};
 use crate::plot;
 use crate::{Error, Result};
 
+/// `compare.json`'s `format`: recognises a comparison directory as aerie's before a rerun
+/// replaces its files.
+pub const COMPARE_FORMAT: &str = "aerie-compare/1";
+
 /// One evaluated drafter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -266,11 +270,43 @@ pub fn write_parquet(rows: &[CompareRow], path: &Path) -> Result<()> {
 
 /// Write `compare.md`, `compare.csv`, `compare.parquet`, `compare.json`, `acceptance.{png,svg}` and, with costs,
 /// `speedup.{png,svg}` into `dir` (created). Returns the paths written.
+///
+/// A previous comparison in `dir` is replaced (recognised by its `compare.json`); files of these
+/// names that another program wrote are not.
 pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> Result<Vec<PathBuf>> {
     if cands.is_empty() {
         return Err(Error::Report("nothing to compare".into()));
     }
     std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    let _lock = aerie_data::lock::OutputLock::beside(dir)?;
+    const NAMES: [&str; 8] = [
+        "compare.md",
+        "compare.csv",
+        "compare.parquet",
+        "compare.json",
+        "acceptance.png",
+        "acceptance.svg",
+        "speedup.png",
+        "speedup.svg",
+    ];
+    if let Some(name) = NAMES.iter().find(|n| dir.join(n).exists()) {
+        let json = dir.join("compare.json");
+        // Comparisons written before the format field are recognised by their shape.
+        let ours = |v: &serde_json::Value| {
+            aerie_data::owned::has_format(v, COMPARE_FORMAT)
+                || (v.get("rows").is_some() && v.get("candidates").is_some())
+        };
+        if !json.exists() {
+            return Err(aerie_data::Error::NotOurs {
+                path: dir.join(name),
+                message: "exists but no compare.json beside it, so it is not a comparison that aerie wrote; \
+                          refusing to replace it: choose another --out"
+                    .into(),
+            }
+            .into());
+        }
+        aerie_data::owned::check_json_is_ours(&json, "a comparison's compare.json", "in --out", ours)?;
+    }
     let table = rows(cands);
     let put = |name: &str, text: String| -> Result<PathBuf> {
         let p = dir.join(name);
@@ -281,7 +317,7 @@ pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> R
     let pq = dir.join("compare.parquet");
     write_parquet(&table, &pq)?;
     written.push(pq);
-    let json = serde_json::json!({ "costs": costs, "rows": table, "candidates": cands });
+    let json = serde_json::json!({ "format": COMPARE_FORMAT, "costs": costs, "rows": table, "candidates": cands });
     written.push(put("compare.json", serde_json::to_string_pretty(&json).map_err(|e| Error::Report(e.to_string()))?)?);
     let series: Vec<plot::Series> = cands
         .iter()

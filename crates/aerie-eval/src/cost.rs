@@ -324,9 +324,17 @@ pub struct BreakEven {
 /// The break-even τ of chains of k = 1..=`max_k` drafts (and every measured k beyond), for the
 /// question a costs file answers before any drafter exists: what accept length must a drafter
 /// reach in this engine to pay? k with neither a measured cycle nor a cost model are left out.
-pub fn break_even(costs: &Costs, max_k: usize) -> Vec<BreakEven> {
-    let measured_max = costs.cycle_ms.keys().filter_map(|k| k.parse::<usize>().ok()).max().unwrap_or(0);
-    (1..=max_k.max(measured_max))
+/// `max_k` and the measured k are bounded by the draft length limit (`drafter::shape::MAX_DEPTH`)
+/// before the loop over them.
+pub fn break_even(costs: &Costs, max_k: usize) -> Result<Vec<BreakEven>> {
+    use aerie_data::limits::check;
+    const WHY: &str = "the longest draft aerie runs (acceptance past a few dozen steps is zero for any drafter)";
+    let limit = aerie_model::drafter::shape::MAX_DEPTH as u64;
+    check("--max-k", max_k, limit, WHY)?;
+    let measured_max = costs.cycle_ms.keys().filter_map(|k| k.parse::<u128>().ok()).max().unwrap_or(0);
+    check(format!("a measured k of the costs file {}", costs.name), measured_max, limit, WHY)?;
+    let measured_max = measured_max as usize;
+    Ok((1..=max_k.max(measured_max))
         .filter_map(|k| {
             let (cycle, source) = costs.cycle(k, k + 1)?;
             Some(BreakEven {
@@ -336,7 +344,7 @@ pub fn break_even(costs: &Costs, max_k: usize) -> Vec<BreakEven> {
                 break_even_tau: break_even_tau(cycle, costs.t_d_ms),
             })
         })
-        .collect()
+        .collect())
 }
 
 /// Read the acceptance curve of an accept or measure report (`curve: [{k, verify_tokens, tau}]`).

@@ -79,6 +79,13 @@ pub struct ExportReport {
 /// destination cannot run the drafter (`norm_before_residual` to SGLang), when `out` is
 /// non-empty without `overwrite`, or when the read-back differs from what was meant.
 pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Result<ExportReport> {
+    // One export per output (the read-back must see this run's files), never into an input.
+    let _lock = aerie_data::lock::OutputLock::beside(out)?;
+    let mut inputs = vec![("the drafter", src)];
+    if let Some(t) = opts.target.as_deref() {
+        inputs.push(("--target", t));
+    }
+    aerie_data::owned::check_not_input(out, "--out", &inputs)?;
     let loaded = load_drafter_with_notes(src, opts.target.as_deref())?;
     let ckpt = &loaded.checkpoint;
     if to == Dialect::Sglang && ckpt.config.norm_before_residual {

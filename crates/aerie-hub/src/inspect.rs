@@ -1,5 +1,7 @@
-//! Inspect a drafter directory: what it holds and what is wrong with it, without loading its
-//! weights (a Kimi drafter is gigabytes; only safetensors headers and `d2t`/`t2d` are read).
+//! Inspect a drafter directory: what it holds and what is wrong with it, without holding its
+//! weights (a Kimi drafter is gigabytes): headers and `d2t`/`t2d` are read, and each float
+//! tensor once, one at a time, for the finiteness check every loader makes
+//! (`validate::check_finite`: one check, so `inspect --strict` never passes what loaders refuse).
 //!
 //! The lints target the failures serving engines do not report (eagle3.md §2, §4, §5): a reduced
 //! vocab without `d2t`, aux ids outside the target, a hidden-size mismatch hidden by a missing
@@ -257,7 +259,21 @@ pub fn inspect(dir: &Path, target: Option<&Path>) -> Result<InspectReport> {
         lints.warn("torch-dtype-mismatch", format!("config says torch_dtype {c} but fc.weight is {w}"));
     }
 
-    // d2t / t2d values: the only tensor data read.
+    // Float values: the loaders' own check, a tensor at a time.
+    if let Some(files) = &files {
+        for (name, key) in &file_keys {
+            if !metas.get(name).is_some_and(|m| m.dtype.is_float()) {
+                continue;
+            }
+            if let Some(t) = files.load(&[key.as_str()])?.get(key)
+                && let Some(p) = validate::check_finite(name, t)
+            {
+                lints.error(p.code, p.message);
+            }
+        }
+    }
+
+    // d2t / t2d values.
     let vocab = inspect_vocab(&cfg, files.as_ref(), &file_keys, &metas, &mut lints, &mut notes)?;
 
     let embedding = if metas.contains_key(keys::EMBED) {

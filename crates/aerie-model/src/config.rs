@@ -165,6 +165,26 @@ impl DrafterConfig {
         if self.aux_layers.ids.is_empty() {
             p.push("no aux layer ids".into());
         }
+        // Sizes bounded before anything is allocated by them (a `vocab_size` of 10^10 is a
+        // corrupt config, and `t2d` alone would be 10 GB).
+        use aerie_data::limits::{self, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, WHY_LAYERS, WHY_POSITIONS, WHY_WIDTH};
+        let checks = [
+            limits::vocab("vocab_size", self.vocab_size),
+            limits::vocab("draft_vocab_size", self.draft_vocab_size),
+            limits::check("hidden_size", self.hidden_size, MAX_WIDTH, WHY_WIDTH),
+            limits::check("target_hidden_size", self.target_hidden_size, MAX_WIDTH, WHY_WIDTH),
+            limits::check("intermediate_size", self.intermediate_size, MAX_WIDTH, WHY_WIDTH),
+            limits::check("num_attention_heads", self.num_attention_heads, MAX_WIDTH, WHY_WIDTH),
+            limits::check("head_dim", self.head_dim, MAX_WIDTH, WHY_WIDTH),
+            limits::check("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS, WHY_POSITIONS),
+            limits::check(
+                "an aux layer id",
+                self.aux_layers.ids.iter().copied().max().unwrap_or(0),
+                MAX_LAYERS,
+                WHY_LAYERS,
+            ),
+        ];
+        p.extend(checks.into_iter().filter_map(|r| r.err()).map(|e| e.to_string()));
         p
     }
 

@@ -20,6 +20,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, NamedMpkFileRec
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use crate::data::DataIdentity;
 use crate::step::{OptimRecord, Trainer};
 use aerie_data::atomic::sync_dir;
 
@@ -61,6 +62,10 @@ pub struct TrainingState {
     pub elapsed_s: f64,
     /// aerie version that wrote it.
     pub aerie_version: String,
+    /// The datasets trained on, which a resume must find unchanged (absent in states written
+    /// before it was recorded: those resume unchecked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<DataIdentity>,
 }
 
 fn ckpt_err(path: &Path, message: impl Into<String>) -> Error {

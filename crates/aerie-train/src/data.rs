@@ -7,12 +7,14 @@
 //! pack each window greedily into micro-batches whose padded size B·Lmax stays within
 //! `batch_tokens`; shuffle the micro-batches so lengths do not trend within the epoch.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aerie_data::shard::{SampleView, ShardDataset};
 
 use crate::config::DataConfig;
 use aerie_model::rng::SplitMix;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::{Error, Result};
 
@@ -43,6 +45,66 @@ pub fn held_out(dataset: usize, index: usize, fraction: f64) -> bool {
     }
     let h = SplitMix(((dataset as u64) << 40) ^ (index as u64) ^ 0x005E_ED0F_E7A1).next_u64();
     (h >> 11) as f64 / (1u64 << 53) as f64 <= fraction
+}
+
+/// One dataset as a run trained on it, recorded in every checkpoint's state: a resume over
+/// shards replaced at the same path (24 samples became 8, or other captures) would otherwise
+/// continue at a cursor into other data, silently. `digest` is the sha256 of the manifest's
+/// shard list (each shard's file, counts and recorded sha256) and metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataIdentity {
+    /// `data.train[i]` or `data.eval[i]`.
+    pub key: String,
+    /// The directory as configured.
+    pub dir: PathBuf,
+    /// Samples.
+    pub samples: u64,
+    /// Tokens.
+    pub tokens: u64,
+    /// sha256 (hex) of the manifest's shards and metadata.
+    pub digest: String,
+}
+
+impl DataIdentity {
+    fn of(key: String, set: &ShardDataset) -> Self {
+        let m = set.manifest();
+        let shards: Vec<_> = m.shards.iter().map(|s| (&s.file, s.samples, s.tokens, &s.sha256)).collect();
+        let text = serde_json::to_string(&(shards, &m.metadata)).expect("plain values serialise");
+        let digest = Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        Self { key, dir: set.dir().to_path_buf(), samples: m.samples, tokens: m.tokens, digest }
+    }
+}
+
+/// One line per dataset that is not what a run recorded (`then`): added, removed, or with other
+/// counts or another digest. Empty when the data is the same.
+pub fn identity_differences(then: &[DataIdentity], now: &[DataIdentity]) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in then {
+        match now.iter().find(|n| n.key == t.key) {
+            None => out.push(format!("{} ({}) is no longer in the config", t.key, t.dir.display())),
+            Some(n) if n.samples != t.samples || n.tokens != t.tokens => out.push(format!(
+                "{} ({}): {} samples and {} tokens then, {} samples and {} tokens now",
+                t.key,
+                n.dir.display(),
+                t.samples,
+                t.tokens,
+                n.samples,
+                n.tokens
+            )),
+            Some(n) if n.digest != t.digest => out.push(format!(
+                "{} ({}): the same counts but other shards (manifest digest {} then, {} now)",
+                t.key,
+                n.dir.display(),
+                &t.digest[..12.min(t.digest.len())],
+                &n.digest[..12.min(n.digest.len())]
+            )),
+            Some(_) => {}
+        }
+    }
+    for n in now.iter().filter(|n| !then.iter().any(|t| t.key == n.key)) {
+        out.push(format!("{} ({}) was not in the run", n.key, n.dir.display()));
+    }
+    out
 }
 
 /// The opened datasets and the split.
@@ -102,6 +164,16 @@ fn check_same_source(cfg: &DataConfig, train: &[ShardDataset], eval: &[ShardData
 }
 
 impl Catalog {
+    /// What each dataset is, for the checkpoint state and a resume's check.
+    pub fn identity(&self) -> Vec<DataIdentity> {
+        let named = |kind: &str, sets: &[ShardDataset]| {
+            sets.iter().enumerate().map(|(i, s)| DataIdentity::of(format!("data.{kind}[{i}]"), s)).collect::<Vec<_>>()
+        };
+        let mut all = named("train", &self.train_sets);
+        all.extend(named("eval", &self.eval_sets));
+        all
+    }
+
     /// Open every dataset of `cfg` and split the training samples.
     pub fn open(cfg: &DataConfig) -> Result<Self> {
         let open = |dirs: &[std::path::PathBuf]| -> Result<Vec<ShardDataset>> {

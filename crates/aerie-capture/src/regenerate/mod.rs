@@ -144,11 +144,34 @@ pub fn regenerate_server(
 fn claim_output(opts: &RegenerateOptions) -> Result<OutputLock> {
     opts.validate()?;
     let lock = OutputLock::beside(&opts.out)?;
+    // Never the input, and never a report file aerie did not write (one from before reports
+    // recorded their format is recognised by its fields).
+    aerie_data::owned::check_not_input(&opts.out, "--out", &[("--data", &opts.data)])?;
+    aerie_data::owned::check_not_input(&report_path(&opts.out), "the report beside --out", &[("--data", &opts.data)])?;
+    aerie_data::owned::check_json_is_ours(
+        &report_path(&opts.out),
+        "a regenerate report",
+        "the report beside --out",
+        |v| {
+            aerie_data::owned::has_format(v, REGENERATE_FORMAT)
+                || ["data", "out", "target", "template", "records"].iter().all(|k| v.get(k).is_some())
+        },
+    )?;
     if opts.out.exists() && !opts.overwrite {
         return Err(Error::Invalid(format!(
             "{} already exists (a finished regeneration); pass --overwrite to replace it",
             opts.out.display()
         )));
+    }
+    if opts.out.exists() && !report_path(&opts.out).exists() {
+        return Err(Error::Data(aerie_data::Error::NotOurs {
+            path: opts.out.clone(),
+            message: format!(
+                "exists with no {} beside it, so it is not a regeneration that aerie finished; refusing to \
+                 overwrite it: move it away or choose another --out",
+                report_path(&opts.out).file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+            ),
+        }));
     }
     if !opts.data.exists() {
         return Err(Error::Invalid(format!("{}: no such file or directory (--data)", opts.data.display())));

@@ -116,6 +116,8 @@ pub struct RegenerateProgress {
 /// What a run did. Counters are for this run; `records` is the whole output.
 #[derive(Debug, Clone, Serialize)]
 pub struct RegenerateReport {
+    /// `aerie-regenerate/1`: recognises the report as aerie's before a rerun replaces it.
+    pub format: String,
     /// The input.
     pub data: PathBuf,
     /// The output.
@@ -183,6 +185,7 @@ impl RegenerateReport {
     /// every counter of this run at zero.
     pub(super) fn start(opts: &RegenerateOptions, template: &ChatTemplate, eos: &[u32], resumed_records: u64) -> Self {
         Self {
+            format: super::REGENERATE_FORMAT.to_owned(),
             data: opts.data.clone(),
             out: opts.out.clone(),
             target: opts.target_name.clone(),

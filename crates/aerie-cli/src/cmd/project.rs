@@ -32,7 +32,7 @@ pub struct ProjectArgs {
 pub fn run(args: ProjectArgs) -> Result<()> {
     let costs = Costs::load(&args.costs).context("reading the costs file")?;
     let Some(accept) = &args.accept else {
-        let rows = break_even(&costs, args.max_k);
+        let rows = break_even(&costs, args.max_k)?;
         if args.json {
             let v = serde_json::json!({"costs": costs.name, "t_d_ms": costs.t_d_ms, "break_even": rows});
             println!("{}", serde_json::to_string(&v)?);

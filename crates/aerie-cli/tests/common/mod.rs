@@ -2,6 +2,8 @@
 //! reductions, and fair to the other tests running beside it), failures with the binary's stderr.
 #![allow(dead_code)]
 
+pub mod refusal;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

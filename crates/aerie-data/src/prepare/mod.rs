@@ -236,6 +236,29 @@ fn check_options(opts: &PrepareOptions) -> Result<OutputLock> {
             existing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
     }
+    // `--overwrite` replaces a prepared dataset, recognised by its report, and never the input.
+    let report = opts.out.join(REPORT_FILE);
+    if !existing.is_empty() && !report.exists() {
+        return Err(Error::NotOurs {
+            path: opts.out.clone(),
+            message: format!(
+                "holds {} but no {REPORT_FILE}, so it is not a prepared dataset that aerie wrote; refusing to \
+                 overwrite it: move those files away or choose another --out",
+                existing
+                    .iter()
+                    .filter_map(|p| p.file_name())
+                    .map(|n| n.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    crate::owned::check_json_is_ours(&report, "a prepared dataset's report", "in --out", |v| {
+        crate::owned::has_format(v, PREPARED_FORMAT)
+    })?;
+    for f in [REPORT_FILE, "train.parquet", "eval.parquet"] {
+        crate::owned::check_not_input(&opts.out.join(f), "--out", &[("--data", &opts.data)])?;
+    }
     Ok(lock)
 }
 

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
+use crate::lock::OutputLock;
 use crate::prepare::{PreparedDataset, TRAIN};
 use crate::{Error, Result};
 
@@ -322,8 +323,29 @@ pub fn build_vocab(
             out.display()
         )));
     }
+    if let Some(n) = opts.vocab_size {
+        crate::limits::vocab("--vocab-size", n)?;
+    }
+    if let Some(n) = opts.draft_vocab_size {
+        crate::limits::vocab("--draft-vocab", n)?;
+    }
+    let _lock = OutputLock::beside(out)?;
+    let report_file = out.with_extension("json");
+    let mut inputs =
+        vec![prepared.join(crate::prepare::REPORT_FILE), prepared.join("train.parquet"), prepared.join("eval.parquet")];
+    if let Some(keep) = &opts.keep_from {
+        inputs.extend([keep.join("model.safetensors"), keep.clone()]);
+    }
+    let inputs: Vec<(&str, &Path)> = inputs.iter().map(|p| ("an input", p.as_path())).collect();
+    crate::owned::check_not_input(out, "--out", &inputs)?;
+    crate::owned::check_not_input(&report_file, "the report beside --out", &inputs)?;
+    crate::owned::check_safetensors_is_ours(out, VOCAB_FORMAT, "a draft vocabulary", "--out")?;
+    crate::owned::check_json_is_ours(&report_file, "a vocabulary report", "the report beside --out", |v| {
+        crate::owned::has_format(v, VOCAB_FORMAT)
+    })?;
     let ds = PreparedDataset::open(prepared)?;
     let v = opts.vocab_size.unwrap_or_else(|| ds.vocab_size());
+    crate::limits::vocab(format!("{}: the vocabulary size", prepared.display()), v)?;
     if v == 0 {
         return Err(Error::InvalidOption("the target vocabulary size is 0".into()));
     }
@@ -385,6 +407,6 @@ pub fn build_vocab(
     }
     vocab.write(out, &meta)?;
     let json = serde_json::to_vec_pretty(&report).map_err(|e| Error::InvalidOption(e.to_string()))?;
-    crate::atomic::write_bytes(&out.with_extension("json"), &json)?;
+    crate::atomic::write_bytes(&report_file, &json)?;
     Ok(report)
 }

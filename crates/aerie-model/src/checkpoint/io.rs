@@ -335,18 +335,11 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// Whether a directory looks like a model checkpoint (so replacing it cannot destroy unrelated
-/// files by accident).
-fn looks_like_checkpoint(dir: &Path) -> bool {
-    dir.join("config.json").is_file()
-        || std::fs::read_dir(dir)
-            .is_ok_and(|it| it.flatten().any(|e| e.path().extension().is_some_and(|x| x == "safetensors")))
-}
-
 /// Build the directory `out` atomically: `fill` writes into a fresh temporary directory beside
 /// `out`, which is then renamed to `out`. An existing empty directory is replaced; a non-empty
-/// one only with `overwrite`, and only when it looks like a checkpoint (holds `config.json` or
-/// a `.safetensors` file), so a mistyped path cannot wipe unrelated data.
+/// one only with `overwrite`, and only when it holds exactly what this writer writes
+/// (`config.json` and `model.safetensors`, nothing else): a Hugging Face model directory, a
+/// training checkpoint with its optimizer state or a directory of notes is never replaced.
 pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let exists_err = |m: &str| Error::OutputExists { path: out.to_path_buf(), message: m.into() };
     let name = out
@@ -362,12 +355,8 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
             if !overwrite {
                 return Err(exists_err("exists and is not empty (ask to overwrite to replace it)"));
             }
-            if !looks_like_checkpoint(out) {
-                return Err(exists_err(
-                    "exists and does not look like a checkpoint (no config.json or .safetensors); \
-                     refusing to replace it even with overwrite",
-                ));
-            }
+            let files = ["config.json", SINGLE_FILE];
+            aerie_data::owned::check_dir_is_ours(out, "a drafter checkpoint", &files, &files)?;
         }
     }
     let parent = parent_dir(out);
@@ -453,8 +442,12 @@ mod tests {
     fn atomic_dir_refuses_and_replaces() {
         let root = tempfile::tempdir().unwrap();
         let out = root.path().join("out");
+        // What the writer writes: exactly config.json and model.safetensors.
         let write = |ow| {
-            write_dir_atomic(&out, ow, |d| std::fs::write(d.join("config.json"), "{}").map_err(|e| Error::io(d, e)))
+            write_dir_atomic(&out, ow, |d| {
+                std::fs::write(d.join("config.json"), "{}").map_err(|e| Error::io(d, e))?;
+                std::fs::write(d.join(SINGLE_FILE), "").map_err(|e| Error::io(d, e))
+            })
         };
         write(false).unwrap();
         #[cfg(unix)]
@@ -474,6 +467,11 @@ mod tests {
         std::fs::create_dir(&other).unwrap();
         std::fs::write(other.join("notes.txt"), "x").unwrap();
         let e = write_dir_atomic(&other, true, |_| Ok(())).unwrap_err().to_string();
-        assert!(e.contains("does not look like a checkpoint"), "{e}");
+        assert!(e.contains("refusing to replace") && e.contains("notes.txt"), "{e}");
+        // Nor a model directory holding more than the writer's two files.
+        std::fs::write(out.join("tokenizer.json"), "{}").unwrap();
+        let e = write(true).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.json"), "{e}");
+        assert!(out.join("tokenizer.json").is_file());
     }
 }

@@ -46,6 +46,24 @@ pub fn read_target_info(path: &Path) -> Result<TargetInfo> {
     }
     let get = |key: &str| text_key(&top, key);
     let num = |key: &str| get(key).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
+    // Bounded here, where every command reading a target's sizes reads them (aerie_data::limits).
+    {
+        use aerie_data::limits::{self, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, WHY_LAYERS, WHY_POSITIONS, WHY_WIDTH};
+        let at = |k: &str| format!("{}: {k}", cfg.display());
+        let u = |k: &str| get(k).and_then(Value::as_u64);
+        if let Some(n) = u("num_hidden_layers") {
+            limits::check(at("num_hidden_layers"), n, MAX_LAYERS, WHY_LAYERS)?;
+        }
+        if let Some(n) = u("hidden_size") {
+            limits::check(at("hidden_size"), n, MAX_WIDTH, WHY_WIDTH)?;
+        }
+        if let Some(n) = u("vocab_size") {
+            limits::vocab(at("vocab_size"), n)?;
+        }
+        if let Some(n) = u("max_position_embeddings") {
+            limits::check(at("max_position_embeddings"), n, MAX_POSITIONS, WHY_POSITIONS)?;
+        }
+    }
     Ok(TargetInfo {
         num_hidden_layers: num("num_hidden_layers"),
         hidden_size: num("hidden_size"),
@@ -77,7 +95,12 @@ fn weights_of(path: &Path) -> Result<WeightFiles> {
 fn load_first(files: &WeightFiles, candidates: &[&str]) -> Result<Option<HostTensor>> {
     for key in candidates {
         if files.contains(key)? {
-            return Ok(files.load(&[key])?.remove(*key));
+            let t = files.load(&[key])?.remove(*key);
+            // The target side is checked like the drafter: a NaN head makes every loss 0.
+            if let Some(p) = t.as_ref().and_then(|t| super::validate::check_finite(key, t)) {
+                return Err(Error::Invalid { path: files.source().to_path_buf(), problems: vec![p.message] });
+            }
+            return Ok(t);
         }
     }
     Ok(None)

@@ -319,12 +319,20 @@ pub fn validate(cfg: &DrafterConfig, tensors: &TensorMap, target_hidden_explicit
     let t2d: Option<Vec<bool>> =
         tensors.get(keys::T2D).filter(|t| t.dtype == Dtype::Bool).map(|t| t.data.iter().map(|&b| b != 0).collect());
     p.extend(check_vocab_map(cfg.vocab_size, cfg.draft_vocab_size, d2t.as_deref(), t2d.as_deref()));
-    p.extend(tensors.iter().filter_map(|(name, t)| first_non_finite(t).map(|(i, v)| (name, i, v))).map(
-        |(name, i, v)| {
-            Problem::new("non-finite", format!("`{name}`: element {i} is {v}; a drafter with a NaN or infinite weight drafts garbage and scores nothing"))
-        },
-    ));
+    p.extend(tensors.iter().filter_map(|(name, t)| check_finite(name, t)));
     p
+}
+
+/// The problem of tensor `name` when it holds a NaN or an infinity: the one value check of every
+/// weight aerie reads (drafter loaders, `inspect`, the target's head, embedding and layers),
+/// naming the tensor and the first bad element.
+pub fn check_finite(name: &str, t: &HostTensor) -> Option<Problem> {
+    first_non_finite(t).map(|(i, v)| {
+        Problem::new(
+            "non-finite",
+            format!("`{name}`: element {i} is {v}; a model with a NaN or infinite weight computes garbage and scores nothing"),
+        )
+    })
 }
 
 /// The first NaN or infinity of a float tensor (its flat index and value), found on the stored

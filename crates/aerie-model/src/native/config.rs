@@ -247,6 +247,29 @@ impl TargetConfig {
         })
     }
 
+    /// Every size is bounded before anything is allocated or looped over by it
+    /// (`aerie_data::limits`): a corrupt `num_hidden_layers` must not become a billion layers.
+    fn check_limits(&self, path: &Path) -> Result<()> {
+        use aerie_data::limits::{self, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, WHY_LAYERS, WHY_POSITIONS, WHY_WIDTH};
+        let key = |k: &str| format!("{}: {k}", path.display());
+        limits::check(key("num_hidden_layers"), self.num_hidden_layers, MAX_LAYERS, WHY_LAYERS)?;
+        limits::vocab(key("vocab_size"), self.vocab_size)?;
+        limits::check(key("max_position_embeddings"), self.max_position_embeddings, MAX_POSITIONS, WHY_POSITIONS)?;
+        let widths = [
+            ("hidden_size", Some(self.hidden_size)),
+            ("intermediate_size", Some(self.intermediate_size)),
+            ("num_attention_heads", Some(self.num_attention_heads)),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+        ];
+        for (k, v) in widths {
+            if let Some(v) = v {
+                limits::check(key(k), v, MAX_WIDTH, WHY_WIDTH)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Resolve defaults and check what the forward relies on; `path` names the file in errors.
     pub fn resolve(&self, path: &Path) -> Result<TargetSpec> {
         let arch = self.arch(path)?;
@@ -267,6 +290,7 @@ impl TargetConfig {
                 "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be > 0",
             ));
         }
+        self.check_limits(path)?;
         let nkv = self.num_key_value_heads.unwrap_or(nh);
         if nkv == 0 || !nh.is_multiple_of(nkv) {
             return Err(config_err(
@@ -367,6 +391,23 @@ mod tests {
         assert_eq!(s.rope, RopeConfig::default());
         assert!(!s.tie_word_embeddings && !s.qkv_bias && !s.o_bias && !s.qk_norm);
         assert!(s.eos_token_ids.is_empty());
+    }
+
+    #[test]
+    fn every_size_past_its_limit_is_refused_naming_key_value_and_limit() {
+        for (key, value, limit) in [
+            ("num_hidden_layers", json!(1_000_000_000u64), "1024"),
+            ("vocab_size", json!(u64::MAX), "16777216"),
+            ("hidden_size", json!(1u64 << 40), "262144"),
+            ("intermediate_size", json!(1u64 << 30), "262144"),
+            ("head_dim", json!(1u64 << 20), "262144"),
+            ("max_position_embeddings", json!(1u64 << 40), "16777216"),
+        ] {
+            let mut v = base();
+            v[key] = value.clone();
+            let err = parse(v).unwrap().resolve(p()).unwrap_err().to_string();
+            assert!(err.contains(&format!("t/config.json: {key} = {value}")) && err.contains(limit), "{err}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use super::config::{TargetConfig, TargetSpec};
 use super::llama::{Embedding, Projection, TargetAttention, TargetBody, TargetLayer, TargetModel};
 use crate::checkpoint::io::{TensorHeader, WeightFiles};
+use crate::checkpoint::validate::check_finite;
 use crate::checkpoint::{HostTensor, TensorMap};
 use crate::layers::{Linear, Mlp, RmsNorm};
 use crate::{Error, Result};
@@ -190,6 +191,13 @@ impl<B: Backend> Builder<'_, B> {
     }
 }
 
+/// `tensors` when every one is finite (the check drafters get, [`check_finite`]): a NaN weight
+/// of the target makes NaN hidden states that a capture would store as training data.
+fn finite(source: &Path, tensors: TensorMap) -> Result<TensorMap> {
+    let problems: Vec<String> = tensors.iter().filter_map(|(k, t)| check_finite(k, t)).map(|p| p.message).collect();
+    if problems.is_empty() { Ok(tensors) } else { Err(Error::Invalid { path: source.to_path_buf(), problems }) }
+}
+
 /// Build the model from checked headers, fetching tensors a layer at a time.
 fn build<B: Backend>(
     spec: TargetSpec,
@@ -246,7 +254,8 @@ impl<B: Backend> TargetModel<B> {
         if !problems.is_empty() {
             return Err(Error::Invalid { path: files.source().to_path_buf(), problems });
         }
-        build(spec, |keys| files.load(keys), device, dtype)
+        let source = files.source().to_path_buf();
+        build(spec, |keys| finite(&source, files.load(keys)?), device, dtype)
     }
 
     /// Build from tensors held in memory under HF file keys (tests, benchmarks, converters).
@@ -261,8 +270,9 @@ impl<B: Backend> TargetModel<B> {
         if !problems.is_empty() {
             return Err(Error::Invalid { path: origin, problems });
         }
-        let fetch =
-            |keys: &[&str]| Ok(keys.iter().filter_map(|&k| Some((k.to_string(), tensors.get(k)?.clone()))).collect());
+        let fetch = |keys: &[&str]| {
+            finite(&origin, keys.iter().filter_map(|&k| Some((k.to_string(), tensors.get(k)?.clone()))).collect())
+        };
         build(spec, fetch, device, dtype)
     }
 }

@@ -405,6 +405,16 @@ impl TrainConfig {
         if self.ttt_length == 0 {
             bad("ttt_length", "must be at least 1");
         }
+        // The draft depth it trains for: the same limit as a decode's `--k` (one place).
+        let max_depth = aerie_model::drafter::shape::MAX_DEPTH;
+        if self.ttt_length > max_depth {
+            let msg = format!(
+                "is {}, past the limit of {max_depth} (the longest draft aerie runs; EAGLE-3 trains 7 steps, and each \
+                 step keeps one more copy of the sequence's activations)",
+                self.ttt_length
+            );
+            bad("ttt_length", &msg);
+        }
         if !(self.step_weight_decay.is_finite() && self.step_weight_decay > 0.0) {
             bad("step_weight_decay", "must be a positive number");
         }

@@ -23,7 +23,8 @@ use crate::{Error, Result};
 mod setup;
 
 use setup::{
-    Position, Start, build_trainer, check_data_fits, lock_run, resume_position, start, total_steps, write_run_config,
+    Position, Start, build_trainer, check_data_fits, check_same_data, lock_run, resume_position, start, total_steps,
+    write_run_config,
 };
 
 /// How to run a config.
@@ -74,6 +75,7 @@ pub fn train<B: AutodiffBackend>(
     let catalog = Catalog::open(&cfg.data)?;
     let _lock = lock_run(opts.resume.as_deref().unwrap_or(&cfg.output_dir))?;
     let st = start(cfg, opts.resume.as_deref(), per_step)?;
+    check_same_data(&st, &catalog)?;
     let run = st.run.clone();
     let config_toml = write_run_config(cfg, &run)?;
     check_data_fits(cfg, &catalog, &st)?;
@@ -347,6 +349,7 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
             padded_tokens: self.pos.padded,
             elapsed_s: elapsed,
             aerie_version: env!("CARGO_PKG_VERSION").into(),
+            data: self.catalog.identity(),
         }
     }
 

@@ -222,6 +222,28 @@ pub(super) struct Position {
     pub(super) elapsed0: f64,
 }
 
+/// A resumed run trains on the data it started on: the datasets' counts and manifest digests
+/// recorded in the checkpoint's state are compared with the ones opened now.
+pub(super) fn check_same_data(st: &Start, catalog: &Catalog) -> Result<()> {
+    let (Some(state), Some(ckpt)) = (&st.state, &st.resumed_from) else { return Ok(()) };
+    if state.data.is_empty() {
+        return Ok(());
+    }
+    let differences = crate::data::identity_differences(&state.data, &catalog.identity());
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(resume_err(
+        &st.run,
+        format!(
+            "the data is not what the run trained on (recorded in {}):\n  - {}\nresuming would continue at a position \
+             in other data; restore the datasets, or start a new run",
+            ckpt.join("training_state/state.json").display(),
+            differences.join("\n  - ")
+        ),
+    ))
+}
+
 /// Where the loop picks up: the start of the data, or the resumed state, whose data-order PRNG
 /// state must be this build's.
 pub(super) fn resume_position(cfg: &TrainConfig, st: &Start) -> Result<Position> {

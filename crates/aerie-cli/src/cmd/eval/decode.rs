@@ -91,6 +91,13 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     {
         bail!("--plain-batch needs a batch size of at least 1 and greedy decoding (temperature 0)");
     }
+    // Written after the whole run: refused now when it would replace an input.
+    let inputs = [("--prompts", args.prompts.as_path()), ("--drafter", &args.drafter), ("--target", &args.target)];
+    for (flag, out) in [("--out", &args.out), ("--costs-out", &args.costs_out)] {
+        if let Some(out) = out {
+            aerie_data::owned::check_not_input(out, flag, &inputs)?;
+        }
+    }
     with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))
 }
 
