@@ -252,11 +252,24 @@ fn python_capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
         return;
     };
     let (dir, target, prepared) = tiny_setup(40);
+    // The worker run by hand, with the metadata aerie would hand it.
+    let opts = aerie_capture::CaptureOptions {
+        target_name: s(&target).into(),
+        aux_layers: Some(vec![0, 2]),
+        dtype: "bf16".parse().unwrap(),
+        teacher: "final-hidden+topk:4".parse().unwrap(),
+        shard_tokens: 400,
+        split: "train".into(),
+        max_samples: None,
+    };
+    let shape = aerie_capture::contract::TargetShape::from_config(&target).unwrap();
+    let data = aerie_data::prepare::PreparedDataset::open(&prepared).unwrap();
+    let metadata = aerie_capture::contract::metadata(&target, shape, &data, &opts).unwrap();
+    let metadata = serde_json::to_string(&metadata.to_map()).unwrap();
     let worker = |out: &Path| {
         let mut c = py(&python);
         c.args(["-m", "aerie_capture", "--engine", "transformers", "--target", s(&target), "--data", s(&prepared)])
-            .args(["--out", s(out), "--aux-layers", "0,2", "--dtype", "bf16", "--teacher", "final-hidden+topk:4"])
-            .args(["--shard-tokens", "400"]);
+            .args(["--out", s(out), "--metadata", &metadata, "--shard-tokens", "400"]);
         c
     };
     let full = dir.path().join("full");
