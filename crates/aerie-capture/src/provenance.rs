@@ -57,8 +57,8 @@ pub fn claim(out: &Path, target: &Path, data: &Path, split: &str) -> Result<Clai
     }
     let dataset = if out.join(MANIFEST_FILE).exists() { Some(ShardDataset::open(out)?) } else { None };
     let samples_on_disk = dataset.as_ref().map_or(0, |d| d.len() as u64);
-    check_or_record(out, target, data, split, samples_on_disk)?;
-    let recorded_target = dataset.filter(|d| !d.is_empty()).map(|d| d.metadata().target.clone());
+    let same_target = check_or_record(out, target, data, split, samples_on_disk)?;
+    let recorded_target = dataset.filter(|d| same_target && !d.is_empty()).map(|d| d.metadata().target.clone());
     Ok(Claim { _lock: lock, samples_on_disk, recorded_target, warnings })
 }
 
@@ -118,18 +118,20 @@ fn options(target: &Path, data: &Path, split: &str) -> Result<Value> {
 /// Record the inputs of a capture into `out` when it holds no sample yet; otherwise refuse
 /// inputs other than those recorded, naming the option and both values. A dataset written
 /// before this file existed has none and resumes unchecked; one recorded before the target's
-/// digest was has its target unchecked here (the shard metadata still names it).
-pub fn check_or_record(out: &Path, target: &Path, data: &Path, split: &str, samples_on_disk: u64) -> Result<()> {
+/// digest was has its target unchecked here (the shard metadata still names it). Returns
+/// whether the record names this very target by its digest.
+pub fn check_or_record(out: &Path, target: &Path, data: &Path, split: &str, samples_on_disk: u64) -> Result<bool> {
     let want = options(target, data, split)?;
     let path = out.join(OPTIONS_FILE);
     if samples_on_disk == 0 {
         std::fs::create_dir_all(out).map_err(|e| aerie_data::Error::io(out, e))?;
         let text = serde_json::to_string_pretty(&want).expect("JSON");
-        return Ok(aerie_data::atomic::write_bytes(&path, format!("{text}\n").as_bytes())?);
+        aerie_data::atomic::write_bytes(&path, format!("{text}\n").as_bytes())?;
+        return Ok(false);
     }
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(aerie_data::Error::io(&path, e).into()),
     };
     let found: Value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -153,7 +155,7 @@ pub fn check_or_record(out: &Path, target: &Path, data: &Path, split: &str, samp
     .map(|(key, option)| format!("{option}: {} then, {} now", show(&found, key), show(&want, key)))
     .collect();
     if differences.is_empty() {
-        return Ok(());
+        return Ok(found["target_sha256"] == want["target_sha256"]);
     }
     Err(Error::Invalid(format!(
         "{}: holds {samples_on_disk} samples captured from other inputs ({}); resuming would mix two datasets:\n  - {}\nrerun with the same options to resume, or choose another --out",
@@ -161,4 +163,38 @@ pub fn check_or_record(out: &Path, target: &Path, data: &Path, split: &str, samp
         path.display(),
         differences.join("\n  - ")
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn safetensors(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(data);
+        bytes
+    }
+
+    #[test]
+    fn a_target_is_its_config_and_weight_headers() {
+        let root = tempfile::tempdir().unwrap();
+        let write = |name: &str, config: &str, header: &str, data: &[u8]| {
+            let dir = root.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("config.json"), config).unwrap();
+            std::fs::write(dir.join("model.safetensors"), safetensors(header, data)).unwrap();
+            target_digest(&dir).unwrap()
+        };
+        let header = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        let a = write("a", r#"{"hidden_size": 2}"#, header, &[0; 8]);
+        assert_eq!(a.len(), 64);
+        // The same files under another path are the same target; the weights' values are not read.
+        assert_eq!(write("b", r#"{"hidden_size": 2}"#, header, &[1; 8]), a);
+        // Another config, or another tensor layout, is another target.
+        assert_ne!(write("c", r#"{"hidden_size": 2, "rope_theta": 1}"#, header, &[0; 8]), a);
+        let wider = r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#;
+        assert_ne!(write("d", r#"{"hidden_size": 2}"#, wider, &[0; 12]), a);
+        assert!(target_digest(&root.path().join("missing")).is_err());
+    }
 }

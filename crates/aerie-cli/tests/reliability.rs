@@ -350,7 +350,7 @@ fn a_second_python_capture_into_one_dataset_is_refused_before_it_records_anythin
     assert_eq!(snapshot(dir.path()), before, "the refused capture changed files");
     // A native capture takes the same lock before its own check (it once took only the shard
     // writer's lock inside the dataset, which the Python worker had not taken yet).
-    let native = aerie_run("capture", &target, &prepared, &out, &["--aux-layers", "0,1,2", "--split", "eval"]);
+    let mut native = aerie_run("capture", &target, &prepared, &out, &["--aux-layers", "0,1,2", "--split", "eval"]);
     refused(native.output().unwrap(), &[s(&out), &format!("pid {}", first.id())]);
     assert_eq!(snapshot(dir.path()), before, "the refused native capture changed files");
     kill(first);
