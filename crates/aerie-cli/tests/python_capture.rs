@@ -509,11 +509,10 @@ fn the_worker_dies_with_a_killed_aerie() {
     std::fs::write(&fake, format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 120\n", pid_file.display())).unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = dir.path().join("shards");
-    let mut child = capture_cmd(&target, &prepared, &out, &["--engine", "transformers", "--python", s(&fake)])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Aux layers the 4-layer target has (its default [1, 1, 0] is refused before any worker).
+    let flags = ["--engine", "transformers", "--python", s(&fake), "--aux-layers", "0,1,2"];
+    let mut child =
+        capture_cmd(&target, &prepared, &out, &flags).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let t0 = Instant::now();
     let pid = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
