@@ -38,8 +38,10 @@ class PreparedDataset:
         return int(self.report["vocab_size"])
 
     @property
-    def tokenizer_digest(self) -> str:
-        return self.report["tokenizer_digest"]
+    def max_length(self) -> Optional[int]:
+        """The longest sample `aerie data prepare` kept (`--max-length`), when it set one."""
+        v = self.report.get("max_length")
+        return int(v) if v else None
 
     @property
     def template(self) -> str:

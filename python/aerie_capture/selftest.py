@@ -139,15 +139,17 @@ def phase_real(a) -> dict:
     from .data import PreparedDataset
     from .engines import build_engine
     from .shards import Teacher
+    from .contract import max_model_len, metadata_arg
 
     rank = int(os.environ.get("RANK", "0"))
-    aux = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None
-    engine = build_engine(a, aux, Teacher(True, 8))
+    md = metadata_arg(a)
     data = PreparedDataset(a.data)
+    max_model_len(a, data)
+    engine = build_engine(a, md.aux_layer_ids, Teacher(True, 8))
+    engine.check_metadata(md)
     samples = list(data.samples(a.split, limit=8))
     outs = engine.capture([s.input_ids for s in samples])
-    if hasattr(engine, "shutdown"):
-        engine.shutdown()
+    engine.shutdown()
     if rank != 0:
         return {}
     h = engine.info.hidden_size
@@ -180,8 +182,8 @@ def self_test(a) -> int:
     phases = ["tiny", "real"] if a.self_test == "all" else [a.self_test]
     failed = False
     for p in phases:
-        if p == "real" and not a.data:
-            _say("no --data: the real-sample phase is skipped")
+        if p == "real" and not (a.data and a.metadata):
+            _say("no --data and --metadata (aerie passes both): the real-sample phase is skipped")
             continue
         r = phase_tiny(a) if p == "tiny" else phase_real(a)
         if r:

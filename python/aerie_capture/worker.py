@@ -5,13 +5,17 @@ Every rank walks the prepared split in file order (the order `aerie capture` use
 consecutive samples under a token budget, and runs the engine on each batch; rank 0 alone owns
 the dataset (lock, resume, writes). Its writes run on a thread behind a queue of two batches, so
 the copy to the host and the shard writes overlap the next forward pass. At the end rank 0
-prints one JSON report on stdout; `aerie capture` then verifies the dataset with its own reader.
+prints one JSON report on stdout (`WorkerReport` in crates/aerie-capture/src/python.rs reads
+it); `aerie capture` then verifies the dataset with its own reader.
+
+aerie hands the worker the shard metadata whole (`--metadata`): the aux layers, the target's
+shape, the tokenizer digest, dtype and teacher are computed and checked once, in Rust
+(crates/aerie-capture/src/contract.rs); the worker asserts only what its engine reports.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import queue
@@ -24,8 +28,9 @@ from typing import Optional
 import torch
 
 from . import __version__
+from .contract import max_model_len, metadata_arg
 from .data import PreparedDataset, token_budget_batches
-from .engines import DTYPES, build_engine
+from .engines import DTYPES, build_engine, missing_worker_modules
 from .shards import Metadata, ShardWriter, Teacher
 from .shards.files import DirLock
 
@@ -33,13 +38,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="aerie_capture", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["transformers", "sglang", "vllm"], default="transformers")
     p.add_argument("--target", required=True, help="target model directory (HF layout)")
-    p.add_argument("--target-name", help="name recorded as `target` (default: --target as given)")
+    p.add_argument("--metadata", help="the shard metadata as aerie computed it (a JSON object: the shard header's map, docs/shard-format.md §4); aux layers, dtype and teacher come from it")
     p.add_argument("--data", help="prepared dataset directory (`aerie data prepare`)")
     p.add_argument("--out", help="output shard directory; an interrupted capture there is resumed")
     p.add_argument("--split", default="train")
-    p.add_argument("--aux-layers", help="comma-separated output-of-layer ids (default EAGLE-3's [1, N/2-1, N-4])")
-    p.add_argument("--dtype", default="bf16", help="storage of the hidden states: bf16, f16, f32, fp8-e4m3 or int4 (docs/shard-format.md §3.1)")
-    p.add_argument("--teacher", default="final-hidden", help="final-hidden, topk:K or final-hidden+topk:K")
     p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per shard (the writer holds one shard in memory)")
     p.add_argument("--max-samples", type=int, help="capture only the first N samples of the split")
     p.add_argument("--max-batch-tokens", type=int, default=32768, help="token budget of one forward batch (SGLang: packed, unpadded)")
@@ -50,24 +52,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1, help="sglang engine: tensor-parallel size (= torchrun --nproc-per-node); vllm engine: tensor_parallel_size")
     p.add_argument("--attention-backend", default="flashinfer", help="sglang engine")
     p.add_argument("--mem-fraction-static", type=float, default=0.85, help="sglang engine")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm engine (leave room on the device of --device for the teacher's head)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm engine: the share of the device vLLM may use for weights and activations (leave room on the device of --device for the teacher's head); the KV cache is --kv-cache-gb")
+    p.add_argument("--kv-cache-gb", type=float, help="vllm engine: KV cache size in GiB (default: sized for capture, one batch and one longest prompt; engines.vllm.capture_kv_cache_bytes)")
+    p.add_argument("--max-model-len", type=int, help="vllm engine: longest prompt + 1 (default: the prepared data's max_length + 1, else the target's max_position_embeddings)")
     p.add_argument("--vllm-tmp", help="vllm engine: directory for vLLM's per-request hidden-state files, each deleted once read (default: the system temp dir)")
     p.add_argument("--vllm-compile", action="store_true", help="vllm engine: let vLLM compile the model (default eager: capture is prefill only)")
     p.add_argument("--no-checksums", action="store_true", help="skip the sha256 of each shard in the manifest")
     p.add_argument("--self-test", nargs="?", const="all", choices=["all", "tiny", "real"], help="run the pre-flight self-test (aerie_capture.selftest) instead of a capture: both phases, or one")
     p.add_argument("--json", action="store_true", help="(accepted for symmetry with aerie; the report is always JSON)")
     a = p.parse_args(argv)
-    if a.self_test is None and (a.data is None or a.out is None):
-        p.error("--data and --out are required")
+    if a.self_test is None and (a.data is None or a.out is None or a.metadata is None):
+        p.error("--data, --out and --metadata are required")
     return a
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class BackgroundWriter:
@@ -117,48 +113,24 @@ class BackgroundWriter:
 
 
 def run(a: argparse.Namespace) -> dict:
-    teacher = Teacher.parse(a.teacher)
-    aux = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None
+    md = metadata_arg(a)
     data = PreparedDataset(a.data)
+    max_model_len(a, data)
     if Path(a.out).is_dir() and int(os.environ.get("RANK", "0")) == 0:
         # Refuse a dataset another writer holds before loading the target (minutes for a large
         # one, vLLM's start included); the writer takes the lock for good below.
         DirLock(Path(a.out)).release()
-    engine = build_engine(a, aux, teacher)
-    info = engine.info
-    rank0 = getattr(engine, "is_writer", True)
-    if data.vocab_size != info.vocab_size:
-        raise SystemExit(f"{data.dir}: prepared with a tokenizer of {data.vocab_size} tokens, the target has a vocabulary of {info.vocab_size}")
-    tok = Path(a.target) / "tokenizer.json"
-    if tok.is_file():
-        digest = sha256_file(tok)
-        if digest != data.tokenizer_digest:
-            raise SystemExit(f"{data.dir} was prepared with a different tokenizer than {tok} (sha256 {data.tokenizer_digest} vs {digest})")
-    else:
-        # Targets that ship no tokenizer.json (Kimi: tiktoken.model) are prepared with a
-        # converted one; the prepared dataset names it, and the vocabulary size check above ties
-        # the two together.
-        digest = data.tokenizer_digest
-    md = Metadata(
-        target=a.target_name or a.target,
-        target_num_layers=info.num_layers,
-        target_vocab_size=info.vocab_size,
-        aux_layer_ids=engine.aux_layers,
-        aux_convention="output-of-layer",
-        hidden_size=info.hidden_size,
-        dtype=a.dtype,
-        tokenizer_digest=digest,
-        chat_template=data.template,
-        teacher=teacher,
-        created_by=f"aerie-capture {__version__} ({engine.description})",
-    )
+    engine = build_engine(a, md.aux_layer_ids, md.teacher)
+    engine.check_metadata(md)
+    md.created_by = f"{md.created_by} ({engine.description})"
+    rank0 = engine.is_writer
     resumed = 0
     writer = None
     if rank0:
         writer, info_r = ShardWriter.open_or_create(a.out, md, a.shard_tokens, not a.no_checksums)
         resumed = info_r.samples if info_r else 0
         done_ids = info_r.sample_ids if info_r else set()
-    resumed = engine.broadcast(resumed) if hasattr(engine, "broadcast") else resumed
+    resumed = engine.broadcast(resumed)
     available = data.len(a.split)
     total = min(available, a.max_samples) if a.max_samples is not None else available
 
@@ -209,13 +181,16 @@ def run(a: argparse.Namespace) -> dict:
     if rank0:
         report["dataset_samples"] = manifest.samples
         report["dataset_tokens"] = manifest.tokens
-    if hasattr(engine, "shutdown"):
-        engine.shutdown()
+    engine.shutdown()
     return report if rank0 else {}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
+    missing = missing_worker_modules()
+    if missing:
+        # Before any engine starts (vLLM's start alone takes a minute).
+        raise SystemExit(f"aerie_capture: {sys.executable} lacks what the capture worker needs:\n  " + "\n  ".join(missing))
     if a.self_test is not None:
         from .selftest import self_test
 

@@ -15,6 +15,7 @@
 //! chat dataset by the target's own answer (self-distillation data), resumable the same way.
 #![deny(missing_docs)]
 
+pub mod contract;
 mod error;
 pub mod provenance;
 pub mod python;

@@ -6,21 +6,21 @@ use std::path::Path;
 use std::time::Instant;
 
 use aerie_data::prepare::PreparedDataset;
-use aerie_data::shard::{
-    HiddenDtype, ShardDataset, ShardMetadata, ShardWriter, ShardWriterOptions, Teacher, VerifyReport, sha256_file,
-};
+use aerie_data::shard::{HiddenDtype, ShardDataset, ShardWriter, ShardWriterOptions, Teacher, VerifyReport};
 use aerie_model::{AuxConvention, AuxLayers, CaptureRequest, LogitsMode, TargetModel};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
-use crate::{Error, Result, provenance};
+use crate::contract::{self, TargetShape};
+use crate::{Result, provenance};
 
 /// What to capture.
 #[derive(Debug, Clone)]
 pub struct CaptureOptions {
     /// Target name recorded in the shards (`name_or_path`).
     pub target_name: String,
-    /// Aux layers in the output-of-layer convention; `None` = EAGLE-3's default `[1, N/2-1, N-4]`.
+    /// Aux layers in the output-of-layer convention; `None` = EAGLE-3's default `[1, N/2-1, N-4]`
+    /// ([`contract::aux_layers`] has the rule).
     pub aux_layers: Option<Vec<usize>>,
     /// Storage of the hidden states (a plain float or a compact encoding).
     pub dtype: HiddenDtype,
@@ -60,6 +60,8 @@ pub struct CaptureReport {
     pub verify: VerifyReport,
     /// Bytes per stored token (all tensors, from the manifest and file sizes).
     pub bytes_per_token: f64,
+    /// What the user should know (an output on a file system without locks).
+    pub warnings: Vec<String>,
 }
 
 /// Capture `split` of `data` through `target` into `out` (created, or resumed when it holds a
@@ -73,57 +75,17 @@ pub fn capture<B: Backend>(
     progress: &mut dyn FnMut(CaptureProgress),
 ) -> Result<CaptureReport> {
     let spec = target.spec();
-    let n_layers = target.num_layers();
-    let aux = match &opts.aux_layers {
-        Some(ids) => AuxLayers { ids: ids.clone(), convention: AuxConvention::OutputOfLayer },
-        None => AuxLayers::default_for_target(n_layers),
-    };
-    if let Some(&bad) = aux.ids.iter().find(|&&i| i >= n_layers) {
-        return Err(Error::Invalid(format!(
-            "aux layer {bad} (output-of-layer) is beyond the target's {n_layers} layers (valid: 0..{})",
-            n_layers - 1
-        )));
+    let shape =
+        TargetShape { num_layers: target.num_layers(), hidden_size: spec.hidden_size, vocab_size: spec.vocab_size };
+    let mut metadata = contract::metadata(target_dir, shape, data, opts)?;
+    let claim = provenance::claim(out, target_dir, data.dir(), &opts.split)?;
+    if let Some(name) = &claim.recorded_target {
+        metadata.target = name.clone();
     }
-    if aux.ids.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(Error::Invalid(format!("aux layers {:?} must be strictly increasing (low → high)", aux.ids)));
-    }
-    if data.vocab_size() != spec.vocab_size {
-        return Err(Error::Invalid(format!(
-            "{}: prepared with a tokenizer of {} tokens, the target has a vocabulary of {}",
-            data.dir().display(),
-            data.vocab_size(),
-            spec.vocab_size
-        )));
-    }
-    let tokenizer = target_dir.join("tokenizer.json");
-    let tokenizer_digest = sha256_file(&tokenizer)?;
-    if tokenizer_digest != data.report().tokenizer_digest {
-        return Err(Error::Invalid(format!(
-            "{} was prepared with a different tokenizer than {} (sha256 {} vs {})",
-            data.dir().display(),
-            tokenizer.display(),
-            data.report().tokenizer_digest,
-            tokenizer_digest
-        )));
-    }
-    let metadata = ShardMetadata {
-        target: opts.target_name.clone(),
-        target_num_layers: n_layers,
-        target_vocab_size: spec.vocab_size,
-        aux_layer_ids: aux.ids.clone(),
-        aux_convention: AuxConvention::OutputOfLayer,
-        hidden_size: spec.hidden_size,
-        dtype: opts.dtype,
-        tokenizer_digest,
-        chat_template: data.report().template.clone(),
-        teacher: opts.teacher,
-        created_by: format!("aerie-capture {}", env!("CARGO_PKG_VERSION")),
-        extra: Default::default(),
-    };
+    let aux = AuxLayers { ids: metadata.aux_layer_ids.clone(), convention: AuxConvention::OutputOfLayer };
     let options = ShardWriterOptions { shard_tokens: opts.shard_tokens, ..Default::default() };
     let (mut writer, resumed) = ShardWriter::open_or_create(out, metadata, options)?;
     let resumed_samples = resumed.map_or(0, |r| r.samples);
-    provenance::check_or_record(out, data.dir(), &opts.split, resumed_samples)?;
     let available = data.len(&opts.split);
     let total = opts.max_samples.map_or(available, |m| (m as u64).min(available));
 
@@ -181,6 +143,7 @@ pub fn capture<B: Backend>(
         seconds,
         bytes_per_token: bytes as f64 / manifest.tokens.max(1) as f64,
         verify,
+        warnings: claim.warnings,
     })
 }
 

@@ -252,11 +252,24 @@ fn python_capture_killed_with_sigkill_resumes_to_the_uninterrupted_dataset() {
         return;
     };
     let (dir, target, prepared) = tiny_setup(40);
+    // The worker run by hand, with the metadata aerie would hand it.
+    let opts = aerie_capture::CaptureOptions {
+        target_name: s(&target).into(),
+        aux_layers: Some(vec![0, 2]),
+        dtype: "bf16".parse().unwrap(),
+        teacher: "final-hidden+topk:4".parse().unwrap(),
+        shard_tokens: 400,
+        split: "train".into(),
+        max_samples: None,
+    };
+    let shape = aerie_capture::contract::TargetShape::from_config(&target).unwrap();
+    let data = aerie_data::prepare::PreparedDataset::open(&prepared).unwrap();
+    let metadata = aerie_capture::contract::metadata(&target, shape, &data, &opts).unwrap();
+    let metadata = serde_json::to_string(&metadata.to_map()).unwrap();
     let worker = |out: &Path| {
         let mut c = py(&python);
         c.args(["-m", "aerie_capture", "--engine", "transformers", "--target", s(&target), "--data", s(&prepared)])
-            .args(["--out", s(out), "--aux-layers", "0,2", "--dtype", "bf16", "--teacher", "final-hidden+topk:4"])
-            .args(["--shard-tokens", "400"]);
+            .args(["--out", s(out), "--metadata", &metadata, "--shard-tokens", "400"]);
         c
     };
     let full = dir.path().join("full");
@@ -496,11 +509,10 @@ fn the_worker_dies_with_a_killed_aerie() {
     std::fs::write(&fake, format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 120\n", pid_file.display())).unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = dir.path().join("shards");
-    let mut child = capture_cmd(&target, &prepared, &out, &["--engine", "transformers", "--python", s(&fake)])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Aux layers the 4-layer target has (its default [1, 1, 0] is refused before any worker).
+    let flags = ["--engine", "transformers", "--python", s(&fake), "--aux-layers", "0,1,2"];
+    let mut child =
+        capture_cmd(&target, &prepared, &out, &flags).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let t0 = Instant::now();
     let pid = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use aerie_data::shard::{SampleRef, ShardDataset, ShardWriter, ShardWriterOptions, shard_file_name};
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
@@ -187,7 +188,41 @@ fn a_second_python_capture_into_one_dataset_is_refused_before_it_records_anythin
     let before = snapshot(dir.path());
     refused(capture("eval").output().unwrap(), &[s(&out), &format!("pid {}", first.id())]);
     assert_eq!(snapshot(dir.path()), before, "the refused capture changed files");
+    // A native capture takes the same lock before its own check (it once took only the shard
+    // writer's lock inside the dataset, which the Python worker had not taken yet).
+    let mut native = aerie_run("capture", &target, &prepared, &out, &["--aux-layers", "0,1,2", "--split", "eval"]);
+    refused(native.output().unwrap(), &[s(&out), &format!("pid {}", first.id())]);
+    assert_eq!(snapshot(dir.path()), before, "the refused native capture changed files");
     kill(first);
+}
+
+/// The target a dataset was captured from is identified by a digest of its `config.json` and
+/// weight headers, not by the name it was given: another spelling of the same target's path
+/// resumes (and the dataset keeps its first name), another model under the same path is
+/// refused.
+#[test]
+fn a_capture_resumed_through_another_target_of_the_same_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, prepared) = target_and_two_splits(dir.path());
+    let out = dir.path().join("capture");
+    let capture = |target: &Path, n: &str| {
+        aerie_run("capture", target, &prepared, &out, &["--aux-layers", "0,1,2", "--max-samples", n, "--json"])
+            .output()
+            .unwrap()
+    };
+    ok_json(capture(&target, "2"));
+    let alias = dir.path().join("alias");
+    std::os::unix::fs::symlink(&target, &alias).unwrap();
+    assert_eq!(ok_json(capture(&alias, "3"))["resumed_samples"], 2);
+    assert_eq!(ShardDataset::open(&out).unwrap().metadata().target, s(&target));
+    // Another model under the same path and name, of the same layer count, width and
+    // vocabulary (so the same shard metadata): a wider MLP.
+    let mut other = fixture::tiny_config(32, 4);
+    other.inter = 64;
+    fixture::write_model(&target, &other, 3, &[fixture::IM_END]);
+    let before = snapshot(dir.path());
+    refused(capture(&target, "4"), &[s(&out), "--target", "config and weight headers sha256"]);
+    assert_eq!(snapshot(dir.path()), before);
 }
 
 #[test]

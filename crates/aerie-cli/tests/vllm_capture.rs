@@ -13,7 +13,9 @@
 //!   the shards;
 //! - a tiny random DeepSeek-V3 (MLA in the latent width vLLM's kernels take, routed and shared
 //!   experts: Kimi-K2.5's architecture) through vLLM equals the transformers engine;
-//! - `--self-test` passes both phases on SmolLM2.
+//! - `--self-test` passes both phases on SmolLM2;
+//! - a capture starts without `VLLM_CPU_KVCACHE_SPACE` while another process holds memory (the
+//!   KV cache sized for capture, not vLLM's 85 % of the machine).
 
 mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
@@ -310,6 +312,63 @@ fn tiny_deepseek_v3_through_vllm_equals_the_transformers_engine() {
     assert!(p.top1_agree >= 0.95, "{p:?}");
 }
 
+/// `MemTotal` and `MemAvailable` of /proc/meminfo, bytes.
+fn meminfo() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb = |key: &str| {
+        let line = text.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    (kb("MemTotal:"), kb("MemAvailable:"))
+}
+
+/// `aerie capture --engine vllm` with no `VLLM_CPU_KVCACHE_SPACE` while another process holds
+/// memory: vLLM's default (reserve 0.85 of the machine's memory, refuse to start unless it is
+/// free) would fail here; aerie sizes the KV cache for capture instead. The other process
+/// allocates and touches enough that at most 60 % of the memory is free (about 40 % in use;
+/// nothing when the machine is already that busy), which the test checks before capturing.
+#[test]
+fn vllm_capture_starts_beside_other_work_without_env() {
+    let Some(python) = vllm_python("vllm_capture_starts_beside_other_work_without_env") else { return };
+    let _turn = take_turn();
+    let dir = tempfile::tempdir().unwrap();
+    let model = smollm2(dir.path());
+    let chats = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(4));
+    let data = dir.path().join("prepared");
+    ok_json(aerie(&["data", "prepare", "--data", s(&chats), "--tokenizer", s(&model), "--out", s(&data), "--json"]));
+    let (total, available) = meminfo();
+    let hold = available.saturating_sub(total * 6 / 10);
+    let hog = "import sys\nn = int(sys.argv[1])\nb = bytearray(n)\nfor i in range(0, n, 4096):\n    b[i] = 1\n\
+print('held', flush=True)\nsys.stdin.read()\n";
+    let mut holder = Command::new(&python)
+        .args(["-c", hog, &hold.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    let (total, available) = meminfo();
+    println!(
+        "another process holds {:.1} GiB: {:.1} of {:.1} GiB free",
+        hold as f64 / f64::from(1 << 30),
+        available as f64 / f64::from(1 << 30),
+        total as f64 / f64::from(1 << 30)
+    );
+    assert!(available < total * 85 / 100, "vLLM's default would start: the test would prove nothing");
+    let out = dir.path().join("shards");
+    let mut c = capture(&model, &data, &out, &["--engine", "vllm", "--python", s(&python), "--aux-layers", "1,14,26"]);
+    let o = c.env_remove("VLLM_CPU_KVCACHE_SPACE").output().unwrap();
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    let v = ok_json(o);
+    assert_eq!(v["verified"]["samples"], v["captured_samples"], "{v}");
+    assert!(v["created_by"].as_str().unwrap().contains("KV cache"), "{v}");
+    println!("captured beside it: {}", v["created_by"]);
+}
+
 /// `aerie capture --engine vllm --self-test`: the tiny DeepSeek-V3 through vLLM against
 /// transformers, then 8 real SmolLM2 samples checked.
 #[test]
@@ -376,6 +435,8 @@ fn vllm_engine_is_one_worker_process_given_tp_and_device() {
             "cuda:0",
             "--aux-layers",
             "1,2",
+            "--kv-cache-gb",
+            "3.5",
             "--engine-arg=--vllm-tmp",
             "--engine-arg=/scratch",
         ])
@@ -388,7 +449,13 @@ fn vllm_engine_is_one_worker_process_given_tp_and_device() {
     assert_eq!(after("--engine"), Some("vllm"));
     assert_eq!(after("--tp"), Some("8"));
     assert_eq!(after("--device"), Some("cuda:0"));
-    assert_eq!(after("--aux-layers"), Some("1,2"));
+    // The metadata aerie computed, whole (the aux layers among it), and the KV cache size.
+    let metadata: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(after("--metadata").unwrap()).unwrap();
+    assert_eq!(metadata["aux_layer_ids"], "[1,2]");
+    assert_eq!((metadata["target_num_layers"].as_str(), metadata["hidden_size"].as_str()), ("4", "64"));
+    assert_eq!(after("--aux-layers"), None);
+    assert_eq!(after("--kv-cache-gb"), Some("3.5"));
     assert_eq!(after("--out"), Some(s(&out)));
     assert_eq!(&args[args.len() - 2..], ["--vllm-tmp", "/scratch"]);
 }

@@ -42,6 +42,8 @@ pub struct OutputLock {
     path: PathBuf,
     /// Remove the lock file on release (locks beside their output).
     remove: bool,
+    /// False on a file system without `flock`: the run goes on unprotected ([`Self::is_held`]).
+    held: bool,
 }
 
 impl OutputLock {
@@ -67,6 +69,12 @@ impl OutputLock {
         &self.path
     }
 
+    /// Whether the lock is really held: false where the file system does not support `flock`
+    /// (the run then goes on unprotected, and its caller should warn the user).
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
     fn take(output: &Path, path: PathBuf, remove: bool) -> Result<Self> {
         loop {
             let mut file = OpenOptions::new()
@@ -76,13 +84,14 @@ impl OutputLock {
                 .write(true)
                 .open(&path)
                 .map_err(|e| Error::io(&path, e))?;
+            let mut held = true;
             match file.try_lock() {
                 Ok(()) => {}
                 Err(fs::TryLockError::WouldBlock) => {
                     return Err(Error::Locked { path: output.to_path_buf(), lock: path, holder: holder(&mut file) });
                 }
                 // File systems without locks: go on unprotected rather than refuse to work.
-                Err(fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                Err(fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => held = false,
                 Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
             }
             // A releasing holder may have removed (or a new taker re-created) the file between our
@@ -93,7 +102,7 @@ impl OutputLock {
             file.set_len(0).map_err(|e| Error::io(&path, e))?;
             file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&path, e))?;
             file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(|e| Error::io(&path, e))?;
-            return Ok(Self { file, path, remove });
+            return Ok(Self { file, path, remove, held });
         }
     }
 }

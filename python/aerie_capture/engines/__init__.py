@@ -63,30 +63,58 @@ class SeamCheck:
             return None
 
 
-def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's default, as aerie's native capture (`AuxLayers::default_for_target`)."""
-    return [1, max(num_layers // 2 - 1, 0), max(num_layers - 4, 0)]
+class Engine:
+    """What the worker asks of every engine. A subclass sets `info` (what it loaded),
+    `aux_layers` (the output-of-layer ids it captures, exactly those aerie passed) and
+    `description` (for `created_by`), and implements `capture`; the defaults are those of an
+    engine in one process, which writes the dataset itself."""
+
+    info: TargetInfo
+    aux_layers: list[int]
+    description: str
+    # Whether this process owns the dataset (lock, resume, writes): SGLang's rank 0 alone.
+    is_writer: bool = True
+
+    def capture(self, batch: list[list[int]]) -> list[CaptureOutput]:
+        raise NotImplementedError
+
+    def broadcast(self, value):
+        """`value` of the writing process, on every process (the identity in one process)."""
+        return value
+
+    def shutdown(self) -> None:
+        """Release what the engine holds (temp files, the process group)."""
+
+    def check_metadata(self, md) -> None:
+        """aerie computed the shard metadata `md` (a `shards.Metadata`) from the target's
+        `config.json` and made every check that needs no engine (aux range, vocabulary,
+        tokenizer digest; crates/aerie-capture/src/contract.rs). What is left is what only the
+        engine can say: the model it loaded has that shape, and it captures those layers."""
+        got = {"target_num_layers": self.info.num_layers, "hidden_size": self.info.hidden_size, "target_vocab_size": self.info.vocab_size}
+        bad = [f"{k}: aerie computed {getattr(md, k)}, the engine loaded {v}" for k, v in got.items() if getattr(md, k) != v]
+        if list(self.aux_layers) != list(md.aux_layer_ids):
+            bad.append(f"aux_layer_ids: aerie asked {md.aux_layer_ids}, the engine captures {self.aux_layers}")
+        if bad:
+            raise SystemExit(f"{self.description}: the engine's model differs from the metadata aerie computed:\n  " + "\n  ".join(bad))
 
 
-def check_aux_layers(ids: list[int], num_layers: int) -> None:
-    """Output-of-layer ids must be strictly increasing and below the last layer: the output of
-    layer L-1 is never a pre-norm capture (transformers' last `hidden_states` entry is already
-    normed, SGLang captures at the input of the next layer, which does not exist)."""
-    if not ids:
-        raise ValueError("no aux layers")
-    if any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ValueError(f"aux layers {ids} must be strictly increasing (low → high)")
-    if ids[0] < 0 or ids[-1] >= num_layers - 1:
-        raise ValueError(
-            f"aux layer {ids[-1] if ids[-1] >= 0 else ids[0]} (output-of-layer) cannot be captured from a target with "
-            f"{num_layers} layers (valid: 0..{num_layers - 2}; the last layer's output is only seen after the final norm)"
-        )
+# Modules the worker needs beside torch and the engine, with what each is for.
+WORKER_MODULES = {"pyarrow": "reading the prepared dataset's parquet", "safetensors": "writing the shards"}
 
 
-def build_engine(a, aux: Optional[list[int]], teacher):
+def missing_worker_modules() -> list[str]:
+    """The worker's own requirements that the interpreter lacks, each with what it is for; run
+    before an engine is loaded (a minute for vLLM), so a bare engine venv fails at once."""
+    import importlib.util
+
+    return [f"{m} ({why}): pip install {m}" for m, why in WORKER_MODULES.items() if importlib.util.find_spec(m) is None]
+
+
+def build_engine(a, aux: list[int], teacher) -> Engine:
     """The engine the worker's arguments `a` name (`--engine` and its options), capturing the
-    aux layers `aux` (None: EAGLE-3's default) and what `teacher` (a `shards.Teacher`) needs.
-    Shared by the capture loop (`worker`) and the self-test (`selftest`)."""
+    output-of-layer ids `aux` (as aerie computed and checked them) and what `teacher` (a
+    `shards.Teacher`) needs. Shared by the capture loop (`worker`) and the self-test
+    (`selftest`)."""
     if a.engine == "transformers":
         from .hf import TransformersEngine
 
@@ -107,6 +135,8 @@ def build_engine(a, aux: Optional[list[int]], teacher):
             max_batch_tokens=a.max_batch_tokens,
             max_batch_samples=a.max_batch_samples,
             gpu_memory_utilization=a.gpu_memory_utilization,
+            kv_cache_gb=a.kv_cache_gb,
+            max_model_len=a.max_model_len,
             enforce_eager=not a.vllm_compile,
             tmp_dir=a.vllm_tmp,
             trust_remote_code=a.trust_remote_code,

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import CaptureOutput, TargetInfo, check_aux_layers
+from . import CaptureOutput, Engine, TargetInfo
 from ..teacher import topk_full
 
 
@@ -23,11 +23,11 @@ def target_info(config) -> TargetInfo:
     return TargetInfo(int(text.num_hidden_layers), int(text.hidden_size), int(text.vocab_size), arch)
 
 
-class TransformersEngine:
+class TransformersEngine(Engine):
     def __init__(
         self,
         target: str,
-        aux_layers: Optional[list[int]],
+        aux_layers: list[int],
         final_hidden: bool,
         topk: Optional[int],
         device: str = "cpu",
@@ -41,10 +41,7 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(target, dtype=compute_dtype, trust_remote_code=trust_remote_code)
         self.model.to(self.device).eval()
         self.info = target_info(self.model.config)
-        from . import default_aux_layers
-
-        self.aux_layers = list(aux_layers) if aux_layers is not None else default_aux_layers(self.info.num_layers)
-        check_aux_layers(self.aux_layers, self.info.num_layers)
+        self.aux_layers = list(aux_layers)
         self.final_hidden = final_hidden
         self.topk = topk
         self._keep_ok = True

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import CaptureOutput, SeamCheck, TargetInfo, check_aux_layers, default_aux_layers
+from . import CaptureOutput, Engine, SeamCheck, TargetInfo
 from ..teacher import merge_topk, shard_topk
 
 SGLANG_VERSION = "0.5.23"
@@ -54,9 +54,9 @@ def sglang_eagle3_rule(arch: str, ids: Optional[list[int]], num_layers: int) -> 
 
 def layers_to_capture(ids: list[int], num_layers: int) -> list[int]:
     """The input-of-layer indices that capture aerie's output-of-layer `ids`: output of layer i
-    = input of layer i+1 (= HF `hidden_states[i+1]`). The last layer has no next layer, so its
-    output is refused (check_aux_layers)."""
-    check_aux_layers(ids, num_layers)
+    = input of layer i+1 (= HF `hidden_states[i+1]`). The last layer has no next layer: aerie
+    never asks for its output (crates/aerie-capture/src/contract.rs), and SGLang's capture would
+    not hold it (the engine checks the captured width)."""
     return [i + 1 for i in ids]
 
 
@@ -133,13 +133,13 @@ def check_api() -> list[str]:
     return problems
 
 
-class SGLangEngine:
+class SGLangEngine(Engine):
     """One TP rank's engine. Construct it in every process `torchrun` starts."""
 
     def __init__(
         self,
         target: str,
-        aux_layers: Optional[list[int]],
+        aux_layers: list[int],
         final_hidden: bool,
         topk: Optional[int],
         tp_size: int,
@@ -174,7 +174,7 @@ class SGLangEngine:
         text = hf.get_text_config()
         arch = (getattr(hf, "architectures", None) or [type(hf).__name__])[0]
         self.info = TargetInfo(int(text.num_hidden_layers), int(text.hidden_size), int(text.vocab_size), arch)
-        self.aux_layers = list(aux_layers) if aux_layers is not None else default_aux_layers(self.info.num_layers)
+        self.aux_layers = list(aux_layers)
         self._capture = layers_to_capture(self.aux_layers, self.info.num_layers)
 
         server_args = ServerArgs(

@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from . import CaptureOutput, SeamCheck, TargetInfo, check_aux_layers, default_aux_layers
+from . import CaptureOutput, Engine, SeamCheck, TargetInfo
 from ..teacher import topk_full
 
 VLLM_VERSION = "0.32.0"
@@ -67,8 +67,8 @@ def vllm_layer_ids(aux_layers: list[int], num_layers: int) -> list[int]:
     """vLLM's (input-of-layer) ids for aerie's output-of-layer `aux_layers`, then `num_layers`
     (the last layer's pre-norm output, from which `final_hidden` is computed). vLLM captures
     them in increasing order, so the file's layer axis is `aux_layers` low → high, then the
-    last layer."""
-    check_aux_layers(aux_layers, num_layers)
+    last layer. aerie never asks for the last layer's own output (contract.rs); the engine
+    asserts vLLM set exactly these ids."""
     return [i + 1 for i in aux_layers] + [num_layers]
 
 
@@ -78,6 +78,31 @@ def split_rows(hidden: torch.Tensor, n_aux: int) -> tuple[torch.Tensor, torch.Te
     if hidden.dim() != 3 or hidden.shape[1] != n_aux + 1:
         raise ValueError(f"vLLM wrote hidden_states of shape {list(hidden.shape)}, expected [T, {n_aux + 1}, H]")
     return hidden[:, :n_aux, :].reshape(hidden.shape[0], -1), hidden[:, n_aux, :]
+
+
+def kv_bytes_per_token(text: dict, dtype_bytes: int) -> int:
+    """Bytes of KV cache one token takes in vLLM, summed over layers: MLA (DeepSeek, Kimi)
+    caches one latent of `kv_lora_rank + qk_rope_head_dim`, other attention a key and a value
+    per KV head."""
+    layers = int(text["num_hidden_layers"])
+    if text.get("kv_lora_rank"):
+        width = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim", 0))
+    else:
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        width = 2 * kv_heads * head_dim
+    return layers * width * dtype_bytes
+
+
+def capture_kv_cache_bytes(text: dict, dtype_bytes: int, max_batch_tokens: int, max_model_len: int) -> int:
+    """The KV cache a capture needs: prompts are prefilled once and never decoded, so the cache
+    holds one batch (`max_batch_tokens`) and at least one whole prompt (`max_model_len`, which
+    vLLM requires to fit), with a quarter more for block rounding. vLLM's own default instead
+    reserves `gpu_memory_utilization` (0.85) of the device — on the CPU backend of the whole
+    machine's memory, which it refuses to start without (docs/capture-python.md)."""
+    tokens = max(max_batch_tokens, max_model_len)
+    return int(kv_bytes_per_token(text, dtype_bytes) * tokens * 1.25) + (64 << 20)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -143,7 +168,7 @@ def check_api() -> list[str]:
     if ea is not None:
         fields = set(getattr(ea, "__dataclass_fields__", {}))
         for f in ("speculative_config", "kv_transfer_config", "skip_tokenizer_init", "enable_prefix_caching", "max_num_batched_tokens",
-                  "max_num_seqs", "tensor_parallel_size", "enforce_eager", "dtype", "gpu_memory_utilization", "max_model_len"):
+                  "max_num_seqs", "tensor_parallel_size", "enforce_eager", "dtype", "gpu_memory_utilization", "max_model_len", "kv_cache_memory_bytes"):
             if f not in fields:
                 problems.append(f"EngineArgs.{f}: missing")
     params(need("vllm", "SamplingParams"), ("max_tokens", "temperature", "detokenize"), "SamplingParams")
@@ -199,11 +224,11 @@ def _layers_on_model(model) -> tuple[int, ...]:
     return tuple(holder.aux_hidden_state_layers)
 
 
-class VllmEngine:
+class VllmEngine(Engine):
     def __init__(
         self,
         target: str,
-        aux_layers: Optional[list[int]],
+        aux_layers: list[int],
         final_hidden: bool,
         topk: Optional[int],
         tp_size: int = 1,
@@ -212,6 +237,8 @@ class VllmEngine:
         max_batch_tokens: int = 32768,
         max_batch_samples: int = 64,
         gpu_memory_utilization: float = 0.85,
+        kv_cache_gb: Optional[float] = None,
+        max_model_len: Optional[int] = None,
         enforce_eager: bool = True,
         tmp_dir: Optional[str] = None,
         trust_remote_code: bool = False,
@@ -233,7 +260,7 @@ class VllmEngine:
                 f"{self.target}: architecture {arch}: the vLLM engine computes the final norm itself and knows it for "
                 f"{', '.join(sorted(RMSNORM_ARCHITECTURES))}; use --engine transformers for this target"
             )
-        self.aux_layers = list(aux_layers) if aux_layers is not None else default_aux_layers(self.info.num_layers)
+        self.aux_layers = list(aux_layers)
         self.vllm_ids = vllm_layer_ids(self.aux_layers, self.info.num_layers)
         self.final_hidden = final_hidden
         self.topk = topk
@@ -264,6 +291,14 @@ class VllmEngine:
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(self.vllm_ids)}},
         }
+        # The KV cache sized for capture, not vLLM's share of the device (`--kv-cache-gb`
+        # overrides); max_model_len bounds the one prompt that must fit.
+        model_len = max_model_len or int(text.get("max_position_embeddings") or max_batch_tokens)
+        if kv_cache_gb is not None:
+            kv_bytes = int(kv_cache_gb * (1 << 30))
+        else:
+            kv_bytes = capture_kv_cache_bytes(text, torch.tensor([], dtype=dtype).element_size(), max_batch_tokens, model_len)
+        self.kv_cache_bytes = kv_bytes
         # `apply_model` sends a function to vLLM's engine process: allowed only with pickling on
         # (local IPC between this process and the engine it started).
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -279,13 +314,18 @@ class VllmEngine:
             max_num_seqs=max_batch_samples,
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_bytes,
+            max_model_len=model_len,
             speculative_config=spec,
             kv_transfer_config=kv,
         )
         got = {tuple(x) for x in self.llm.apply_model(_layers_on_model)}
         if got != {tuple(self.vllm_ids)}:
             raise RuntimeError(f"vLLM set aux_hidden_state_layers {sorted(got)} on the model; aerie asked {self.vllm_ids} (aux {self.aux_layers} + the last layer)")
-        self.description = f"vllm {vllm.__version__}, tp{tp_size}, {current_platform.device_type}, {str(dtype).removeprefix('torch.')}, torch {torch.__version__}"
+        self.description = (
+            f"vllm {vllm.__version__}, tp{tp_size}, {current_platform.device_type}, {str(dtype).removeprefix('torch.')}, "
+            f"KV cache {kv_bytes / (1 << 30):.2f} GiB, torch {torch.__version__}"
+        )
 
     @torch.inference_mode()
     def capture(self, batch: list[list[int]]) -> list[CaptureOutput]:

@@ -59,7 +59,8 @@ pub struct CaptureArgs {
     #[arg(long)]
     pub json: bool,
     /// Capture engine: aerie's own (`native`), or the Python worker (`python/aerie_capture`)
-    /// with transformers (any HF causal LM, CPU or GPU) or SGLang (tensor parallel, GPUs).
+    /// with transformers (any HF causal LM, CPU or GPU), SGLang (tensor parallel, GPUs) or vLLM
+    /// (in process, GPUs or the CPU).
     #[arg(long, value_enum, default_value = "native")]
     pub engine: Engine,
     /// Python interpreter for the `transformers`, `sglang` and `vllm` engines (one whose environment
@@ -74,6 +75,12 @@ pub struct CaptureArgs {
     /// under it; `transformers` runs one sample per forward whatever it is).
     #[arg(long, default_value_t = 32_768)]
     pub max_batch_tokens: usize,
+    /// `vllm`: the KV cache in GiB. The default sizes it for capture (one `--max-batch-tokens`
+    /// batch and one longest prompt of the prepared data, with a quarter more) instead of
+    /// vLLM's own default, a share of the device that on a CPU is 85 % of the machine's
+    /// memory and refuses to start unless that much is free.
+    #[arg(long)]
+    pub kv_cache_gb: Option<f64>,
     /// Python engines: run the pre-flight self-test (a tiny random DeepSeek-V3 through both
     /// Python engines, then 8 real samples of `--data` checked) instead of a capture.
     #[arg(long)]
@@ -154,6 +161,7 @@ fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
         max_batch_tokens: args.max_batch_tokens,
         device: args.device.to_string(),
         tp: args.tp,
+        kv_cache_gb: args.kv_cache_gb,
         extra_args: args.engine_args.clone(),
     })
 }
@@ -167,19 +175,21 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
     }
     let t0 = Instant::now();
     let report = job.run()?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
     let (worker, verify) = (&report.worker, &report.verify);
     let dir = args.out.as_ref().expect("--out is required without --self-test");
-    let number = |key: &str| worker[key].as_f64().unwrap_or(0.0);
     if args.json {
         let v = serde_json::json!({
             "out": dir,
-            "engine": worker["engine"],
-            "created_by": worker["created_by"],
-            "resumed_samples": worker["resumed_samples"],
-            "captured_samples": worker["captured_samples"],
-            "captured_tokens": worker["captured_tokens"],
-            "seconds": worker["seconds"],
-            "tokens_per_second": worker["tokens_per_second"],
+            "engine": worker.engine,
+            "created_by": worker.created_by,
+            "resumed_samples": worker.resumed_samples,
+            "captured_samples": worker.captured_samples,
+            "captured_tokens": worker.captured_tokens,
+            "seconds": worker.seconds,
+            "tokens_per_second": worker.tokens_per_second,
             "wall_seconds": t0.elapsed().as_secs_f64(),
             "bytes_per_token": report.bytes_per_token,
             "verified": verified_json(verify),
@@ -188,12 +198,12 @@ fn run_python(args: &CaptureArgs) -> Result<()> {
     } else {
         println!(
             "captured {} samples ({} tokens, {:.0} tokens/s; {} resumed) into {} with {}; verified {} samples / {} tokens in {} shards, {:.0} bytes per token",
-            number("captured_samples"),
-            number("captured_tokens"),
-            number("tokens_per_second"),
-            number("resumed_samples"),
+            worker.captured_samples,
+            worker.captured_tokens,
+            worker.tokens_per_second,
+            worker.resumed_samples,
             dir.display(),
-            worker["created_by"].as_str().unwrap_or("the Python worker"),
+            worker.created_by,
             verify.samples,
             verify.tokens,
             verify.shards,
@@ -214,6 +224,9 @@ fn run_on<B: Backend>(args: &CaptureArgs, device: &B::Device) -> Result<()> {
     })
     .with_context(|| format!("capturing {} through {}", args.data.display(), args.target.display()))?;
     pb.finish_and_clear();
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
     let tps = report.captured_tokens as f64 / report.seconds.max(1e-9);
     if args.json {
         let v = serde_json::json!({

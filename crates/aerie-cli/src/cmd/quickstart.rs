@@ -14,9 +14,12 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use aerie_hub::assets::{Asset, AssetStore};
+use aerie_train::metrics::Summary;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
+
+use crate::cmd::common::reports::{self, DecodeBrief, EvalLossReport, RegenerateBrief};
 
 /// The training recipe, with `@WORK@` standing for the work directory.
 const RECIPE: &str = include_str!("../../../../configs/quickstart-smollm2.toml");
@@ -104,8 +107,11 @@ struct Report {
     workdir: PathBuf,
     /// Whose answers the drafter was trained on.
     answers: Answers,
-    /// `aerie regenerate`'s report (`--answers target`).
+    /// `aerie regenerate`'s report (`--answers target`), whole.
     regenerate: Option<serde_json::Value>,
+    /// What the summary prints of it.
+    #[serde(skip)]
+    regenerate_brief: Option<RegenerateBrief>,
     /// Wall time of the whole quickstart (stages skipped because their output existed cost ~0).
     total_seconds: f64,
     stages: Vec<StageTime>,
@@ -113,19 +119,25 @@ struct Report {
     /// accept length of a chain of `eval_k` drafts, in [1, eval_k + 1].
     eval_k: usize,
     /// `eval loss` of the initial drafter (0 training steps) on the held-out shards.
-    eval_before: serde_json::Value,
+    eval_before: EvalLossReport,
     /// `eval loss` of the trained drafter on the same shards.
-    eval_after: serde_json::Value,
+    eval_after: EvalLossReport,
     /// Token positions trained on and the training throughput (from the run's `summary.json`).
-    train_tokens: Option<f64>,
-    train_tokens_per_s: Option<f64>,
+    train_tokens: f64,
+    train_tokens_per_s: f64,
     drafter: PathBuf,
     sglang_export: PathBuf,
     /// The training curves (`aerie plot` of the run).
     curves: PathBuf,
     /// `eval decode` of the exported drafter on MT-Bench at the fastest of the `--decode-k`
-    /// chain lengths: real speculative decoding beside plain decoding, greedy.
+    /// chain lengths: real speculative decoding beside plain decoding, greedy (the whole
+    /// report, as `decode-k{K}.json` holds it).
     decode: Option<serde_json::Value>,
+    /// The chain length of `decode`.
+    decode_k: Option<usize>,
+    /// What the summary prints of `decode`.
+    #[serde(skip)]
+    decode_brief: Option<DecodeBrief>,
     /// Every `--decode-k` run in brief (`decode-k{K}.json` holds each whole).
     decode_by_k: Vec<DecodeAtK>,
 }
@@ -250,10 +262,11 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
                     .flag("--max-turns", "1"),
                 false,
             )?;
-            let report = aerie_capture::regenerate::report_path(&regen);
-            let report =
-                std::fs::read_to_string(&report).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-            (regen, want, report)
+            let path = aerie_capture::regenerate::report_path(&regen);
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let brief: RegenerateBrief = reports::parse(&path, &text)?;
+            let whole: serde_json::Value = reports::parse(&path, &text)?;
+            (regen, want, Some((brief, whole)))
         }
     };
     // Enough held-out samples for --eval-samples whatever the data size (at least 5%).
@@ -332,11 +345,9 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     // The training curves, as `tensorboard --logdir RUN` shows them from the run's event file.
     let curves = work.join("curves.png");
     r.stage("plot", &curves, &Argv::new(&["plot"]).arg(run_dir.clone()).flag("--out", curves.clone()), false)?;
-    let training = std::fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let training: Summary = reports::read(&run_dir.join("summary.json"))?;
 
-    let eval = |r: &mut Runner, name: &str, drafter: &Path| -> Result<serde_json::Value> {
+    let eval = |r: &mut Runner, name: &str, drafter: &Path| -> Result<EvalLossReport> {
         let out = r.stage(
             name,
             Path::new(""),
@@ -348,7 +359,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
                 .arg("--json"),
             true,
         )?;
-        serde_json::from_str(out.trim()).with_context(|| format!("parsing `eval loss` output: {out}"))
+        reports::parse(Path::new("`aerie eval loss --json` output"), out.trim())
     };
     let eval_before = eval(&mut r, "eval initial", &initial)?;
     let eval_after = eval(&mut r, "eval", &drafter)?;
@@ -365,7 +376,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     )?;
 
     let mut decode_by_k = Vec::new();
-    let mut decode: Option<serde_json::Value> = None;
+    let mut decode: Option<(usize, DecodeBrief, serde_json::Value)> = None;
     for &k in if args.decode_prompts > 0 { &args.decode_k[..] } else { &[] } {
         let (out, costs) = (work.join(format!("decode-k{k}.json")), work.join(format!("costs-k{k}.toml")));
         let mut decode_args = Argv::new(&["eval", "decode"])
@@ -384,37 +395,39 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         // `eval decode` writes the report, then the costs file: the costs file marks it done.
         r.stage(&format!("eval decode k={k}"), &costs, &decode_args, false)?;
         let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
-        let d: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))?;
+        let d: DecodeBrief = reports::parse(&out, &text)?;
         decode_by_k.push(DecodeAtK {
             k,
-            tau: d["tau"].as_f64(),
-            speedup: d["speedup"].as_f64(),
-            t_d_ms: d["costs"]["t_d_ms"].as_f64(),
-            t_v_ms: d["costs"]["t_v_ms"][(k + 1).to_string()].as_f64(),
-            greedy_identical: d["greedy_identical"].as_bool(),
-            plain_batched_tokens_per_s: d["plain_batched"]["tokens_per_s"].as_f64(),
+            tau: Some(d.tau),
+            speedup: Some(d.speedup),
+            t_d_ms: d.costs.t_d_ms,
+            t_v_ms: d.costs.t_v_ms.get(&(k + 1)).copied(),
+            greedy_identical: d.greedy_identical,
+            plain_batched_tokens_per_s: d.plain_batched.as_ref().map(|b| b.tokens_per_s),
         });
-        let faster = |d: &serde_json::Value| d["speedup"].as_f64().unwrap_or(f64::NEG_INFINITY);
-        if decode.as_ref().is_none_or(|best| faster(&d) > faster(best)) {
-            decode = Some(d);
+        if decode.as_ref().is_none_or(|(_, best, _)| d.speedup > best.speedup) {
+            decode = Some((k, d, reports::parse(&out, &text)?));
         }
     }
 
     let report = Report {
         workdir: work,
         answers: args.answers,
-        regenerate,
+        regenerate: regenerate.as_ref().map(|(_, whole)| whole.clone()),
+        regenerate_brief: regenerate.map(|(brief, _)| brief),
         total_seconds: start.elapsed().as_secs_f64(),
         stages: r.stages,
         eval_k: EVAL_K,
         eval_before,
         eval_after,
-        train_tokens: training.as_ref().and_then(|t| t["tokens"].as_f64()),
-        train_tokens_per_s: training.as_ref().and_then(|t| t["tokens_per_s"].as_f64()),
+        train_tokens: training.tokens,
+        train_tokens_per_s: training.tokens_per_s,
         drafter,
         sglang_export: export,
         curves,
-        decode,
+        decode_k: decode.as_ref().map(|(k, _, _)| *k),
+        decode_brief: decode.as_ref().map(|(_, brief, _)| brief.clone()),
+        decode: decode.map(|(_, _, whole)| whole),
         decode_by_k,
     };
     if args.json {
@@ -435,13 +448,10 @@ fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
 
 fn print_report(r: &Report) {
     println!("\naerie quickstart: {}", r.workdir.display());
-    match &r.regenerate {
+    match &r.regenerate_brief {
         Some(g) => println!(
             "  trained on SmolLM2's own answers: {} conversations regenerated, {} tokens at {:.1} tokens/s (batch {})",
-            g["records"],
-            g["tokens_generated"],
-            g["tokens_per_second"].as_f64().unwrap_or(f64::NAN),
-            g["batch_size"]
+            g.records, g.tokens_generated, g.tokens_per_second, g.batch_size
         ),
         None => println!("  trained on the dataset's answers (ShareGPT)"),
     }
@@ -453,18 +463,10 @@ fn print_report(r: &Report) {
         );
     }
     println!("  {:<16} {:.1} s ({:.1} min)", "total", r.total_seconds, r.total_seconds / 60.0);
-    if let (Some(t), Some(rate)) = (r.train_tokens, r.train_tokens_per_s) {
-        println!("  trained on {t:.0} token positions ({rate:.0} tokens/s)");
-    }
-    let tau = |v: &serde_json::Value| v["simulated_accept_length"].as_f64().unwrap_or(f64::NAN);
-    let acc = |v: &serde_json::Value| {
-        let a: Vec<String> = v["acc_per_step"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|x| x.as_f64())
-            .map(|x| format!("{x:.3}"))
-            .collect();
+    println!("  trained on {:.0} token positions ({:.0} tokens/s)", r.train_tokens, r.train_tokens_per_s);
+    let tau = |v: &EvalLossReport| v.metrics.simulated_accept_length;
+    let acc = |v: &EvalLossReport| {
+        let a: Vec<String> = v.metrics.acc_per_step.iter().map(|x| format!("{x:.3}")).collect();
         a.join(", ")
     };
     let k = r.eval_k;
@@ -486,16 +488,14 @@ fn print_report(r: &Report) {
             println!("    plain decoding of the same answers all at once: {rate:.1} tokens/s end to end");
         }
     }
-    if let Some(d) = &r.decode {
-        let f = |k: &str| d[k].as_f64().unwrap_or(f64::NAN);
+    if let (Some(k), Some(d)) = (r.decode_k, &r.decode_brief) {
         println!(
-            "  MT-Bench, real speculative decoding at the fastest k = {} (greedy): τ {:.3}, {:.1} vs {:.1} tokens/s plain, speedup {:.2}x, output identical to plain greedy: {}",
-            d["options"]["shape"]["k"],
-            f("tau"),
-            d["speculative"]["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN),
-            d["plain"]["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN),
-            f("speedup"),
-            d["greedy_identical"]
+            "  MT-Bench, real speculative decoding at the fastest k = {k} (greedy): τ {:.3}, {:.1} vs {:.1} tokens/s plain, speedup {:.2}x, output identical to plain greedy: {}",
+            d.tau,
+            d.speculative.decode_tokens_per_s,
+            d.plain.decode_tokens_per_s,
+            d.speedup,
+            d.greedy_identical.map_or("n/a".into(), |g| g.to_string())
         );
     }
     println!("  drafter: {}", r.drafter.display());

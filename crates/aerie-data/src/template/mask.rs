@@ -27,6 +27,7 @@
 //! left with no masked token is dropped ([`DropReason::NoMaskedTokens`]).
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ChatTemplate;
 use crate::conversation::{Conversation, DropReason, Role, TrimReason};
@@ -92,6 +93,30 @@ pub struct ChatEncoder<'a> {
     added_texts: Vec<String>,
     opts: EncodeOptions,
     chain_mode: bool,
+    /// Samples by the way their tokens were found, indexed by [`HeadCut`] ([`Self::head_paths`]).
+    head_paths: [AtomicU64; 3],
+}
+
+/// How many samples an encoder tokenised by each path of [`ChatEncoder::tokenize_head`]: the
+/// head cut is an optimisation whose results must equal tokenising everything, and the tests
+/// that check so read these counts to know the head path was the one they exercised.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeadPaths {
+    /// The whole render tokenised: no `max_length`, a render within the first budget, no
+    /// settled head, or a head that could not decide the mask.
+    pub whole: u64,
+    /// A head ending just after a special token.
+    pub at_special_token: u64,
+    /// A head cut inside the text, settled by cutting again at twice the length.
+    pub inside_text: u64,
+}
+
+/// Where a [`Head`] ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeadCut {
+    Whole = 0,
+    AtSpecialToken = 1,
+    InsideText = 2,
 }
 
 impl std::fmt::Debug for ChatEncoder<'_> {
@@ -109,6 +134,7 @@ pub(super) struct Head {
     /// Where the text was cut when the head ends inside it (not at a special token): the
     /// render goes on past its last token.
     open_from: Option<usize>,
+    cut: HeadCut,
 }
 
 /// Outcome of locating assistant spans in one render.
@@ -136,8 +162,17 @@ impl<'a> ChatEncoder<'a> {
         let added_texts = added.iter().filter(|t| !t.content.is_empty()).map(|t| t.content.clone()).collect();
         let cut_tokens: Vec<(String, u32)> =
             added.into_iter().filter(|t| t.splits_cleanly).map(|t| (t.content, t.id)).collect();
-        let mut enc =
-            Self { template, tokenizer, special_ids, cut_tokens, special_texts, added_texts, opts, chain_mode: false };
+        let mut enc = Self {
+            template,
+            tokenizer,
+            special_ids,
+            cut_tokens,
+            special_texts,
+            added_texts,
+            opts,
+            chain_mode: false,
+            head_paths: Default::default(),
+        };
         enc.chain_mode = enc.probe_chain_mode();
         Ok(enc)
     }
@@ -146,6 +181,17 @@ impl<'a> ChatEncoder<'a> {
     /// template: [`super::chain`]) rather than one per conversation.
     pub fn chain_mode(&self) -> bool {
         self.chain_mode
+    }
+
+    /// How many samples this encoder tokenised by each path (whole render, head at a special
+    /// token, head cut inside the text); one relaxed atomic add per sample.
+    pub fn head_paths(&self) -> HeadPaths {
+        let n = |c: HeadCut| self.head_paths[c as usize].load(Ordering::Relaxed);
+        HeadPaths {
+            whole: n(HeadCut::Whole),
+            at_special_token: n(HeadCut::AtSpecialToken),
+            inside_text: n(HeadCut::InsideText),
+        }
     }
 
     pub(super) fn options(&self) -> &EncodeOptions {
@@ -286,7 +332,7 @@ impl<'a> ChatEncoder<'a> {
     /// proof; [`Head::open_from`] tells the masking that the text goes on). The head starts at 4
     /// bytes per wanted token and doubles until it holds enough tokens.
     pub(super) fn tokenize_head(&self, full: &str) -> tokenizers::Result<Head> {
-        let whole = |enc| Head { enc, open_from: None };
+        let whole = |enc| Head { enc, open_from: None, cut: HeadCut::Whole };
         let Some(limit) = self.opts.max_length else {
             return self.tokenizer.encode(full, false).map(whole);
         };
@@ -324,7 +370,7 @@ impl<'a> ChatEncoder<'a> {
                     break;
                 }
                 if enc.len() > limit {
-                    return Ok(whole(enc));
+                    return Ok(Head { enc, open_from: None, cut: HeadCut::AtSpecialToken });
                 }
             } else if !straddled(from) {
                 let enc = self.tokenizer.encode(&full[..from], false)?;
@@ -334,7 +380,7 @@ impl<'a> ChatEncoder<'a> {
                         && prev.get_ids()[..wanted] == enc.get_ids()[..wanted]
                         && prev.get_offsets()[..wanted] == enc.get_offsets()[..wanted]
                     {
-                        return Ok(Head { enc, open_from: Some(from) });
+                        return Ok(Head { enc, open_from: Some(from), cut: HeadCut::InsideText });
                     }
                     plain = Some(enc);
                 }
@@ -356,8 +402,10 @@ impl<'a> ChatEncoder<'a> {
         let ids = head.enc.get_ids();
         let mut mask = vec![0u8; ids.len()];
         if self.mask_spans(spans, ids, head.enc.get_offsets(), full, head.open_from, &mut mask) {
+            self.head_paths[head.cut as usize].fetch_add(1, Ordering::Relaxed);
             return Ok((ids.to_vec(), mask));
         }
+        self.head_paths[HeadCut::Whole as usize].fetch_add(1, Ordering::Relaxed);
         let enc = self.tokenizer.encode(full, false)?;
         let mut mask = vec![0u8; enc.len()];
         self.mask_spans(spans, enc.get_ids(), enc.get_offsets(), full, None, &mut mask);

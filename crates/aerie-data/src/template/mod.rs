@@ -29,7 +29,7 @@ use crate::tokenizer::TokenizerFiles;
 use crate::{Error, Result};
 
 pub use builtins::{BUILTINS, BuiltinTemplate};
-pub use mask::{ChatEncoder, EncodeOptions, EncodedSample, Rejected};
+pub use mask::{ChatEncoder, EncodeOptions, EncodedSample, HeadPaths, Rejected};
 
 const TEMPLATE_NAME: &str = "chat";
 

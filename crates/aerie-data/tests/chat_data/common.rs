@@ -153,18 +153,27 @@ pub fn sharegpt_record(id: &str, turns: &[(&str, &str)]) -> String {
     json!({"id": id, "conversations": turns}).to_string()
 }
 
-/// The Python interpreter of the reference checks (`AERIE_PYTHON`). Unset: `None` after a skip
-/// message naming `what`, except under `CI=true`, where the check must run.
+/// The one rule for a reference check whose input is missing (an interpreter, a fixture): under
+/// `CI=true` the check must run, so the test fails naming `what` and `missing`; elsewhere it is
+/// skipped with a line on stderr saying what was skipped and why, and the caller gets `None`.
+pub fn skip<T>(what: &str, missing: &str) -> Option<T> {
+    skip_under(std::env::var("CI").is_ok_and(|v| v == "true"), what, missing)
+}
+
+/// [`skip`] with `CI=true` given as `ci` (so the rule is testable without the environment).
+pub fn skip_under<T>(ci: bool, what: &str, missing: &str) -> Option<T> {
+    if ci {
+        panic!("CI=true but {missing}: {what} must run in CI");
+    }
+    eprintln!("skipping {what}: {missing}");
+    None
+}
+
+/// The Python interpreter of the reference checks (`AERIE_PYTHON`); unset: [`skip`].
 pub fn python(what: &str) -> Option<PathBuf> {
     match std::env::var_os("AERIE_PYTHON").filter(|p| !p.is_empty()) {
         Some(p) => Some(PathBuf::from(p)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but AERIE_PYTHON is unset: {what} must run in CI")
-        }
-        None => {
-            eprintln!("skipping {what}: set AERIE_PYTHON to a Python with python/requirements-test.txt");
-            None
-        }
+        None => skip(what, "AERIE_PYTHON is unset (a Python with python/requirements-test.txt)"),
     }
 }
 
@@ -174,16 +183,32 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// `../shared/fixtures/kimi/` beside the repository (Moonshot's templates and K2's
-/// tokenizer_config.json, never copied into the repository): `None` after a skip message when
-/// absent.
+/// tokenizer_config.json, never copied into the repository); absent: [`skip`] (CI always has
+/// `../shared`, so there it fails).
 pub fn kimi_fixtures(what: &str) -> Option<PathBuf> {
-    let dir = repo_root().join("../shared/fixtures/kimi");
+    kimi_fixtures_in(&repo_root().join("../shared/fixtures/kimi"), std::env::var("CI").is_ok_and(|v| v == "true"), what)
+}
+
+/// [`kimi_fixtures`] from `dir`, with `CI=true` given as `ci`.
+pub fn kimi_fixtures_in(dir: &Path, ci: bool, what: &str) -> Option<PathBuf> {
     if dir.join("kimi-k2-instruct.tokenizer_config.json").is_file() {
-        Some(dir)
+        Some(dir.to_owned())
     } else {
-        eprintln!("skipping {what}: {} is absent (Moonshot's Kimi templates and tokenizer config)", dir.display());
-        None
+        skip_under(ci, what, &format!("{} is absent (Moonshot's Kimi templates and tokenizer config)", dir.display()))
     }
+}
+
+#[test]
+fn absent_kimi_fixtures_fail_under_ci_and_are_skipped_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("kimi");
+    assert_eq!(kimi_fixtures_in(&missing, false, "a check"), None);
+    let under_ci = std::panic::catch_unwind(|| kimi_fixtures_in(&missing, true, "a check"));
+    let message = *under_ci.expect_err("CI=true must fail").downcast::<String>().unwrap();
+    assert!(message.contains("CI=true") && message.contains("a check") && message.contains("is absent"), "{message}");
+    std::fs::create_dir_all(&missing).unwrap();
+    std::fs::write(missing.join("kimi-k2-instruct.tokenizer_config.json"), "{}").unwrap();
+    assert_eq!(kimi_fixtures_in(&missing, true, "a check"), Some(missing));
 }
 
 /// Run `scripts/<script>` through `python` on `input`, written as JSON to a scratch file (its

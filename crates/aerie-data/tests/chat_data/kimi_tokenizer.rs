@@ -148,6 +148,7 @@ fn kimi_head_cut_matches_tokenising_everything() {
     ];
     let all = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
     let mut compared = 0;
+    let mut paths = Vec::new();
     for body in &bodies {
         for (user, answer) in [("hi", body.as_str()), (body.as_str(), "short answer")] {
             let c = conv("long", &[(Role::User, user), (Role::Assistant, answer), (Role::User, "more?")]);
@@ -165,8 +166,12 @@ fn kimi_head_cut_matches_tokenising_everything() {
                     }
                     Err(_) => assert!(full.loss_mask[..max].iter().all(|&m| m == 0), "{what}"),
                 }
+                paths.push(head.head_paths());
             }
         }
     }
     assert!(compared > 10, "{compared}");
+    // The comparison says something about the head cut only where it was taken.
+    let inside_text: u64 = paths.iter().map(|p| p.inside_text).sum();
+    assert!(inside_text > 10, "head paths taken: {paths:?}");
 }

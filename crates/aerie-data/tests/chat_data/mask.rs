@@ -3,7 +3,9 @@
 //! keeps the head; prefix-unstable templates are cut or dropped.
 
 use aerie_data::conversation::{Conversation, DropReason, Role, TrimReason};
-use aerie_data::template::{BuiltinTemplate, ChatEncoder, ChatTemplate, EncodeOptions, EncodedSample, Rejected};
+use aerie_data::template::{
+    BuiltinTemplate, ChatEncoder, ChatTemplate, EncodeOptions, EncodedSample, HeadPaths, Rejected,
+};
 use aerie_data::tokenizer::TokenizerFiles;
 
 use super::common::{SMOLLM2_TEMPLATE, conv, decoded_runs, tempdir, tokenizer_dir};
@@ -201,7 +203,9 @@ fn a_head_cut_inside_one_long_message_matches_tokenising_everything() {
         format!("{}{}", &prose[..200], " \n".repeat(30_000)),
         format!("<|begin_of_text|> {prose}"),
     ];
+    let mut inside_text = Vec::new();
     for body in &bodies {
+        let mut paths = HeadPaths::default();
         for (user, answer) in [("hi", body.as_str()), (body.as_str(), "short answer")] {
             let c = conv("long", &[(Role::User, user), (Role::Assistant, answer)]);
             // The plain template has no end-of-turn token: a span's mask ends at its last visible
@@ -218,7 +222,8 @@ fn a_head_cut_inside_one_long_message_matches_tokenising_everything() {
                 for max in [1usize, 7, 64, 300, 1000] {
                     let opts = EncodeOptions { max_length: Some(max), ..EncodeOptions::default() };
                     let what = format!("{} max {max} body {:?}…", t.name(), &body[..12]);
-                    match encode(&t, &tok, &c, opts) {
+                    let encoder = ChatEncoder::new(&t, &tok.tokenizer, opts).unwrap();
+                    match encoder.encode(&c).unwrap() {
                         Ok(s) => {
                             let n = max.min(full.input_ids.len());
                             assert_eq!(s.input_ids, full.input_ids[..n], "{what}");
@@ -229,8 +234,22 @@ fn a_head_cut_inside_one_long_message_matches_tokenising_everything() {
                             assert!(full.loss_mask[..max].iter().all(|&m| m == 0), "{what}");
                         }
                     }
+                    let p = encoder.head_paths();
+                    paths.whole += p.whole;
+                    paths.at_special_token += p.at_special_token;
+                    paths.inside_text += p.inside_text;
                 }
             }
+        }
+        inside_text.push((format!("{:?}…", &body[..12]), paths));
+    }
+    // The equalities above prove something about the head path only where it was taken: every
+    // body but the whitespace-tailed one (whose mask the head cannot decide) is cut inside its
+    // text at some length.
+    for (i, (body, paths)) in inside_text.iter().enumerate() {
+        eprintln!("body {body}: {paths:?}");
+        if i != 4 {
+            assert!(paths.inside_text > 0, "body {body}: the head was never cut inside the text ({paths:?})");
         }
     }
 }

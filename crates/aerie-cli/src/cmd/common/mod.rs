@@ -1,8 +1,10 @@
 //! What several subcommands share on the command line: flag groups (draft layout, shard walk,
 //! chat input, `eval accept` and `compare`, the serving engine of `eval serve` and `compare
-//! --engine` in [`engine`]), and `--set KEY=VALUE` and `--same-role` parsing.
+//! --engine` in [`engine`]), `--set KEY=VALUE` and `--same-role` parsing, and the reports one
+//! subcommand writes and another reads ([`reports`]).
 
 pub mod engine;
+pub mod reports;
 
 use std::path::{Path, PathBuf};
 

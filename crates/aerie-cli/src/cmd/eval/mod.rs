@@ -92,12 +92,13 @@ fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     let metrics = shards.loss(&args.drafter, target.as_deref(), &opts, args.pass.head_chunk_rows, &progress, device)?;
     pb.finish_and_clear();
     if args.json {
-        let mut v = serde_json::to_value(&metrics)?;
-        let obj = v.as_object_mut().expect("metrics serialise to an object");
-        obj.insert("samples".into(), total.into());
-        obj.insert("ttt_length".into(), args.ttt_length.into());
-        obj.insert("teacher".into(), (if shards.head.is_some() { "final-hidden" } else { "topk" }).into());
-        println!("{}", serde_json::to_string(&v)?);
+        let report = crate::cmd::common::reports::EvalLossReport {
+            metrics,
+            samples: total,
+            ttt_length: args.ttt_length,
+            teacher: (if shards.head.is_some() { "final-hidden" } else { "topk" }).into(),
+        };
+        println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("drafter   {}", args.drafter.display());
         println!("data      {} ({total} samples, {} loss tokens)", args.data.display(), metrics.tokens);
