@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use aerie_data::shard::{SampleRef, ShardDataset, ShardWriter, ShardWriterOptions, shard_file_name};
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};
