@@ -92,7 +92,12 @@ pub const KEYS: &[KeyDoc] = &[
     k("init.shape.mla.q_lora_rank", "unset", true, "fresh MLA drafter: query latent width (all five mla keys or none)"),
     k("init.shape.mla.kv_lora_rank", "unset", true, "fresh MLA drafter: key/value latent width"),
     k("init.shape.mla.qk_nope_head_dim", "unset", true, "fresh MLA drafter: per-head query/key width without RoPE"),
-    k("init.shape.mla.qk_rope_head_dim", "unset", true, "fresh MLA drafter: per-head rotated width (one key for all heads)"),
+    k(
+        "init.shape.mla.qk_rope_head_dim",
+        "unset",
+        true,
+        "fresh MLA drafter: per-head rotated width (one key for all heads)",
+    ),
     k("init.shape.mla.v_head_dim", "unset", true, "fresh MLA drafter: per-head value width"),
     k("target.path", "unset", true, "target model directory, or a safetensors file with its head and embedding"),
     k("target.head", "target.path", true, "where lm_head.weight (the teacher) comes from"),
