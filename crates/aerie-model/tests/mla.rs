@@ -3,8 +3,9 @@
 //! soft cross-entropy and α at every step, the loss, and the gradient of every trainable tensor,
 //! on tiny shapes with YaRN RoPE, both `qk_head_dim > v_head_dim` and the reverse (the padding of
 //! the shared attention layout), a full-vocabulary head (no d2t) and the EAGLE-3.1 switches.
-//! Both sides run in f64, so the only differences are summation orders: agreement is asked to
-//! 1e-9 relative (the issue asks 1e-4; f64 leaves room for far less).
+//! Both sides run in f64 except aerie's RoPE cos/sin tables, which are f32 in every dtype (their
+//! rounding, 6e-8 relative, is the largest difference): agreement is asked to 1e-6 relative (the
+//! issue asks 1e-4).
 //!
 //! Also without Python: the MLA drafter's decode-time drafting (KV cache) equals its offline
 //! all-positions drafting, and a checkpoint round-trips through `to_tensors`.
@@ -123,8 +124,10 @@ fn batch(cfg: &DrafterConfig, x: &Inputs) -> TttBatch<AD> {
     let dev = Default::default();
     let [b, l] = x.shape;
     let (aw, vd) = (cfg.num_aux() * cfg.target_hidden_size, cfg.draft_vocab_size);
-    let f2 = |v: &[f64]| Tensor::<AD, 2>::from_data(TensorData::new(v.to_vec(), [b, l]), &dev);
-    let f3 = |v: &[f64], w: usize| Tensor::<AD, 3>::from_data(TensorData::new(v.to_vec(), [b, l, w]), &dev);
+    // `from_data` gives the backend's default float (f32): cast, so the forward runs in f64.
+    let f2 = |v: &[f64]| Tensor::<AD, 2>::from_data(TensorData::new(v.to_vec(), [b, l]), &dev).cast(DType::F64);
+    let f3 =
+        |v: &[f64], w: usize| Tensor::<AD, 3>::from_data(TensorData::new(v.to_vec(), [b, l, w]), &dev).cast(DType::F64);
     TttBatch {
         input_ids: Tensor::<AD, 2, Int>::from_data(TensorData::new(x.ids.clone(), [b, l]), &dev),
         loss_mask: f2(&x.mask),
@@ -186,10 +189,13 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
     (a - b).abs() <= rel * a.abs().max(b.abs()).max(1e-3)
 }
 
+/// Every entry within `rel` of the tensor's largest magnitude (small entries of a gradient carry
+/// the absolute rounding of the large ones).
 fn assert_all_close(what: &str, got: &[f64], want: &[f64], rel: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1e-3f64, |m, w| m.max(w.abs()));
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(close(*g, *w, rel), "{what}[{i}]: aerie {g} vs PyTorch {w}");
+        assert!((g - w).abs() <= rel * scale, "{what}[{i}]: aerie {g} vs PyTorch {w} (scale {scale})");
     }
 }
 
@@ -277,15 +283,15 @@ fn check_against_pytorch(cfg: &DrafterConfig, seed: u64) {
         let what = format!("{path:?}");
         let out = ttt_forward_with(&drafter, &batch(cfg, &x), &opts, path).unwrap();
         for (k, step) in out.steps.iter().enumerate() {
-            assert_all_close(&format!("{what} ce step {k}"), &host(step.ce_tok.clone()), &flat(&want["ce"][k]), 1e-9);
+            assert_all_close(&format!("{what} ce step {k}"), &host(step.ce_tok.clone()), &flat(&want["ce"][k]), 1e-6);
             let alpha = host(step.alpha_tok.clone());
-            assert_all_close(&format!("{what} alpha step {k}"), &alpha, &flat(&want["alpha"][k]), 1e-9);
+            assert_all_close(&format!("{what} alpha step {k}"), &alpha, &flat(&want["alpha"][k]), 1e-6);
         }
         let loss = out.loss.clone().into_data().convert::<f64>().into_vec::<f64>().unwrap()[0];
-        assert!(close(loss, want["loss"].as_f64().unwrap(), 1e-9), "{what} loss {loss} vs {}", want["loss"]);
+        assert!(close(loss, want["loss"].as_f64().unwrap(), 1e-6), "{what} loss {loss} vs {}", want["loss"]);
         let grads = out.loss.backward();
         for (name, p) in params(&drafter) {
-            assert_all_close(&format!("{what} grad {name}"), &p.grad(&grads), &flat(&want["grads"][&name]), 1e-9);
+            assert_all_close(&format!("{what} grad {name}"), &p.grad(&grads), &flat(&want["grads"][&name]), 1e-6);
         }
     }
 }
@@ -359,7 +365,7 @@ fn mla_gradients_match_finite_differences() {
             let [r, c] = v.dims();
             let mut bump = vec![0f64; r * c];
             bump[i * c + j] = delta;
-            let bump = Tensor::<AD, 2>::from_data(TensorData::new(bump, [r, c]), &Default::default());
+            let bump = Tensor::<AD, 2>::from_data(TensorData::new(bump, [r, c]), &Default::default()).cast(DType::F64);
             *p = Param::from_tensor((v + bump).detach());
             loss_of(&d, &b, &opts)
         };
@@ -382,7 +388,8 @@ fn mla_decode_equals_ttt_positions() {
     let aux = Tensor::<Flex, 3>::from_data(
         TensorData::new(x.aux.clone(), [1, l, cfg.num_aux() * cfg.target_hidden_size]),
         &dev,
-    );
+    )
+    .cast(DType::F64);
     // The step-0 pass of offline drafting is teacher-forced: next ids are x_{t+1}.
     let next: Vec<u32> = (1..=l).map(|t| if t < l { x.ids[t] as u32 } else { 0 }).collect();
     let mut cache = DraftKv::default();
