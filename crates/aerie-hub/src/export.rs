@@ -92,7 +92,7 @@ pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Resul
         return Err(aerie_model::Error::Unsupported {
             path: src.join("config.json"),
             message: "this drafter uses norm_before_residual=true (the residual is \
-                      hidden_norm(h)); SGLang's LlamaForCausalLMEagle3 has no such option and \
+                      hidden_norm(h)); SGLang's EAGLE-3 drafters have no such option and \
                       would run it wrongly. Export it to the speculators dialect for vLLM."
                 .into(),
         }
@@ -106,9 +106,13 @@ pub fn export(src: &Path, to: Dialect, out: &Path, opts: ExportOptions) -> Resul
     };
     // speculators' loader (and vLLM) read the verifier from the config: without a name,
     // `AutoConfig.from_pretrained(None)` fails, so refuse before writing anything.
+    // MLA drafters have no speculators form: their vLLM layout is the flat DeepSeek config, which
+    // names no verifier (aerie-model's `checkpoint/config/mla.rs`).
     let verifier = match to {
-        Dialect::Speculators => Some(verifier_of(src, &ckpt.config, opts.target.as_deref())?),
-        Dialect::Sglang => None,
+        Dialect::Speculators if ckpt.config.mla.is_none() => {
+            Some(verifier_of(src, &ckpt.config, opts.target.as_deref())?)
+        }
+        _ => None,
     };
     save_drafter(ckpt, out, &save)?;
     if let Some((name, architectures)) = &verifier {

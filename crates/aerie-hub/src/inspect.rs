@@ -11,11 +11,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use aerie_model::checkpoint::config::{self, ParsedConfig, SGLANG_ARCHITECTURE};
+use aerie_model::checkpoint::config::{self, MLA_ARCHITECTURE, ParsedConfig, SGLANG_ARCHITECTURE};
 use aerie_model::checkpoint::io::WeightFiles;
 use aerie_model::checkpoint::validate::{self, D2tStats, Expected, TensorMeta};
 use aerie_model::checkpoint::{Dialect, Dtype, TargetInfo, keys, read_target_info};
-use aerie_model::{AuxConvention, DrafterConfig, RopeConfig};
+use aerie_model::{AuxConvention, DrafterConfig, RopeConfig, RopeScaling};
 use serde::Serialize;
 
 use crate::Result;
@@ -374,6 +374,16 @@ fn lint_config(parsed: &ParsedConfig, lints: &mut Lints) {
             ),
         );
     }
+    if cfg.mla.is_some() && !matches!(cfg.rope.scaling, RopeScaling::Default | RopeScaling::Yarn { .. }) {
+        lints.error(
+            "mla-rope-scaling",
+            format!(
+                "an MLA drafter with {:?} RoPE scaling: vLLM serves any rope_scaling of an MLA drafter as \
+                 DeepSeek YaRN, so it would rotate differently from training",
+                cfg.rope.scaling
+            ),
+        );
+    }
     if parsed.has_num_nextn_predict_layers {
         lints.error(
             "num-nextn-predict-layers",
@@ -391,11 +401,12 @@ fn lint_config(parsed: &ParsedConfig, lints: &mut Lints) {
     }
     match parsed.dialect {
         Dialect::Sglang => {
-            if parsed.architectures.first().map(String::as_str) != Some(SGLANG_ARCHITECTURE) {
+            let want = if cfg.mla.is_some() { MLA_ARCHITECTURE } else { SGLANG_ARCHITECTURE };
+            if parsed.architectures.first().map(String::as_str) != Some(want) {
                 lints.error(
                     "architecture",
                     format!(
-                        "architectures is {:?}; SGLang runs EAGLE-3 drafters only as [\"{SGLANG_ARCHITECTURE}\"]",
+                        "architectures is {:?}; SGLang runs this drafter's layout only as [\"{want}\"]",
                         parsed.architectures
                     ),
                 );

@@ -95,6 +95,36 @@ impl Default for RopeConfig {
     }
 }
 
+/// DeepSeek-V2 multi-latent attention (MLA) of the drafter layer, as `Eagle3DeepseekV2ForCausalLM`
+/// (SGLang `kimi_k25_eagle3.py`, vLLM `deepseek_eagle3.py`) runs it: queries through a low-rank
+/// `q_a_proj` → `q_a_layernorm` → `q_b_proj`, keys and values from one shared latent
+/// (`kv_a_proj_with_mqa` → `kv_a_layernorm` → `kv_b_proj`) plus one RoPE key shared by every head.
+/// The down-projections take the layer's `2H` input (`cat(input_layernorm(emb), hidden_norm(h))`).
+/// The config keys are DeepSeek's (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`,
+/// `qk_rope_head_dim`, `v_head_dim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaConfig {
+    /// Query latent width (`q_a_proj` rows). SGLang's MLA drafter requires one; vLLM's direct
+    /// `q_proj` variant is not published for drafters.
+    pub q_lora_rank: usize,
+    /// Key/value latent width (`kv_a_layernorm` width).
+    pub kv_lora_rank: usize,
+    /// Per-head query/key width without position (`qk_nope_head_dim`).
+    pub qk_nope_head_dim: usize,
+    /// Per-head query/key width that is rotated; the rotated key is shared by all heads.
+    pub qk_rope_head_dim: usize,
+    /// Per-head value width.
+    pub v_head_dim: usize,
+}
+
+impl MlaConfig {
+    /// Query/key head width `qk_nope_head_dim + qk_rope_head_dim` (the softmax scale's d).
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
 /// Everything that determines an EAGLE-3 drafter's shapes and math (eagle3.md §1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DrafterConfig {
@@ -131,6 +161,11 @@ pub struct DrafterConfig {
     pub norm_before_residual: bool,
     /// Target model the drafter was trained for (`name_or_path`), when known.
     pub target_name_or_path: Option<String>,
+    /// Multi-latent attention instead of grouped-query attention (`Eagle3DeepseekV2ForCausalLM`);
+    /// `head_dim` and `num_key_value_heads` then have no role. Absent from serialised configs of
+    /// Llama-style drafters, so their fingerprints are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaConfig>,
 }
 
 impl DrafterConfig {
@@ -139,9 +174,34 @@ impl DrafterConfig {
         self.aux_layers.ids.len()
     }
 
-    /// Grouped-query ratio nH / nKV.
+    /// Grouped-query ratio nH / nKV (1 for MLA: every head has its own keys).
     pub fn kv_groups(&self) -> usize {
+        if self.mla.is_some() {
+            return 1;
+        }
         self.num_attention_heads / self.num_key_value_heads.max(1)
+    }
+
+    /// Width of the rotated part of a head: `head_dim`, or MLA's `qk_rope_head_dim`.
+    pub fn rope_dim(&self) -> usize {
+        self.mla.map_or(self.head_dim, |m| m.qk_rope_head_dim)
+    }
+
+    /// The attention's softmax scale: `1/sqrt(head_dim)`, or for MLA `1/sqrt(qk_head_dim)`
+    /// times DeepSeek's YaRN `mscale²` (`0.1·mscale_all_dim·ln(factor) + 1`, squared, when the
+    /// RoPE is YaRN with a non-zero `mscale_all_dim`), as DeepSeek-V2/V3, SGLang and vLLM scale it.
+    pub fn softmax_scale(&self) -> f64 {
+        let Some(m) = self.mla else {
+            return 1.0 / (self.head_dim as f64).sqrt();
+        };
+        let base = 1.0 / (m.qk_head_dim() as f64).sqrt();
+        match self.rope.scaling {
+            RopeScaling::Yarn { factor, mscale_all_dim: Some(all), .. } if all != 0.0 && factor > 1.0 => {
+                let mscale = 0.1 * all * factor.ln() + 1.0;
+                base * mscale * mscale
+            }
+            _ => base,
+        }
     }
 
     /// Check the shape relations the forward relies on; returns a message per problem.
@@ -153,8 +213,20 @@ impl DrafterConfig {
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if !self.head_dim.is_multiple_of(2) {
-            p.push(format!("head_dim {} must be even for RoPE", self.head_dim));
+        match self.mla {
+            None if !self.head_dim.is_multiple_of(2) => {
+                p.push(format!("head_dim {} must be even for RoPE", self.head_dim));
+            }
+            Some(m) if !m.qk_rope_head_dim.is_multiple_of(2) || m.qk_rope_head_dim == 0 => {
+                p.push(format!("qk_rope_head_dim {} must be even and positive for RoPE", m.qk_rope_head_dim));
+            }
+            Some(m) if m.q_lora_rank == 0 || m.kv_lora_rank == 0 || m.v_head_dim == 0 => {
+                p.push(format!(
+                    "q_lora_rank {}, kv_lora_rank {} and v_head_dim {} must be positive",
+                    m.q_lora_rank, m.kv_lora_rank, m.v_head_dim
+                ));
+            }
+            _ => {}
         }
         if self.draft_vocab_size > self.vocab_size {
             p.push(format!(
@@ -208,6 +280,7 @@ impl DrafterConfig {
             norm_output: false,
             norm_before_residual: false,
             target_name_or_path: Some("HuggingFaceTB/SmolLM2-135M-Instruct".into()),
+            mla: None,
         }
     }
 
@@ -231,6 +304,7 @@ impl DrafterConfig {
             norm_output: false,
             norm_before_residual: false,
             target_name_or_path: Some("moonshotai/Kimi-K2-Instruct".into()),
+            mla: None,
         }
     }
 }

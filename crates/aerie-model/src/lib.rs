@@ -38,7 +38,7 @@ pub mod rope;
 pub mod teacher;
 pub mod ttt;
 
-pub use config::{AuxConvention, AuxLayers, DrafterConfig, RopeConfig, RopeScaling};
+pub use config::{AuxConvention, AuxLayers, DrafterConfig, MlaConfig, RopeConfig, RopeScaling};
 pub use drafter::Drafter;
 pub use error::{Error, Result};
 pub use native::{CaptureRequest, LogitsMode, TargetCache, TargetConfig, TargetModel, TargetOutput};

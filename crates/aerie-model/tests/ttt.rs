@@ -279,9 +279,9 @@ fn gradients_match_finite_differences() {
     type Pick = fn(&mut Drafter<AD>) -> &mut Param<Tensor<AD, 2>>;
     let picks: [(&str, Pick, [usize; 2]); 6] = [
         ("fc", |d| &mut d.fc.weight, [3, 17]),
-        ("q_proj", |d| &mut d.midlayer.self_attn.q_proj.weight, [5, 20]),
-        ("k_proj", |d| &mut d.midlayer.self_attn.k_proj.weight, [7, 3]),
-        ("v_proj", |d| &mut d.midlayer.self_attn.v_proj.weight, [2, 30]),
+        ("q_proj", |d| &mut d.midlayer.self_attn.gqa_mut().unwrap().q_proj.weight, [5, 20]),
+        ("k_proj", |d| &mut d.midlayer.self_attn.gqa_mut().unwrap().k_proj.weight, [7, 3]),
+        ("v_proj", |d| &mut d.midlayer.self_attn.gqa_mut().unwrap().v_proj.weight, [2, 30]),
         ("down_proj", |d| &mut d.midlayer.mlp.down_proj.weight, [9, 11]),
         ("lm_head", |d| &mut d.lm_head.weight, [4, 8]),
     ];
@@ -343,8 +343,8 @@ fn grads_of(drafter: &Drafter<AD>, g: &<AD as burn::tensor::backend::AutodiffBac
     let mut out = Vec::new();
     for p in [
         &drafter.fc.weight,
-        &drafter.midlayer.self_attn.q_proj.weight,
-        &drafter.midlayer.self_attn.k_proj.weight,
+        &drafter.midlayer.self_attn.gqa().unwrap().q_proj.weight,
+        &drafter.midlayer.self_attn.gqa().unwrap().k_proj.weight,
         &drafter.midlayer.mlp.down_proj.weight,
         &drafter.lm_head.weight,
     ] {
@@ -412,7 +412,7 @@ fn alpha_gradients_match_finite_differences() {
     type Pick = fn(&mut Drafter<AD>) -> &mut Param<Tensor<AD, 2>>;
     let picks: [(&str, Pick, [usize; 2]); 3] = [
         ("lm_head", |d| &mut d.lm_head.weight, [4, 8]),
-        ("q_proj", |d| &mut d.midlayer.self_attn.q_proj.weight, [5, 20]),
+        ("q_proj", |d| &mut d.midlayer.self_attn.gqa_mut().unwrap().q_proj.weight, [5, 20]),
         ("fc", |d| &mut d.fc.weight, [3, 17]),
     ];
     for (name, pick, idx) in picks {

@@ -25,12 +25,18 @@ struct StableIds {
 }
 
 impl<B: Backend> ModuleMapper<B> for StableIds {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.stack.push(name.to_string());
+    // An enum module (the drafter layer's `Attention`) enters its variant (`Gqa`, `Mla`) as a
+    // level of its own; canonical names have no such level.
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        if !container_type.starts_with("Enum:") {
+            self.stack.push(name.to_string());
+        }
     }
 
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.stack.pop();
+    fn exit_module(&mut self, _name: &str, container_type: &str) {
+        if !container_type.starts_with("Enum:") {
+            self.stack.pop();
+        }
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {

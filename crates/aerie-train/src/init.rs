@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use aerie_data::hf_config::{config_json_path, text_model};
 use aerie_data::vocab::DraftVocab;
 use aerie_model::DrafterConfig;
-use aerie_model::checkpoint::config::{SGLANG_ARCHITECTURE, parse_config, read_config};
+use aerie_model::checkpoint::config::{MLA_ARCHITECTURE, SGLANG_ARCHITECTURE, parse_config, read_config};
 use aerie_model::checkpoint::io::WeightFiles;
 use aerie_model::checkpoint::{
     Dialect, DrafterCheckpoint, Dtype, HostTensor, TensorMap, load_drafter_with_notes, load_target_embedding,
@@ -122,6 +122,18 @@ pub fn fresh_config(target_config: &Path, vocab: &DraftVocab, shape: &ShapeOverr
     m.insert("draft_vocab_size".into(), json!(vocab.draft_vocab_size()));
     m.insert("num_hidden_layers".into(), json!(1));
     m.insert("architectures".into(), json!([SGLANG_ARCHITECTURE]));
+    if let Some(mla) = &o.mla {
+        m.insert("architectures".into(), json!([MLA_ARCHITECTURE]));
+        for (k, v) in [
+            ("q_lora_rank", mla.q_lora_rank),
+            ("kv_lora_rank", mla.kv_lora_rank),
+            ("qk_nope_head_dim", mla.qk_nope_head_dim),
+            ("qk_rope_head_dim", mla.qk_rope_head_dim),
+            ("v_head_dim", mla.v_head_dim),
+        ] {
+            m.insert(k.into(), json!(v));
+        }
+    }
     if let Some(ids) = &o.aux_layer_ids {
         m.insert("eagle_config".into(), json!({"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": true}));
     }

@@ -3,6 +3,7 @@
 mod common;
 mod inspect;
 mod kimi;
+mod mla;
 mod roundtrip;
 mod speculators_load;
 mod target;

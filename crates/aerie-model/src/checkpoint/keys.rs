@@ -39,6 +39,19 @@ pub const MIDLAYER: [&str; 10] = [
     "midlayer.mlp.down_proj.weight",
 ];
 
+/// The multi-latent attention's weights (`Eagle3DeepseekV2ForCausalLM`), canonical names, in
+/// forward order; they replace the four `q/k/v/o_proj` of [`MIDLAYER`] (SGLang fuses `q_a_proj`
+/// and `kv_a_proj_with_mqa` on load, vLLM into `fused_qkv_a_proj`; files keep them apart).
+pub const MLA_ATTENTION: [&str; 7] = [
+    "midlayer.self_attn.q_a_proj.weight",
+    "midlayer.self_attn.q_a_layernorm.weight",
+    "midlayer.self_attn.q_b_proj.weight",
+    "midlayer.self_attn.kv_a_proj_with_mqa.weight",
+    "midlayer.self_attn.kv_a_layernorm.weight",
+    "midlayer.self_attn.kv_b_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+];
+
 /// Canonical name of the EAGLE-3.1 per-feature norm on aux feature `i` (`[Ht]`).
 pub fn fc_norm(i: usize) -> String {
     format!("fc_norm.{i}.weight")

@@ -30,6 +30,38 @@ pub fn tiny_config() -> DrafterConfig {
         norm_output: false,
         norm_before_residual: false,
         target_name_or_path: Some("synthetic/tiny-target".into()),
+        mla: None,
+    }
+}
+
+/// [`tiny_config`] with multi-latent attention (`Eagle3DeepseekV2ForCausalLM`): q_lora 24,
+/// kv_lora 16, heads of 16 + 8 (rotated) query/key and 12 value dims, YaRN RoPE as the published
+/// Kimi MLA drafters carry it (factor 32, mscale 1, mscale_all_dim 1), full vocabulary (no d2t).
+pub fn tiny_mla_config() -> DrafterConfig {
+    DrafterConfig {
+        num_key_value_heads: 4,
+        head_dim: 8,
+        rope: RopeConfig {
+            theta: 50000.0,
+            scaling: RopeScaling::Yarn {
+                factor: 32.0,
+                original_max_position_embeddings: 4096,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: None,
+                mscale: Some(1.0),
+                mscale_all_dim: Some(1.0),
+            },
+        },
+        draft_vocab_size: 512,
+        mla: Some(crate::MlaConfig {
+            q_lora_rank: 24,
+            kv_lora_rank: 16,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+            v_head_dim: 12,
+        }),
+        ..tiny_config()
     }
 }
 

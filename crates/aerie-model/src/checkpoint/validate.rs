@@ -91,13 +91,34 @@ pub fn expected_tensors(cfg: &DrafterConfig) -> Vec<Expected> {
         e.extend((0..a).map(|k| f(&keys::fc_norm(k), vec![ht], "[Ht]", true)));
     }
     let [inorm, hnorm, qp, kp, vp, op, pnorm, gate, up, down] = keys::MIDLAYER;
+    e.extend([f(inorm, vec![h], "[H]", true), f(hnorm, vec![h], "[H]", true)]);
+    match cfg.mla {
+        None => e.extend([
+            f(qp, vec![q, 2 * h], "[nH*d, 2H]", true),
+            f(kp, vec![kv, 2 * h], "[nKV*d, 2H]", true),
+            f(vp, vec![kv, 2 * h], "[nKV*d, 2H]", true),
+            f(op, vec![h, q], "[H, nH*d]", true),
+        ]),
+        Some(m) => {
+            let nh = cfg.num_attention_heads;
+            let [qa, qa_norm, qb, kva, kva_norm, kvb, o] = keys::MLA_ATTENTION;
+            e.extend([
+                f(qa, vec![m.q_lora_rank, 2 * h], "[q_lora_rank, 2H]", true),
+                f(qa_norm, vec![m.q_lora_rank], "[q_lora_rank]", true),
+                f(qb, vec![nh * m.qk_head_dim(), m.q_lora_rank], "[nH*(qk_nope+qk_rope), q_lora_rank]", true),
+                f(kva, vec![m.kv_lora_rank + m.qk_rope_head_dim, 2 * h], "[kv_lora_rank+qk_rope, 2H]", true),
+                f(kva_norm, vec![m.kv_lora_rank], "[kv_lora_rank]", true),
+                f(
+                    kvb,
+                    vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
+                    "[nH*(qk_nope+v), kv_lora_rank]",
+                    true,
+                ),
+                f(o, vec![h, nh * m.v_head_dim], "[H, nH*v]", true),
+            ]);
+        }
+    }
     e.extend([
-        f(inorm, vec![h], "[H]", true),
-        f(hnorm, vec![h], "[H]", true),
-        f(qp, vec![q, 2 * h], "[nH*d, 2H]", true),
-        f(kp, vec![kv, 2 * h], "[nKV*d, 2H]", true),
-        f(vp, vec![kv, 2 * h], "[nKV*d, 2H]", true),
-        f(op, vec![h, q], "[H, nH*d]", true),
         f(pnorm, vec![h], "[H]", true),
         f(gate, vec![i, h], "[I, H]", true),
         f(up, vec![i, h], "[I, H]", true),

@@ -18,7 +18,6 @@ use burn::tensor::{Bool, Int, Tensor, TensorData, activation::softmax, backend::
 
 use super::Drafter;
 use crate::precision::upcast;
-use crate::rope;
 use crate::{Error, Result};
 
 /// Keys and values of every accepted position, `[1, nKV, P, d]` each.
@@ -118,16 +117,9 @@ impl<B: Backend> Drafter<B> {
     pub fn into_decoding_layout(mut self) -> Self {
         self.fc = self.fc.into_row_major();
         self.lm_head = self.lm_head.into_row_major();
-        let (attn, mlp) = (&mut self.midlayer.self_attn, &mut self.midlayer.mlp);
-        for linear in [
-            &mut attn.q_proj,
-            &mut attn.k_proj,
-            &mut attn.v_proj,
-            &mut attn.o_proj,
-            &mut mlp.gate_proj,
-            &mut mlp.up_proj,
-            &mut mlp.down_proj,
-        ] {
+        self.midlayer.self_attn = self.midlayer.self_attn.into_row_major();
+        let mlp = &mut self.midlayer.mlp;
+        for linear in [&mut mlp.gate_proj, &mut mlp.up_proj, &mut mlp.down_proj] {
             *linear = linear.clone().into_row_major();
         }
         self
@@ -217,30 +209,25 @@ impl<B: Backend> Drafter<B> {
         let cfg = self.config();
         let layer = &self.midlayer;
         let attn = &layer.self_attn;
-        let [r, s] = ids.dims();
-        let (nh, nkv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-        let g = nh / nkv;
+        let [_, s] = ids.dims();
+        let g = attn.groups();
         let device = hidden.device();
         let (cos, sin) = self.rotary().tables::<B>(start, s, &device);
 
         let normed = layer.hidden_norm.forward(hidden.clone());
         let residual = if cfg.norm_before_residual { normed.clone() } else { hidden };
         let x = Tensor::cat(vec![layer.input_layernorm.forward(self.embed(ids)), normed], 2);
-        let heads = |t: Tensor<B, 3>, n: usize| t.reshape([r, s, n, d]).swap_dims(1, 2);
-        let q = rope::apply(heads(attn.q_proj.forward(x.clone()), nh), &cos, &sin);
-        let k = rope::apply(heads(attn.k_proj.forward(x.clone()), nkv), &cos, &sin);
-        let v = heads(attn.v_proj.forward(x), nkv);
+        let [q, k, v] = attn.project(x, &cos, &sin, None);
         let (k_all, v_all, single) = keys(k, v);
         let t = k_all.dims()[2];
-        let q = q.reshape([r, nkv, g * s, d]).mul_scalar(1.0 / (d as f64).sqrt());
         let dtype = q.dtype();
         let mut scores = q.matmul(k_all.clone().swap_dims(2, 3));
         if single.is_none() && s > 1 {
             scores = scores.mask_fill(causal_mask::<B>(g, s, t - s, &device), f32::NEG_INFINITY);
         }
         let weights = softmax(upcast(scores), 3).cast(dtype);
-        let out = weights.matmul(v_all.clone()).reshape([r, nh, s, d]).swap_dims(1, 2).reshape([r, s, nh * d]);
-        let h = residual + attn.o_proj.forward(out);
+        let out = attn.output(weights.matmul(v_all.clone()), None);
+        let h = residual + out;
         let out = h.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(h));
         (k_all, v_all, out)
     }

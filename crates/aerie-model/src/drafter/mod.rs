@@ -12,6 +12,7 @@
 //! - [`offline`]: over every position of a captured sequence at once, for offline acceptance
 //!   measurement.
 
+pub mod attention;
 pub mod decode;
 pub mod offline;
 pub mod shape;
@@ -20,10 +21,14 @@ pub mod tree;
 use burn::module::Module;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
-use crate::checkpoint::{Dtype, HostTensor, TensorMap};
-use crate::kernels::{attention, diagonal};
+pub use self::attention::{Attention, Eagle3Attention, MlaAttention};
+
+use self::attention::GqaWeightsT;
+use crate::checkpoint::validate::{self, ElemKind};
+use crate::checkpoint::{Dtype, HostTensor, TensorMap, keys};
+use crate::kernels;
 use crate::layers::{Linear, Mlp, RmsNorm};
-use crate::rope::{self, Rotary};
+use crate::rope::Rotary;
 use crate::{DrafterConfig, Error, Result};
 use aerie_data::vocab::DraftVocab;
 
@@ -42,10 +47,8 @@ pub struct TttCache<B: Backend> {
 /// `[in, out]` weights of the decoder layer in the activation dtype.
 #[derive(Debug, Clone)]
 struct LayerWeightsT<B: Backend> {
-    q: Tensor<B, 2>,
-    k: Tensor<B, 2>,
-    v: Tensor<B, 2>,
-    o: Tensor<B, 2>,
+    /// Grouped-query projections (none for MLA).
+    attn: Option<GqaWeightsT<B>>,
     mlp: [Tensor<B, 2>; 3],
 }
 
@@ -62,73 +65,6 @@ impl<B: Backend> TttCache<B> {
     }
 }
 
-/// Grouped-query self-attention of the drafter layer, input width 2H.
-#[derive(Module, Debug)]
-pub struct Eagle3Attention<B: Backend> {
-    /// `[nH*d, 2H]`.
-    pub q_proj: Linear<B>,
-    /// `[nKV*d, 2H]`.
-    pub k_proj: Linear<B>,
-    /// `[nKV*d, 2H]`.
-    pub v_proj: Linear<B>,
-    /// `[H, nH*d]`.
-    pub o_proj: Linear<B>,
-    num_heads: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-}
-
-impl<B: Backend> Eagle3Attention<B> {
-    fn heads(&self, x: Tensor<B, 3>, n: usize) -> Tensor<B, 4> {
-        let [b, l, _] = x.dims();
-        x.reshape([b, l, n, self.head_dim]).swap_dims(1, 2)
-    }
-
-    /// One TTT step over all positions: new queries at RoPE positions `t + k` (tables given),
-    /// attending causally to the step-0 keys and to the diagonal keys of steps 1..k.
-    ///
-    /// GQA without materialising repeated keys: queries `[B, nH, L, d]` are viewed as
-    /// `[B, nKV, g·L, d]` (HF's `repeat_kv` maps query head j to kv head j / g).
-    pub fn forward_ttt(
-        &self,
-        x: Tensor<B, 3>,
-        cos: &Tensor<B, 2>,
-        sin: &Tensor<B, 2>,
-        cache: &mut TttCache<B>,
-    ) -> Tensor<B, 3> {
-        let [b, l, _] = x.dims();
-        let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let g = nh / nkv;
-        let (q, k, v) = match &cache.weights {
-            Some(w) => {
-                (Linear::forward_t(x.clone(), &w.q), Linear::forward_t(x.clone(), &w.k), Linear::forward_t(x, &w.v))
-            }
-            None => (self.q_proj.forward(x.clone()), self.k_proj.forward(x.clone()), self.v_proj.forward(x)),
-        };
-        let q = rope::apply(self.heads(q, nh), cos, sin);
-        let k = rope::apply(self.heads(k, nkv), cos, sin);
-        let v = self.heads(v, nkv);
-        match cache.prefix {
-            None => cache.prefix = Some((k, v)),
-            Some(_) => cache.diagonal.push((k, v)),
-        }
-        let (k0, v0) = cache.prefix.clone().expect("prefix set above");
-        let q = q.reshape([b, nkv, g * l, d]).mul_scalar(1.0 / (d as f64).sqrt());
-
-        // Softmax over [causal step-0 scores | one diagonal score per later step]. The causal block
-        // comes back as its own softmax output o0 and log-sum-exp (`kernels::attention`, which on
-        // the CPU never keeps the `[.., g·L, L]` scores); `kernels::diagonal` merges it with the
-        // diagonal keys.
-        let (o0, lse0) = attention::causal(q.clone(), k0, v0);
-        let out = if cache.diagonal.is_empty() { o0 } else { diagonal::merge(q, o0, lse0, &cache.diagonal) };
-        let out = out.reshape([b, nh, l, d]).swap_dims(1, 2).reshape([b, l, nh * d]);
-        match &cache.weights {
-            Some(w) => Linear::forward_t(out, &w.o),
-            None => self.o_proj.forward(out),
-        }
-    }
-}
-
 /// The single decoder layer (`midlayer`).
 #[derive(Module, Debug)]
 pub struct Eagle3Layer<B: Backend> {
@@ -136,8 +72,8 @@ pub struct Eagle3Layer<B: Backend> {
     pub input_layernorm: RmsNorm<B>,
     /// RMSNorm on the incoming hidden stream.
     pub hidden_norm: RmsNorm<B>,
-    /// Attention over `cat(emb, h)`.
-    pub self_attn: Eagle3Attention<B>,
+    /// Attention over `cat(emb, h)`: grouped-query or multi-latent.
+    pub self_attn: Attention<B>,
     /// RMSNorm before the MLP.
     pub post_attention_layernorm: RmsNorm<B>,
     /// SwiGLU.
@@ -157,21 +93,45 @@ impl<B: Backend> Eagle3Layer<B> {
     ) -> Tensor<B, 3> {
         if cache.weights.is_none() {
             let dtype = hidden.dtype();
-            let (a, m) = (&self.self_attn, &self.mlp);
+            let m = &self.mlp;
             cache.weights = Some(LayerWeightsT {
-                q: a.q_proj.weight_t(dtype),
-                k: a.k_proj.weight_t(dtype),
-                v: a.v_proj.weight_t(dtype),
-                o: a.o_proj.weight_t(dtype),
+                attn: self.self_attn.weights_t(dtype),
                 mlp: [m.gate_proj.weight_t(dtype), m.up_proj.weight_t(dtype), m.down_proj.weight_t(dtype)],
             });
         }
         let normed = self.hidden_norm.forward(hidden.clone());
         let residual = if self.norm_before_residual { normed.clone() } else { hidden };
         let x = Tensor::cat(vec![self.input_layernorm.forward(emb), normed], 2);
-        let h = residual + self.self_attn.forward_ttt(x, cos, sin, cache);
+        let h = residual + self.attend_ttt(x, cos, sin, cache);
         let mlp_w = &cache.weights.as_ref().expect("set above").mlp;
         h.clone() + Mlp::forward_t(self.post_attention_layernorm.forward(h), mlp_w)
+    }
+
+    /// One TTT step of the attention over all positions: new queries at RoPE positions `t + k`
+    /// (tables given), attending causally to the step-0 keys and to the diagonal keys of steps
+    /// 1..k. Grouped-query heads are never repeated: queries `[B, nH, L, d]` are viewed as
+    /// `[B, nKV, g·L, d]` ([`Attention::project`]).
+    fn attend_ttt(
+        &self,
+        x: Tensor<B, 3>,
+        cos: &Tensor<B, 2>,
+        sin: &Tensor<B, 2>,
+        cache: &mut TttCache<B>,
+    ) -> Tensor<B, 3> {
+        let w = cache.weights.as_ref().and_then(|w| w.attn.clone());
+        let [q, k, v] = self.self_attn.project(x, cos, sin, w.as_ref());
+        match cache.prefix {
+            None => cache.prefix = Some((k, v)),
+            Some(_) => cache.diagonal.push((k, v)),
+        }
+        let (k0, v0) = cache.prefix.clone().expect("prefix set above");
+        // Softmax over [causal step-0 scores | one diagonal score per later step]. The causal block
+        // comes back as its own softmax output o0 and log-sum-exp (`kernels::attention`, which on
+        // the CPU never keeps the `[.., g·L, L]` scores); `kernels::diagonal` merges it with the
+        // diagonal keys.
+        let (o0, lse0) = kernels::attention::causal(q.clone(), k0, v0);
+        let out = if cache.diagonal.is_empty() { o0 } else { kernels::diagonal::merge(q, o0, lse0, &cache.diagonal) };
+        self.self_attn.output(out, w.as_ref())
     }
 }
 
@@ -198,30 +158,14 @@ pub struct Drafter<B: Backend> {
     rotary: Rotary,
 }
 
-/// Canonical names of the trainable tensors for `config` (everything but the embedding and the
-/// vocab map), in a stable order.
+/// Canonical names of the trainable tensors for `config` (every float tensor of the layout but
+/// the embedding; not the vocab map), in forward order.
 pub fn trainable_keys(config: &DrafterConfig) -> Vec<String> {
-    let mut keys = vec!["fc.weight".to_string()];
-    if config.fc_norm {
-        keys.extend((0..config.num_aux()).map(|i| format!("fc_norm.{i}.weight")));
-    }
-    for k in [
-        "input_layernorm",
-        "hidden_norm",
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "post_attention_layernorm",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-    ] {
-        keys.push(format!("midlayer.{k}.weight"));
-    }
-    keys.push("norm.weight".into());
-    keys.push("lm_head.weight".into());
-    keys
+    validate::expected_tensors(config)
+        .into_iter()
+        .filter(|e| e.kind == ElemKind::Float && e.name != keys::EMBED)
+        .map(|e| e.name)
+        .collect()
 }
 
 /// A host tensor of exactly `shape` as a device tensor of `dtype` (shared with the target loader).
@@ -296,6 +240,32 @@ impl<B: Backend> Drafter<B> {
         } else {
             Vec::new()
         };
+        let self_attn = match c.mla {
+            None => Attention::Gqa(Eagle3Attention {
+                q_proj: lin("midlayer.self_attn.q_proj.weight", nh * d, 2 * h)?,
+                k_proj: lin("midlayer.self_attn.k_proj.weight", nkv * d, 2 * h)?,
+                v_proj: lin("midlayer.self_attn.v_proj.weight", nkv * d, 2 * h)?,
+                o_proj: lin("midlayer.self_attn.o_proj.weight", h, nh * d)?,
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: d,
+            }),
+            Some(m) => {
+                let [qa, qa_norm, qb, kva, kva_norm, kvb, o] = keys::MLA_ATTENTION;
+                Attention::Mla(MlaAttention {
+                    q_a_proj: lin(qa, m.q_lora_rank, 2 * h)?,
+                    q_a_layernorm: norm(qa_norm, m.q_lora_rank)?,
+                    q_b_proj: lin(qb, nh * m.qk_head_dim(), m.q_lora_rank)?,
+                    kv_a_proj_with_mqa: lin(kva, m.kv_lora_rank + m.qk_rope_head_dim, 2 * h)?,
+                    kv_a_layernorm: norm(kva_norm, m.kv_lora_rank)?,
+                    kv_b_proj: lin(kvb, nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
+                    o_proj: lin(o, h, nh * m.v_head_dim)?,
+                    num_heads: nh,
+                    shape: m,
+                    scale: c.softmax_scale(),
+                })
+            }
+        };
         Ok(Self {
             embed_tokens: host_to_tensor(
                 "embed_tokens.weight",
@@ -309,15 +279,7 @@ impl<B: Backend> Drafter<B> {
             midlayer: Eagle3Layer {
                 input_layernorm: norm("midlayer.input_layernorm.weight", h)?,
                 hidden_norm: norm("midlayer.hidden_norm.weight", h)?,
-                self_attn: Eagle3Attention {
-                    q_proj: lin("midlayer.self_attn.q_proj.weight", nh * d, 2 * h)?,
-                    k_proj: lin("midlayer.self_attn.k_proj.weight", nkv * d, 2 * h)?,
-                    v_proj: lin("midlayer.self_attn.v_proj.weight", nkv * d, 2 * h)?,
-                    o_proj: lin("midlayer.self_attn.o_proj.weight", h, nh * d)?,
-                    num_heads: nh,
-                    num_kv_heads: nkv,
-                    head_dim: d,
-                },
+                self_attn,
                 post_attention_layernorm: norm("midlayer.post_attention_layernorm.weight", h)?,
                 mlp: Mlp {
                     gate_proj: lin("midlayer.mlp.gate_proj.weight", i, h)?,
@@ -330,7 +292,7 @@ impl<B: Backend> Drafter<B> {
             lm_head: lin("lm_head.weight", c.draft_vocab_size, h)?,
             config: c.clone(),
             vocab,
-            rotary: Rotary::new(&c.rope, d),
+            rotary: Rotary::new(&c.rope, c.rope_dim()),
         })
     }
 
@@ -348,10 +310,29 @@ impl<B: Backend> Drafter<B> {
         let m = &self.midlayer;
         put("midlayer.input_layernorm.weight", tensor_to_host(m.input_layernorm.weight.val(), dtype));
         put("midlayer.hidden_norm.weight", tensor_to_host(m.hidden_norm.weight.val(), dtype));
-        put("midlayer.self_attn.q_proj.weight", tensor_to_host(m.self_attn.q_proj.weight.val(), dtype));
-        put("midlayer.self_attn.k_proj.weight", tensor_to_host(m.self_attn.k_proj.weight.val(), dtype));
-        put("midlayer.self_attn.v_proj.weight", tensor_to_host(m.self_attn.v_proj.weight.val(), dtype));
-        put("midlayer.self_attn.o_proj.weight", tensor_to_host(m.self_attn.o_proj.weight.val(), dtype));
+        match &m.self_attn {
+            Attention::Gqa(a) => {
+                for (name, l) in
+                    [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
+                {
+                    put(&format!("midlayer.self_attn.{name}.weight"), tensor_to_host(l.weight.val(), dtype));
+                }
+            }
+            Attention::Mla(a) => {
+                let [qa, qa_norm, qb, kva, kva_norm, kvb, o] = keys::MLA_ATTENTION;
+                for (name, l) in [
+                    (qa, &a.q_a_proj),
+                    (qb, &a.q_b_proj),
+                    (kva, &a.kv_a_proj_with_mqa),
+                    (kvb, &a.kv_b_proj),
+                    (o, &a.o_proj),
+                ] {
+                    put(name, tensor_to_host(l.weight.val(), dtype));
+                }
+                put(qa_norm, tensor_to_host(a.q_a_layernorm.weight.val(), dtype));
+                put(kva_norm, tensor_to_host(a.kv_a_layernorm.weight.val(), dtype));
+            }
+        }
         put("midlayer.post_attention_layernorm.weight", tensor_to_host(m.post_attention_layernorm.weight.val(), dtype));
         put("midlayer.mlp.gate_proj.weight", tensor_to_host(m.mlp.gate_proj.weight.val(), dtype));
         put("midlayer.mlp.up_proj.weight", tensor_to_host(m.mlp.up_proj.weight.val(), dtype));

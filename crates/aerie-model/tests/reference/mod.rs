@@ -933,6 +933,7 @@ pub fn tiny_config() -> DrafterConfig {
         norm_output: false,
         norm_before_residual: false,
         target_name_or_path: None,
+        mla: None,
     }
 }
 

@@ -25,7 +25,7 @@ const fn k(key: &'static str, default: &'static str, affects_result: bool, doc: 
 }
 
 /// Sections (TOML tables).
-pub const SECTIONS: &[&str] = &["data", "init", "init.shape", "target", "optim"];
+pub const SECTIONS: &[&str] = &["data", "init", "init.shape", "init.shape.mla", "target", "optim"];
 
 /// THE table of keys.
 pub const KEYS: &[KeyDoc] = &[
@@ -89,6 +89,16 @@ pub const KEYS: &[KeyDoc] = &[
     k("init.shape.aux_layer_ids", "[1, N/2-1, N-4]", true, "fresh: target layers consumed, output-of-layer convention"),
     k("init.shape.fc_norm", "false", true, "fresh: EAGLE-3.1 per-feature norms before fc"),
     k("init.shape.norm_output", "false", true, "fresh: EAGLE-3.1 post-norm state fed to the next step"),
+    k("init.shape.mla.q_lora_rank", "unset", true, "fresh MLA drafter: query latent width (all five mla keys or none)"),
+    k("init.shape.mla.kv_lora_rank", "unset", true, "fresh MLA drafter: key/value latent width"),
+    k("init.shape.mla.qk_nope_head_dim", "unset", true, "fresh MLA drafter: per-head query/key width without RoPE"),
+    k(
+        "init.shape.mla.qk_rope_head_dim",
+        "unset",
+        true,
+        "fresh MLA drafter: per-head rotated width (one key for all heads)",
+    ),
+    k("init.shape.mla.v_head_dim", "unset", true, "fresh MLA drafter: per-head value width"),
     k("target.path", "unset", true, "target model directory, or a safetensors file with its head and embedding"),
     k("target.head", "target.path", true, "where lm_head.weight (the teacher) comes from"),
     k("target.embedding", "target.path", true, "where the input embedding comes from"),

@@ -225,6 +225,10 @@ pub struct ShapeOverrides {
     /// EAGLE-3.1: feed the post-norm state to the next draft step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm_output: Option<bool>,
+    /// `[init.shape.mla]`: multi-latent attention (`Eagle3DeepseekV2ForCausalLM`) instead of
+    /// grouped-query attention, with DeepSeek's five shape keys, all required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<aerie_model::MlaConfig>,
 }
 
 impl ShapeOverrides {

@@ -81,7 +81,8 @@ fn every_key_is_documented_and_the_examples_parse() {
     let text = format!(
         "eval_every = 1\n{MIN}[init.shape]\nhidden_size = 1\nintermediate_size = 1\nnum_attention_heads = 1\n\
          num_key_value_heads = 1\nhead_dim = 2\nrms_norm_eps = 1e-6\nrope_theta = 1.0\nmax_position_embeddings = 8\n\
-         aux_layer_ids = [1]\nfc_norm = true\nnorm_output = true\n"
+         aux_layer_ids = [1]\nfc_norm = true\nnorm_output = true\n[init.shape.mla]\nq_lora_rank = 4\n\
+         kv_lora_rank = 4\nqk_nope_head_dim = 2\nqk_rope_head_dim = 2\nv_head_dim = 2\n"
     )
     .replace(
         "kind = \"warm_start\"\ndrafter = \"drafters/x\"",

@@ -5,6 +5,7 @@ mod common;
 mod config;
 mod curves;
 mod dp;
+mod mla;
 mod nan;
 mod resume;
 mod throughput;

@@ -18,9 +18,11 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 
 mod fields;
+mod mla;
 mod rope;
 
 use self::fields::Obj;
+pub use self::mla::MLA_ARCHITECTURE;
 use self::rope::{parse_rope, rope_scaling_json};
 use super::Dialect;
 use super::tensors::Dtype;
@@ -105,8 +107,12 @@ pub fn read_config(path: &Path, target_layers: Option<usize>) -> Result<ParsedCo
     parse_config(&value, path, target_layers)
 }
 
-/// Which dialect a parsed `config.json` object is written in.
+/// Which dialect a parsed `config.json` object is written in (for MLA drafters, which have no
+/// speculators form, [`Dialect::Speculators`] names aerie's vLLM layout; see `config/mla.rs`).
 pub fn detect_dialect(value: &Value) -> Dialect {
+    if mla::is_mla(value) {
+        return mla::mla_dialect(value);
+    }
     let spec_arch = value
         .get("architectures")
         .and_then(Value::as_array)
@@ -118,8 +124,9 @@ pub fn detect_dialect(value: &Value) -> Dialect {
 pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) -> Result<ParsedConfig> {
     let top = Obj::new(path, value, "")?;
     let dialect = detect_dialect(value);
+    let is_mla = mla::is_mla(value);
     let mut notes = Vec::new();
-    if dialect == Dialect::Speculators {
+    if dialect == Dialect::Speculators && !is_mla {
         match top.str("speculators_model_type")? {
             Some("eagle3") | None => {}
             Some(other) => {
@@ -133,6 +140,7 @@ pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) ->
     // The Llama part: top level (SGLang) or nested (speculators).
     let llama = match dialect {
         Dialect::Sglang => Obj::new(path, value, "")?,
+        Dialect::Speculators if is_mla => Obj::new(path, value, "")?,
         Dialect::Speculators => top
             .child("transformer_layer_config", "transformer_layer_config.")?
             .ok_or_else(|| config_err(path, "speculators config lacks `transformer_layer_config`"))?,
@@ -143,11 +151,17 @@ pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) ->
     if num_attention_heads == 0 {
         return Err(config_err(path, "num_attention_heads is 0"));
     }
-    let num_key_value_heads = llama.usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
-    let head_dim = match llama.usize("head_dim")? {
-        Some(d) => d,
-        None if hidden_size % num_attention_heads == 0 => hidden_size / num_attention_heads,
-        None => {
+    // MLA gives every head its own keys, whatever the file says.
+    let num_key_value_heads = match is_mla {
+        true => num_attention_heads,
+        false => llama.usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+    };
+    let mla = if is_mla { Some(mla::parse_mla(&llama)?) } else { None };
+    let head_dim = match (llama.usize("head_dim")?, mla) {
+        (_, Some(m)) => m.qk_rope_head_dim,
+        (Some(d), None) => d,
+        (None, None) if hidden_size % num_attention_heads == 0 => hidden_size / num_attention_heads,
+        (None, None) => {
             return Err(config_err(
                 path,
                 format!(
@@ -200,6 +214,8 @@ pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) ->
             let ids = top.ids("eagle_aux_hidden_state_layer_ids")?;
             let nbr = match top.bool("norm_before_residual")? {
                 Some(b) => b,
+                // vLLM's MLA drafter defaults it to false (`getattr(.., False)`).
+                None if is_mla => false,
                 None => {
                     notes.push("norm_before_residual absent: vLLM assumes true, so aerie reads it as true".into());
                     true
@@ -218,6 +234,9 @@ pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) ->
                 if let Some(verifier) = spec.child("verifier", "speculators_config.verifier.")? {
                     name = verifier.str("name_or_path")?.map(str::to_string);
                 }
+            }
+            if name.is_none() {
+                name = top.str("target_name_or_path")?.map(str::to_string);
             }
             (ids, AuxConvention::InputOfLayer, nbr, None, tokens, name)
         }
@@ -276,6 +295,7 @@ pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) ->
         norm_output,
         norm_before_residual,
         target_name_or_path: target_name,
+        mla,
     };
     Ok(ParsedConfig {
         dialect,
@@ -331,6 +351,9 @@ pub fn to_json(cfg: &DrafterConfig, dialect: Dialect, dtype: Dtype, path: &Path)
     let refuse = |message: String| Error::Unsupported { path: path.to_path_buf(), message };
     if cfg.aux_layers.ids.is_empty() {
         return Err(refuse("cannot write a config without aux layer ids".into()));
+    }
+    if let Some(m) = &cfg.mla {
+        return mla::mla_json(cfg, m, dialect, dtype, path);
     }
     let mut m = Map::new();
     match dialect {
