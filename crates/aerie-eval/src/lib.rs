@@ -13,6 +13,7 @@ pub mod accept;
 pub mod compare;
 pub mod cost;
 pub mod counters;
+pub mod cycles;
 pub mod decode;
 mod error;
 pub mod generation;
