@@ -124,7 +124,7 @@ def run(a: argparse.Namespace) -> dict:
         # Refuse a dataset another writer holds before loading the target (minutes for a large
         # one, vLLM's start included); the writer takes the lock for good below.
         DirLock(Path(a.out)).release()
-    engine = build_engine(a, aux, teacher)
+    engine = build_engine(a, aux, teacher, data.report.get("max_length"))
     info = engine.info
     rank0 = getattr(engine, "is_writer", True)
     if data.vocab_size != info.vocab_size:

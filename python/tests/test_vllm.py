@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aerie_capture.engines.vllm import head_weight_names, rms_norm, split_rows, vllm_layer_ids  # noqa: E402
+from aerie_capture.engines.vllm import capture_model_len, head_weight_names, rms_norm, split_rows, vllm_layer_ids  # noqa: E402
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 IN_CI = os.environ.get("CI") == "true"
@@ -39,6 +39,16 @@ class LayerIds(unittest.TestCase):
             vllm_layer_ids([3, 1], 30)
         with self.assertRaises(ValueError):
             vllm_layer_ids([], 30)
+
+
+class ModelLen(unittest.TestCase):
+    def test_the_context_is_the_longest_sample_within_the_model(self):
+        # Kimi-K2.5's 262,144 positions: a KV cache no CPU holds; the prepared data's 4,096 tokens
+        # and the one generated token are what a capture needs.
+        self.assertEqual(capture_model_len({"max_position_embeddings": 262144}, 4096), 4097)
+        self.assertEqual(capture_model_len({"max_position_embeddings": 2048}, 4096), 2048)
+        self.assertEqual(capture_model_len({}, 100), 101)
+        self.assertIsNone(capture_model_len({"max_position_embeddings": 2048}, None))
 
 
 class Rows(unittest.TestCase):

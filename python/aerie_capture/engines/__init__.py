@@ -83,10 +83,11 @@ def check_aux_layers(ids: list[int], num_layers: int) -> None:
         )
 
 
-def build_engine(a, aux: Optional[list[int]], teacher):
+def build_engine(a, aux: Optional[list[int]], teacher, max_sample_tokens: Optional[int] = None):
     """The engine the worker's arguments `a` name (`--engine` and its options), capturing the
     aux layers `aux` (None: EAGLE-3's default) and what `teacher` (a `shards.Teacher`) needs.
-    Shared by the capture loop (`worker`) and the self-test (`selftest`)."""
+    `max_sample_tokens`: the longest sample it will see (the prepared data's `max_length`), which
+    bounds vLLM's context. Shared by the capture loop (`worker`) and the self-test (`selftest`)."""
     if a.engine == "transformers":
         from .hf import TransformersEngine
 
@@ -110,6 +111,7 @@ def build_engine(a, aux: Optional[list[int]], teacher):
             enforce_eager=not a.vllm_compile,
             tmp_dir=a.vllm_tmp,
             trust_remote_code=a.trust_remote_code,
+            max_sample_tokens=max_sample_tokens,
         )
     from .sglang import SGLangEngine
 

@@ -199,6 +199,18 @@ def _layers_on_model(model) -> tuple[int, ...]:
     return tuple(holder.aux_hidden_state_layers)
 
 
+def capture_model_len(text: dict, max_sample_tokens: Optional[int]) -> Optional[int]:
+    """The context vLLM reserves KV cache for: the longest sample plus the one token a capture
+    generates, within the model's own maximum. Left to vLLM, it is the model's maximum (262,144
+    for Kimi-K2.5), whose KV cache alone passes a CPU's `VLLM_CPU_KVCACHE_SPACE` and a small
+    GPU's memory, though no sample of the prepared data comes near it."""
+    if max_sample_tokens is None:
+        return None
+    limit = text.get("max_position_embeddings")
+    want = int(max_sample_tokens) + 1
+    return min(int(limit), want) if limit else want
+
+
 class VllmEngine:
     def __init__(
         self,
@@ -215,6 +227,7 @@ class VllmEngine:
         enforce_eager: bool = True,
         tmp_dir: Optional[str] = None,
         trust_remote_code: bool = False,
+        max_sample_tokens: Optional[int] = None,
     ):
         problems = check_api()
         if problems:
@@ -279,6 +292,7 @@ class VllmEngine:
             max_num_seqs=max_batch_samples,
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=capture_model_len(text, max_sample_tokens),
             speculative_config=spec,
             kv_transfer_config=kv,
         )
