@@ -58,7 +58,10 @@ fn eval_accept_counts_the_cycles_of_eval_decode() {
     let told = accept(&["--answer-budget", BUDGET]);
     let guessed = accept(&[]);
     assert_eq!(told["captured_not_target_argmax"], 0.0, "the captured answers are the target's greedy ones");
-    assert_eq!(told["cycles"], guessed["cycles"], "the template's end after a cut answer is recognised without the budget");
+    assert_eq!(
+        told["cycles"], guessed["cycles"],
+        "the template's end after a cut answer is recognised without the budget"
+    );
     assert_eq!(told["positions"], guessed["positions"]);
 
     for k in 1..=3usize {
@@ -92,7 +95,11 @@ fn eval_accept_counts_the_cycles_of_eval_decode() {
             told["tau_all_positions"],
         );
         assert_eq!(walk["k"], k);
-        assert_eq!((&walk["cycles"], &walk["accepted_drafts"]), (&within["cycles"], &within["accepted_drafts"]), "k = {k}");
+        assert_eq!(
+            (&walk["cycles"], &walk["accepted_drafts"]),
+            (&within["cycles"], &within["accepted_drafts"]),
+            "k = {k}"
+        );
         assert!(within["accepted_drafts"].as_u64().unwrap() > 0, "k = {k}: the fixture drafter's drafts are accepted");
     }
 }
