@@ -42,7 +42,7 @@ EOF
     --out "$work/prepared" --split eval=0 --max-length 4096
 [ -d "$work/shards" ] || "$aerie" capture --target "$target" --data "$work/prepared" --out "$work/shards" --dtype f32
 "$aerie" eval accept --drafter "$drafter" --data "$work/shards" --target-head "$target" --k "$k" \
-    --rule greedy --json > "$work/accept.json"
+    --rule greedy --answer-budget "$max_new" --json > "$work/accept.json"
 [ -f "$work/decode.json" ] || "$aerie" eval decode --target "$target" --drafter "$drafter" \
     --prompts "$work/prompts.jsonl" --k "$k" --max-new-tokens "$max_new" \
     --out "$work/decode.json" --costs-out "$work/costs.toml" > /dev/null
@@ -60,6 +60,7 @@ s_proj, s_meas = row["speedup"], dec["speedup"]
 out = {
     "k": k,
     "offline_tau": tau_off, "offline_positions": acc["positions"],
+    "offline_cycles": acc["cycles"][k - 1], "decode_within_answers": dec["within_answers"],
     "captured_not_target_argmax": acc["captured_not_target_argmax"],
     "decode_tau": tau_dec, "decode_cycles": dec["cycles"],
     "tau_rel_error": tau_off / tau_dec - 1,

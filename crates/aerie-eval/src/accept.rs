@@ -17,6 +17,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cycles::CycleCount;
+
 /// Accepted drafts of one chain under greedy verification: the length of the leading run of hits.
 pub fn chain_accept(hits: &[bool]) -> usize {
     hits.iter().take_while(|&&h| h).count()
@@ -227,8 +229,16 @@ pub struct AcceptReport {
     pub verify_tokens: usize,
     /// Draft temperature (0 = argmax drafts).
     pub temperature: f64,
-    /// τ at the full configuration, bonus included.
+    /// τ at the full configuration, bonus included: over the cycles decoding runs when
+    /// `cycles` is given (greedy on shards), else over every position.
     pub tau: f64,
+    /// τ over every counted position as if each started a cycle (the per-position rates' τ).
+    #[serde(default)]
+    pub tau_all_positions: f64,
+    /// Greedy on shards: the verify cycles of decoding walked over the answers, one per chain
+    /// prefix k = 1..=K (one for a tree); `tau` and `curve` are theirs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cycles: Vec<CycleCount>,
     /// τ(k) for k = 1..=K (chains; a single point for trees).
     pub curve: Vec<CurvePoint>,
     /// α_i = P(draft i accepted | drafts before it accepted), i = 1..=K.
@@ -291,6 +301,8 @@ impl AcceptReport {
             verify_tokens,
             temperature,
             tau,
+            tau_all_positions: tau,
+            cycles: Vec::new(),
             curve,
             accept_rate_conditional: conditional_from_unconditional(&r),
             accept_rate_unconditional: r.clone(),
@@ -303,6 +315,20 @@ impl AcceptReport {
             samples: 0,
             warnings,
         }
+    }
+
+    /// Take τ and the curve from the cycle walks of `walks` (k = 1..=K for a chain, K for a
+    /// tree); the per-position rates stay.
+    pub fn with_cycles(mut self, walks: Vec<CycleCount>) -> Self {
+        if let Some(last) = walks.last() {
+            self.tau = last.tau();
+            self.curve = match self.drafting.as_str() {
+                "chain" => walks.iter().map(|w| CurvePoint { k: w.k, verify_tokens: w.k + 1, tau: w.tau() }).collect(),
+                _ => vec![CurvePoint { k: last.k, verify_tokens: self.verify_tokens, tau: last.tau() }],
+            };
+        }
+        self.cycles = walks;
+        self
     }
 }
 

@@ -14,6 +14,7 @@
 pub mod accept;
 pub mod compare;
 pub mod cost;
+pub mod cycles;
 pub mod decode;
 pub mod engine_acceptance;
 mod error;

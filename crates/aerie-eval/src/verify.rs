@@ -14,6 +14,12 @@
 //! The teacher is valid for drafts beyond the first only when the accepted drafts reproduce the
 //! captured continuation, i.e. when the captured tokens are the target's own greedy outputs. The
 //! share of positions where they are not is measured and reported with a warning.
+//!
+//! Assistant tokens are the answer tokens of [`crate::cycles::answer_tokens`]: the end-of-turn
+//! token a template adds after an answer cut at its token budget is not one. Under the greedy
+//! rule, τ and the curve come from the cycles decoding runs ([`crate::cycles`]: a draft starts
+//! only where the last cycle ended); the per-position rates and histogram stay the average over
+//! every position, and `tau_all_positions` is their τ.
 
 use aerie_data::shard::{SampleView, ShardDataset};
 use aerie_model::drafter::offline::{ChainOptions, DraftSampling, draft_chain, draft_tree};
@@ -22,6 +28,7 @@ use aerie_model::{Drafter, TargetHead};
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, tree_accept};
+use crate::cycles::{CycleCount, answer_tokens, spans};
 use crate::{Error, Result};
 use aerie_data::shard::batch::length_sorted_batches;
 use aerie_model::ttt::batch::{TeacherSource, check_compatible, collate_finite};
@@ -43,6 +50,10 @@ pub struct AcceptOptions {
     pub max_samples: Option<usize>,
     /// Rows of the target head per chunk of the full-vocabulary argmax.
     pub head_chunk_rows: usize,
+    /// The token budget the captured answers were generated with (`--max-new-tokens`): an
+    /// answer is at most that long, so the end-of-turn token after a cut answer is known not to
+    /// be the target's. Without it, that token is recognised by the target's argmax.
+    pub answer_budget: Option<usize>,
 }
 
 impl Default for AcceptOptions {
@@ -55,6 +66,7 @@ impl Default for AcceptOptions {
             batch_size: 4,
             max_samples: None,
             head_chunk_rows: 8192,
+            answer_budget: None,
         }
     }
 }
@@ -72,6 +84,9 @@ impl AcceptOptions {
         }
         if self.rule == AcceptRule::Sampling && self.temperature == 0.0 {
             return bad("--rule sampling verifies drafts sampled from q: give --temperature > 0 (argmax drafts under sampling verification are --rule onehot)".into());
+        }
+        if self.answer_budget == Some(0) {
+            return bad("the answers' token budget must be at least 1".into());
         }
         if self.shape.tree().is_some() && self.rule != AcceptRule::Greedy {
             return bad(format!("tree drafts are verified greedily only (got --rule {})", self.rule.name()));
@@ -188,6 +203,9 @@ pub fn eval_accept<B: Backend>(
     let device = drafter.embed_tokens.device();
     let k = opts.shape.depth();
     let mut counter = AcceptCounter::new(k);
+    // The cycle walk of each chain prefix k' = 1..=K (one walk of depth K for a tree).
+    let depths: Vec<usize> = if opts.shape.tree().is_some() { vec![k] } else { (1..=k).collect() };
+    let mut walks: Vec<CycleCount> = depths.iter().map(|&k| CycleCount { k, ..CycleCount::default() }).collect();
     let mut done = 0;
     for idx in length_sorted_batches(&lengths, opts.batch_size) {
         let chunk: Vec<_> = idx.iter().map(|&i| samples[i]).collect();
@@ -195,15 +213,19 @@ pub fn eval_accept<B: Backend>(
         let [b, l] = batch.input_ids.dims();
         let argmax = teacher_argmax(&chunk, l, head, opts.head_chunk_rows, &device)?;
         let ids: Vec<Vec<i32>> = chunk.iter().map(|s| s.input_ids().to_vec()).collect();
-        let masks: Vec<&[u8]> = chunk.iter().map(|s| s.loss_mask()).collect();
+        let answer: Vec<Vec<bool>> = (0..b)
+            .map(|i| answer_tokens(&ids[i], chunk[i].loss_mask(), &argmax[i * l..(i + 1) * l], opts.answer_budget))
+            .collect();
         // Can the draft of step j at position t (proposing x_{t+2+j}) of row i be verified?
-        let verifiable = |i: usize, t: usize, j: usize| t + 2 + j < ids[i].len() && masks[i][t + 2 + j] == 1;
-        let counted = |i: usize, t: usize| t + 2 < ids[i].len() && masks[i][t + 1] == 1 && masks[i][t + 2] == 1;
+        let verifiable = |i: usize, t: usize, j: usize| t + 2 + j < ids[i].len() && answer[i][t + 2 + j];
+        let counted = |i: usize, t: usize| t + 2 < ids[i].len() && answer[i][t + 1] && answer[i][t + 2];
         let add_mismatch = |counter: &mut AcceptCounter, i: usize, t: usize| {
             if ids[i][t + 2] as u32 != argmax[i * l + t + 1] {
                 counter.captured_not_argmax += 1;
             }
         };
+        // Greedy drafts accepted at each counted position `[B·L]`, for the cycle walk.
+        let mut accepted = vec![0usize; b * l];
 
         if let Some(shape) = opts.shape.tree() {
             let tree = draft_tree(drafter, &batch.input_ids, &batch.aux, &shape)?;
@@ -221,7 +243,8 @@ pub fn eval_accept<B: Backend>(
                     let nodes = &tree.nodes[i * l + t];
                     let parents: Vec<Option<usize>> = nodes.iter().map(|n| n.parent).collect();
                     let tokens: Vec<u32> = nodes.iter().map(|n| n.target_id).collect();
-                    counter.add_length(tree_accept(&parents, &tokens, &target));
+                    accepted[i * l + t] = tree_accept(&parents, &tokens, &target);
+                    counter.add_length(accepted[i * l + t]);
                 }
             }
         } else {
@@ -273,7 +296,22 @@ pub fn eval_accept<B: Backend>(
                         counter.cut_by_end += 1;
                     }
                     let a: Vec<f64> = (0..reach).map(|j| probs[j][i * l + t]).collect();
+                    // Greedy: the leading run of accepted drafts (probabilities 0 or 1).
+                    accepted[i * l + t] = a.iter().take_while(|&&p| p == 1.0).count();
                     counter.add_probs(&a);
+                }
+            }
+        }
+        if opts.rule == AcceptRule::Greedy {
+            for (i, row) in answer.iter().enumerate() {
+                for (start, end) in spans(row) {
+                    // The cycle after answer token c is position c - 1's (none before the first
+                    // token of a sample, which no prefill emitted).
+                    let at = |c: usize| if c == 0 { 0 } else { accepted[i * l + c - 1] };
+                    for w in &mut walks {
+                        let k = w.k;
+                        w.walk(start, end, |c| at(c).min(k));
+                    }
                 }
             }
         }
@@ -282,6 +320,9 @@ pub fn eval_accept<B: Backend>(
     }
     let tree = opts.shape.tree().map(|t| (t.topk, t.verify_tokens));
     let mut report = AcceptReport::from_counter(&counter, opts.rule, tree, opts.temperature);
+    if opts.rule == AcceptRule::Greedy {
+        report = report.with_cycles(walks);
+    }
     report.samples = n;
     if opts.rule == AcceptRule::Sampling && opts.temperature > 0.0 && opts.temperature != 1.0 {
         report.warnings.push(format!(

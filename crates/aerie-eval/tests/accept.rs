@@ -144,12 +144,18 @@ fn perfect_drafter_accepts_every_verifiable_draft() {
     let rep = eval_accept(&drafter, &data, Some(&head), &greedy(3), &mut |_, _| {}).unwrap();
     assert_eq!(rep.positions, 8);
     assert_eq!(rep.positions_cut_by_turn_end, 2);
-    assert!((rep.tau - (1.0 + 21.0 / 8.0)).abs() < 1e-12, "τ = {}", rep.tau);
+    assert!((rep.tau_all_positions - (1.0 + 21.0 / 8.0)).abs() < 1e-12, "τ = {}", rep.tau_all_positions);
     assert_eq!(rep.accept_rate_unconditional, vec![1.0, 7.0 / 8.0, 6.0 / 8.0]);
     assert_eq!(rep.accept_histogram, vec![0.0, 1.0, 1.0, 6.0]);
     assert_eq!(rep.captured_not_target_argmax, 0.0);
     assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
-    assert_eq!(rep.curve.iter().map(|p| p.tau).collect::<Vec<_>>(), vec![2.0, 1.0 + 15.0 / 8.0, 1.0 + 21.0 / 8.0]);
+    // Decoding's cycles over the answer x_3..x_11: the prefill emits x_3; with k = 3 a cycle
+    // after x_3 emits x_4..x_7, one after x_7 emits x_8..x_11: 2 cycles, 6 drafts, τ = 4. With
+    // k = 1, 8 cycles of 2 tokens; with k = 2, cycles after x_3, x_6, x_9: τ = 3.
+    let counts: Vec<(u64, u64)> = rep.cycles.iter().map(|c| (c.cycles, c.accepted_drafts)).collect();
+    assert_eq!(counts, vec![(8, 8), (3, 6), (2, 6)]);
+    assert_eq!(rep.tau, 4.0);
+    assert_eq!(rep.curve.iter().map(|p| p.tau).collect::<Vec<_>>(), vec![2.0, 3.0, 4.0]);
 
     // Uncut: a sample long enough that only chains near its end are cut; τ = K + 1 on the rest.
     let dir2 = tempfile::tempdir().unwrap();
@@ -163,9 +169,37 @@ fn perfect_drafter_accepts_every_verifiable_draft() {
     let tree =
         AcceptOptions { shape: DraftShape::Tree(TreeShape { depth: 3, topk: 2, verify_tokens: 4 }), ..greedy(3) };
     let rep_tree = eval_accept(&drafter, &data, Some(&head), &tree, &mut |_, _| {}).unwrap();
-    assert!((rep_tree.tau - (1.0 + 21.0 / 8.0)).abs() < 1e-12, "tree τ = {}", rep_tree.tau);
+    assert!((rep_tree.tau_all_positions - (1.0 + 21.0 / 8.0)).abs() < 1e-12, "tree τ = {}", rep_tree.tau);
+    assert_eq!(rep_tree.tau, 4.0);
     assert_eq!(rep_tree.drafting, "tree");
     assert_eq!(rep_tree.curve.len(), 1);
+}
+
+/// An answer cut at its budget: the template's end-of-turn token after it is not the target's
+/// (its argmax there is c) and is no answer token, neither a position's target nor a cycle's.
+#[test]
+fn the_end_of_turn_after_a_cut_answer_is_not_predicted() {
+    let w = world();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ids, mask) = sample(w.c as i32, 12);
+    ids[11] = (w.c as i32 + 1) % 512;
+    let data = w.capture(dir.path(), &[(ids, mask)]);
+    let drafter = w.drafter(&w.perfect());
+    let head = w.head_tensor();
+    let rep = eval_accept(&drafter, &data, Some(&head), &greedy(3), &mut |_, _| {}).unwrap();
+    // The answer is x_3..x_10: positions t = 2..=8, none a mismatch; cycles after x_3 (x_4..x_7)
+    // and x_7 (x_8..x_10, the drafts left in the answer).
+    assert_eq!(rep.positions, 7);
+    assert_eq!(rep.captured_not_target_argmax, 0.0);
+    assert_eq!((rep.cycles[2].cycles, rep.cycles[2].accepted_drafts), (2, 6));
+    // The same, told the budget: 8 answer tokens.
+    let budget = AcceptOptions { answer_budget: Some(8), ..greedy(3) };
+    let told = eval_accept(&drafter, &data, Some(&head), &budget, &mut |_, _| {}).unwrap();
+    assert_eq!((told.positions, told.cycles.clone()), (rep.positions, rep.cycles.clone()));
+    // A tighter budget: 4 answer tokens x_3..x_6, one cycle of 3 drafts.
+    let tight = AcceptOptions { answer_budget: Some(4), ..greedy(3) };
+    let r = eval_accept(&drafter, &data, Some(&head), &tight, &mut |_, _| {}).unwrap();
+    assert_eq!((r.positions, r.cycles[2].cycles, r.cycles[2].accepted_drafts), (3, 1, 3));
 }
 
 #[test]

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::{DecodeOptions, DecodeTimings, SpecDecoder};
 use crate::Result;
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, CurvePoint};
+use crate::cycles::CycleCount;
 use crate::prompts::Prompt;
 
 /// One answer of one prompt.
@@ -112,6 +113,11 @@ pub struct DecodeReport {
     pub tau: f64,
     /// Tokens emitted per cycle (≤ τ: the last cycle of an answer may be cut).
     pub tokens_per_cycle: f64,
+    /// The cycles counting only the accepted drafts that are answer tokens (a last cycle's
+    /// drafts past the stop token or the budget left out): what `eval accept`'s cycle walk on
+    /// the same answers predicts, count for count. `tau` above counts what the verdicts
+    /// accepted, as the engines do.
+    pub within_answers: CycleCount,
     /// τ(k) for the chain prefixes k = 1..=K (a single point for a tree): what `aerie project`
     /// reads.
     pub curve: Vec<CurvePoint>,
@@ -180,6 +186,7 @@ pub fn decode_prompts<B: Backend>(
 ) -> Result<(DecodeReport, DecodeTimings)> {
     let greedy = opts.rule == AcceptRule::Greedy;
     let mut counter = AcceptCounter::new(opts.shape.depth());
+    let mut within = CycleCount { k: opts.shape.depth(), ..CycleCount::default() };
     let mut timings = DecodeTimings::default();
     let (mut plain_tp, mut spec_tp) = (Throughput::default(), Throughput::default());
     let (mut answers, mut emitted_total, mut mismatched) = (0usize, 0usize, 0usize);
@@ -201,9 +208,12 @@ pub fn decode_prompts<B: Backend>(
             let spec_ids = encoder.encode(&spec_ctx)?;
             let plain = dec.plain(&plain_ids, &turn_opts, &mut timings)?;
             let spec = dec.speculative(&spec_ids, &turn_opts, &mut timings)?;
-            for &a in &spec.accepted {
+            for (&a, &kept) in spec.accepted.iter().zip(&spec.emitted) {
                 counter.add_length(a);
                 prompt_counter.add_length(a);
+                // Kept tokens are the accepted drafts and then the bonus: min(a, kept) drafts.
+                within.cycles += 1;
+                within.accepted_drafts += a.min(kept) as u64;
             }
             let emitted: usize = spec.emitted.iter().sum();
             emitted_total += emitted;
@@ -260,6 +270,7 @@ pub fn decode_prompts<B: Backend>(
         cycles,
         tau: acceptance.tau,
         tokens_per_cycle: if cycles > 0 { emitted_total as f64 / cycles as f64 } else { 0.0 },
+        within_answers: within,
         curve: acceptance.curve.clone(),
         acceptance,
         plain: plain_tp,

@@ -166,6 +166,12 @@ pub struct AcceptCommon {
     /// Verify rule: greedy (draft == target argmax), sampling (Σ min(p, q)), onehot (p(draft)).
     #[arg(long, default_value = "greedy")]
     pub rule: AcceptRule,
+    /// The token budget the captured answers were generated with (regenerate's or the engine's
+    /// max new tokens): an answer is at most that long, so the end-of-turn token the template
+    /// adds after a cut answer is not predicted. Without it, that token is recognised by the
+    /// target's argmax (docs/decoding.md).
+    #[arg(long, value_name = "N")]
+    pub answer_budget: Option<usize>,
     /// How the shards are walked.
     #[command(flatten)]
     pub pass: ShardPassArgs,
@@ -182,6 +188,7 @@ impl AcceptCommon {
             batch_size: self.pass.batch_size,
             max_samples: self.pass.max_samples,
             head_chunk_rows: self.pass.head_chunk_rows,
+            answer_budget: self.answer_budget,
         };
         opts.validate()?;
         Ok(opts)

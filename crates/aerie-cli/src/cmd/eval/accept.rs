@@ -69,7 +69,13 @@ fn print_report(name: &str, r: &AcceptReport) {
         "positions  {} ({} samples, {} drafts, {} cut by turn end)",
         r.positions, r.samples, r.drafts, r.positions_cut_by_turn_end
     );
-    println!("τ          {:.3} (accept length, bonus token included)", r.tau);
+    match r.cycles.last() {
+        Some(c) => println!(
+            "τ          {:.3} (accept length, bonus token included, over the {} cycles decoding runs: {} drafts accepted; {:.3} if every position started one)",
+            r.tau, c.cycles, c.accepted_drafts, r.tau_all_positions
+        ),
+        None => println!("τ          {:.3} (accept length, bonus token included)", r.tau),
+    }
     println!("position   α_i (conditional)   r_i (unconditional)");
     for (i, (a, u)) in r.accept_rate_conditional.iter().zip(&r.accept_rate_unconditional).enumerate() {
         println!("{:<10} {:<19.4} {:.4}", i + 1, a, u);
