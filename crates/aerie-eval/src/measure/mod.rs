@@ -259,15 +259,22 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         }
         acc.iter_mut().zip(h).for_each(|(a, b)| *a += b);
     }
-    let hist_f: Option<Vec<f64>> = hist.as_ref().map(|h| h.iter().map(|&x| x as f64).collect());
-    let r = hist_f.as_deref().map(unconditional_from_histogram);
-    let tau_hist = r.as_ref().map(|r| 1.0 + r.iter().sum::<f64>());
-    let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let proposed: u64 = results.iter().filter_map(|r| r.meta.proposed_drafts).sum();
     let spec_verify_with_drafts: u64 =
         results.iter().filter(|r| r.meta.proposed_drafts.is_some()).filter_map(|r| r.meta.verify_ct).sum();
     let verify_tokens =
         (spec_verify_with_drafts > 0).then(|| (proposed as f64 / spec_verify_with_drafts as f64).round() as usize + 1);
+    // SGLang's histogram ends at the most drafts any cycle accepted (a run that never accepted
+    // all k sends fewer than k + 1 entries): a chain of k drafts has k + 1.
+    if let (Some(h), Some(n)) = (hist.as_mut(), verify_tokens)
+        && h.len() < n
+    {
+        h.resize(n, 0);
+    }
+    let hist_f: Option<Vec<f64>> = hist.as_ref().map(|h| h.iter().map(|&x| x as f64).collect());
+    let r = hist_f.as_deref().map(unconditional_from_histogram);
+    let tau_hist = r.as_ref().map(|r| 1.0 + r.iter().sum::<f64>());
+    let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let mut curve: Vec<CurvePoint> = Vec::new();
     if let (Some(r), Some(k)) = (&r, steps) {
         let is_chain = verify_tokens.is_none_or(|n| n == k + 1);
@@ -496,6 +503,19 @@ mod tests {
         let rep = summarize(&[r], 1.0, &MeasureOptions::default());
         assert!((rep.tau.unwrap() - 256.0 / 185.0).abs() < 1e-12);
         assert!(rep.warnings.iter().any(|w| w.contains("first token counts too")), "{:?}", rep.warnings);
+    }
+
+    #[test]
+    fn a_histogram_shorter_than_the_chain_is_padded_to_k_plus_one() {
+        // SGLang 0.5.23, k = 3, no cycle accepted more than one draft: [20, 3], 9 drafts per 3
+        // cycles proposed. The steps are 3, not 1, and r_2 = r_3 = 0.
+        let mut r = spec(26, 23, vec![20, 3], 1.0, 25);
+        r.meta.proposed_drafts = Some(69);
+        let rep = summarize(&[r], 1.0, &MeasureOptions::default());
+        assert_eq!((rep.steps, rep.verify_tokens), (Some(3), Some(4)));
+        assert_eq!(rep.accept_histogram, Some(vec![20, 3, 0, 0]));
+        assert_eq!(rep.accept_rate_unconditional.unwrap()[1..], [0.0, 0.0]);
+        assert!((rep.tau.unwrap() - (1.0 + 3.0 / 23.0)).abs() < 1e-12);
     }
 
     #[test]
