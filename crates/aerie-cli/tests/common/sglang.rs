@@ -42,8 +42,11 @@ pub fn cpu_engine_args() -> Vec<String> {
 }
 
 /// SGLang's environment on these CPUs, for any command that starts it (directly or through aerie).
+/// `AERIE_CAPTURE_PYTHONPATH` names this checkout's `python/` to aerie itself, whose own default
+/// is the checkout it was built from.
 pub fn sglang_env(c: &mut Command) -> &mut Command {
     c.env("PYTHONPATH", python_dir())
+        .env("AERIE_CAPTURE_PYTHONPATH", python_dir())
         .env("AERIE_SGLANG_TEST_KERNELS", test_kernels_dir())
         .env("OMP_NUM_THREADS", "1")
         .env("HF_HUB_OFFLINE", "1")
