@@ -76,9 +76,13 @@ fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
         return;
     };
     let mut c = Command::new(&python);
-    sglang_env(&mut c)
-        .current_dir(python_dir().join("tests"))
-        .args(["-m", "unittest", "-v", "test_sgl_kernel_standin", "test_aerie_serve_sglang"]);
+    sglang_env(&mut c).current_dir(python_dir().join("tests")).args([
+        "-m",
+        "unittest",
+        "-v",
+        "test_sgl_kernel_standin",
+        "test_aerie_serve_sglang",
+    ]);
     let out = c.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "python unittest failed:\n{err}");
@@ -117,7 +121,11 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
     for r in runs {
         let tau = r["tau"].as_f64().unwrap();
         assert!(tau > 1.0, "SGLang accepted drafts: {r}");
-        assert_eq!(r["greedy_identical"], r["answers"], "greedy speculation changed an answer: {}", r["first_difference"]);
+        assert_eq!(
+            r["greedy_identical"], r["answers"],
+            "greedy speculation changed an answer: {}",
+            r["first_difference"]
+        );
         assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), 2);
         // The same drafts, accepted the same way: SGLang's accounting equals aerie's decoder.
         let p = &r["prediction"];

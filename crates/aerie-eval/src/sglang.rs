@@ -186,7 +186,8 @@ impl SpecMeta {
     /// Take every field `newer` knows, keep the others: a stream spreads one request's statistics
     /// over several chunks (SGLang: `sglext` in one, the usage in another).
     pub fn update(&mut self, newer: SpecMeta) {
-        let SpecMeta { completion_tokens, verify_ct, histogram, accepted_drafts, proposed_drafts, accept_length } = newer;
+        let SpecMeta { completion_tokens, verify_ct, histogram, accepted_drafts, proposed_drafts, accept_length } =
+            newer;
         self.completion_tokens = completion_tokens.or(self.completion_tokens);
         self.verify_ct = verify_ct.or(self.verify_ct);
         self.histogram = histogram.or(self.histogram.take());

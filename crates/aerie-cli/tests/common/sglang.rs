@@ -58,8 +58,13 @@ pub fn sglang_env(c: &mut Command) -> &mut Command {
 pub fn sglang_python(test: &str) -> Option<PathBuf> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
     let Some(py) = std::env::var_os("AERIE_SGLANG_PYTHON").map(PathBuf::from) else {
-        assert!(!ci, "{test}: AERIE_SGLANG_PYTHON is unset but CI=true: CI must run the SGLang checks (.ci/run sets it)");
-        println!("note: {test} skipped: set AERIE_SGLANG_PYTHON to a Python with python/requirements-sglang.txt installed");
+        assert!(
+            !ci,
+            "{test}: AERIE_SGLANG_PYTHON is unset but CI=true: CI must run the SGLang checks (.ci/run sets it)"
+        );
+        println!(
+            "note: {test} skipped: set AERIE_SGLANG_PYTHON to a Python with python/requirements-sglang.txt installed"
+        );
         return None;
     };
     let out = Command::new(&py).args(["-c", "import sglang; print(sglang.__version__)"]).output();

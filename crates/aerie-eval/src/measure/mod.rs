@@ -297,8 +297,9 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         );
     }
     // τ by the one convention: accepted drafts per verify cycle, plus the bonus token.
-    let accepted_counts: Option<u64> = (spec_requests > 0 && results.iter().all(|r| r.meta.verify_ct.is_none() || r.meta.accepted_drafts.is_some()))
-        .then(|| results.iter().filter(|r| r.meta.verify_ct.is_some()).filter_map(|r| r.meta.accepted_drafts).sum());
+    let accepted_counts: Option<u64> = (spec_requests > 0
+        && results.iter().all(|r| r.meta.verify_ct.is_none() || r.meta.accepted_drafts.is_some()))
+    .then(|| results.iter().filter(|r| r.meta.verify_ct.is_some()).filter_map(|r| r.meta.accepted_drafts).sum());
     let tau = match (tau_hist, accepted_counts) {
         _ if !speculative => None,
         (Some(t), _) => Some(t),
