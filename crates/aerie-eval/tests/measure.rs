@@ -53,7 +53,9 @@ fn generate_with_speculation() {
     assert_eq!(seen[0].body["sampling_params"]["temperature"], 0);
     assert!(rep.speculative);
     assert_eq!((rep.requests, rep.completion_tokens, rep.spec_verify_ct), (4, 40, 16));
-    assert!((rep.tau.unwrap() - 2.5).abs() < 1e-12);
+    // τ = 1 + accepted / cycles (aerie's decoder's τ); completion / cycles is SGLang's own ratio.
+    assert!((rep.tau.unwrap() - (1.0 + 5.0 / 4.0)).abs() < 1e-12);
+    assert!((rep.tokens_per_verify.unwrap() - 2.5).abs() < 1e-12);
     assert!((rep.tau_from_histogram.unwrap() - (1.0 + 5.0 / 4.0)).abs() < 1e-12);
     assert_eq!(rep.accept_histogram, Some(vec![4, 4, 8]));
     assert_eq!(rep.accept_rate_unconditional, Some(vec![0.75, 0.5]));
@@ -65,21 +67,28 @@ fn generate_with_speculation() {
 
 #[test]
 fn chat_stream_times_tokens() {
-    let meta = spec_meta(&[0, 2, 3]); // 5 passes, 8 accepted, completion 14
+    // SGLang 0.5.23's stream: content deltas, the finish, one chunk holding only
+    // `sglext.spec_tokens_details` (asked for with return_spec_tokens_details; return_meta_info
+    // is refused on a stream), then the usage. 5 passes, 8 accepted, completion 14.
     let mock = start(2, LIFE, move |_, req| {
-        assert_eq!(req.body["return_meta_info"], true);
+        assert!(req.body.get("return_meta_info").is_none(), "SGLang answers HTTP 400 to it on a stream");
+        assert_eq!(req.body["return_spec_tokens_details"], true);
         assert_eq!(req.body["stream"], true);
         let mut events: Vec<serde_json::Value> =
             (0..5).map(|_| json!({"choices": [{"index": 0, "delta": {"content": "ab"}}]})).collect();
-        events
-            .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length", "meta_info": meta.clone()}],
-            "usage": {"completion_tokens": 14}}));
+        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}));
+        events.push(json!({"choices": [], "sglext": {"spec_tokens_details": {"spec_accept_rate": 0.8,
+            "spec_accept_length": 2.8, "spec_num_correct_drafts": 8, "spec_num_proposed_drafts": 10,
+            "spec_verify_ct": 5, "spec_correct_drafts_histogram": [0, 2, 3]}}}));
+        events.push(json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 14, "total_tokens": 19}}));
         Reply::Events(events, Duration::from_millis(15))
     });
     let rep = measure(&prompts(2), &opts(&mock.url, Endpoint::Chat, true), &quiet).unwrap();
     let seen = mock.finish();
     assert!(seen.iter().all(|s| s.path == "/v1/chat/completions"));
-    assert!((rep.tau.unwrap() - 14.0 / 5.0).abs() < 1e-12);
+    assert_eq!((rep.completion_tokens, rep.spec_verify_ct, rep.steps), (28, 10, Some(2)));
+    assert!((rep.tau.unwrap() - (1.0 + 8.0 / 5.0)).abs() < 1e-12);
+    assert!((rep.tokens_per_verify.unwrap() - 14.0 / 5.0).abs() < 1e-12);
     let itl = rep.itl_ms.unwrap();
     assert!(itl > 1.0 && itl < 100.0, "ITL {itl} ms");
     assert!(rep.ttft_ms.is_some());

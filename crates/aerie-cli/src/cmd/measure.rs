@@ -154,9 +154,9 @@ fn print_report(r: &MeasureReport) {
     println!("latency    TTFT {} ms, ITL {} ms", opt(r.ttft_ms, 1), opt(r.itl_ms, 2));
     if r.speculative {
         println!(
-            "τ          {} (Σ completion / Σ verify), {} from the histogram",
+            "τ          {} (1 + accepted drafts per verify cycle); {} tokens per verify (completion / verify)",
             opt(r.tau, 3),
-            opt(r.tau_from_histogram, 3)
+            opt(r.tokens_per_verify, 3)
         );
         if let (Some(a), Some(u)) = (&r.accept_rate_conditional, &r.accept_rate_unconditional) {
             println!("position   α_i (conditional)   r_i (unconditional)");

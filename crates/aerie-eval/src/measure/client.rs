@@ -140,10 +140,7 @@ fn attempt(
             first.get_or_insert((now, n));
             last = Some((now, n));
         }
-        let meta = parse_meta(&v);
-        if meta.completion_tokens.is_some() || meta.verify_ct.is_some() {
-            final_meta = meta;
-        }
+        final_meta.update(parse_meta(&v));
     }
     if final_meta.completion_tokens.is_none() {
         final_meta.completion_tokens = last.map(|(_, n)| n);

