@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use aerie_data::shard::ShardDataset;
 use aerie_model::checkpoint::io::write_safetensors;
 use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
 use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter};

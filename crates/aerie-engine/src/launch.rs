@@ -103,9 +103,7 @@ impl EngineLaunch {
             Engine::Vllm => a.extend(["--dtype".to_string(), "float32".to_string()]),
             // SGLang's Prometheus metrics (off by default), and f32 as for vLLM (sglang-cpu.md: in
             // bf16 2 of 6 answers split at near-ties).
-            Engine::Sglang | Engine::Openai => {
-                a.extend(["--enable-metrics", "--dtype", "float32"].map(str::to_string))
-            }
+            Engine::Sglang | Engine::Openai => a.extend(["--enable-metrics", "--dtype", "float32"].map(str::to_string)),
         }
         if let Some((drafter, k)) = &self.speculative {
             match self.engine {
