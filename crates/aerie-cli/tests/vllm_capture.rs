@@ -143,11 +143,25 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
     // The worker itself, killed with SIGKILL (its group: vLLM's engine processes with it) once
     // two shards are committed; then `aerie capture` resumes it.
     let cut = dir.path().join("cut");
+    // The worker run by hand, with the metadata aerie would hand it (the capture contract).
+    let opts = aerie_capture::CaptureOptions {
+        target_name: s(&model).into(),
+        aux_layers: Some(vec![1, 14, 26]),
+        dtype: "f32".parse().unwrap(),
+        teacher: "final-hidden+topk:8".parse().unwrap(),
+        shard_tokens: 150,
+        split: "train".into(),
+        max_samples: None,
+    };
+    let shape = aerie_capture::contract::TargetShape::from_config(&model).unwrap();
+    let prepared = aerie_data::prepare::PreparedDataset::open(&data).unwrap();
+    let metadata = aerie_capture::contract::metadata(&model, shape, &prepared, &opts).unwrap();
+    let metadata = serde_json::to_string(&metadata.to_map()).unwrap();
     let mut w = Command::new(&python);
     vllm_env(&mut w)
-        .args(["-m", "aerie_capture", "--engine", "vllm", "--target", s(&model), "--target-name", s(&model)])
+        .args(["-m", "aerie_capture", "--engine", "vllm", "--target", s(&model), "--metadata", &metadata])
         .args(["--data", s(&data), "--out", s(&cut), "--split", "train"])
-        .args(flags)
+        .args(["--shard-tokens", "150", "--max-batch-tokens", "320"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut w, 0);
