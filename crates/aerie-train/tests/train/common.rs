@@ -213,3 +213,18 @@ pub fn metrics_lines(run: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// The held-out metrics of the run's initial drafter (before any step), on `w.eval`: what a run's
+/// later held-out loss is compared with.
+pub fn initial_held_out(w: &World, cfg: &TrainConfig) -> aerie_model::ttt::TttMetrics {
+    use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
+    use aerie_model::{Drafter, TargetHead};
+    use burn::tensor::{Tensor, TensorData};
+    let init = aerie_train::init::initial_drafter(cfg).unwrap().checkpoint;
+    let drafter = Drafter::<burn::backend::Flex>::from_tensors(&init.config, &init.tensors, &cpu()).unwrap();
+    let head = aerie_model::checkpoint::load_target_head(&w.target_file).unwrap();
+    let wt = Tensor::<burn::backend::Flex, 2>::from_data(TensorData::new(head.to_f32("h").unwrap(), [V, H]), &cpu());
+    let head = TargetHead::new(wt, drafter.vocab(), 64);
+    let data = aerie_data::shard::ShardDataset::open(&w.eval).unwrap();
+    eval_loss(&drafter, &data, Some(&head), &EvalLossOptions::default(), &mut |_, _| {}).unwrap()
+}

@@ -2,10 +2,7 @@
 //! the held-out loss falls, the checkpoint is an `Eagle3DeepseekV2ForCausalLM` drafter, and a
 //! resumed run ends bit-identical (the optimizer state follows the MLA tensors' canonical names).
 
-use aerie_model::checkpoint::{load_drafter, load_target_head};
-use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
-use aerie_model::{Drafter, TargetHead};
-use burn::tensor::{Tensor, TensorData};
+use aerie_model::checkpoint::load_drafter;
 
 use crate::common::*;
 
@@ -25,13 +22,7 @@ fn mla_drafter_learns_resumes_and_saves_its_layout() {
     let last = evals.last().unwrap()["metrics"]["loss"].as_f64().unwrap();
     // The held-out loss of the same initial drafter before any step (a first *train* loss is on
     // other samples and not comparable).
-    let init = aerie_train::init::initial_drafter(&cfg).unwrap().checkpoint;
-    let drafter = Drafter::<burn::backend::Flex>::from_tensors(&init.config, &init.tensors, &cpu()).unwrap();
-    let head = load_target_head(&w.target_file).unwrap();
-    let wt = Tensor::<burn::backend::Flex, 2>::from_data(TensorData::new(head.to_f32("h").unwrap(), [V, H]), &cpu());
-    let head = TargetHead::new(wt, drafter.vocab(), 64);
-    let data = aerie_data::shard::ShardDataset::open(&w.eval).unwrap();
-    let before = eval_loss(&drafter, &data, Some(&head), &EvalLossOptions::default(), &mut |_, _| {}).unwrap().loss;
+    let before = initial_held_out(&w, &cfg).loss;
     assert!(last < before, "held-out loss {last} after 12 steps, {before} before");
 
     let final_dir = a.final_checkpoint.clone().unwrap();

@@ -1,9 +1,6 @@
 //! A short run learns, logs, evaluates and leaves a loadable drafter.
 
-use aerie_model::checkpoint::{load_drafter, load_target_head};
-use aerie_model::ttt::eval::{EvalLossOptions, eval_loss};
-use aerie_model::{Drafter, TargetHead};
-use burn::tensor::{Tensor, TensorData};
+use aerie_model::checkpoint::load_drafter;
 
 use crate::common::*;
 
@@ -22,13 +19,7 @@ fn loss_decreases_over_thirty_steps() {
     let train: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "train").collect();
     assert_eq!(train.len(), 30);
     // Per-step losses are noisy (3-sample batches); the held-out loss is not.
-    let init = aerie_train::init::initial_drafter(&cfg).unwrap().checkpoint;
-    let drafter = Drafter::<burn::backend::Flex>::from_tensors(&init.config, &init.tensors, &cpu()).unwrap();
-    let head = load_target_head(&w.target_file).unwrap();
-    let wt = Tensor::<burn::backend::Flex, 2>::from_data(TensorData::new(head.to_f32("h").unwrap(), [V, H]), &cpu());
-    let head = TargetHead::new(wt, drafter.vocab(), 64);
-    let data = aerie_data::shard::ShardDataset::open(&w.eval).unwrap();
-    let before = eval_loss(&drafter, &data, Some(&head), &EvalLossOptions::default(), &mut |_, _| {}).unwrap();
+    let before = initial_held_out(&w, &cfg);
     let evals: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "eval").collect();
     assert_eq!(evals.iter().map(|e| e["step"].as_u64().unwrap()).collect::<Vec<_>>(), vec![15, 30]);
     let after = evals[1]["metrics"]["loss"].as_f64().unwrap();
