@@ -27,7 +27,7 @@ fn files_under(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
 /// never talks HTTP or starts Python, the engine room never runs a tensor.
 fn layer(krate: &str) -> Option<u32> {
     Some(match krate {
-        "aerie-data" => 0,
+        "aerie-data" | "aerie-plot" => 0,
         "aerie-model" | "aerie-engine" => 1,
         "aerie-hub" | "aerie-capture" | "aerie-train" | "aerie-eval" => 2,
         "aerie-cli" => 3,
@@ -59,7 +59,7 @@ fn crate_dependencies_point_down_the_layers() {
             }
         }
     }
-    assert_eq!(seen, 8, "expected the eight aerie crates under crates/");
+    assert_eq!(seen, 9, "expected the nine aerie crates under crates/");
 }
 
 /// Source files outside `tests/` (Rust and Python) stay readable in one sitting.
@@ -273,4 +273,164 @@ fn no_import_loops_between_sibling_python_modules() {
     assert!(worker.contains(&vec!["selftest".to_string()]), "{worker:?}");
     let loops = sibling_loops("aerie_capture", &edges);
     assert!(loops.is_empty(), "Python modules on an import loop with a sibling: {loops:?}");
+}
+
+/// The string literals of Rust source `text` outside comments and its `#[cfg(test)] mod tests`
+/// (plain, byte and raw strings; char literals and lifetimes skipped), each with its line.
+fn string_literals(text: &str) -> Vec<(usize, String)> {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+    let b: Vec<char> = text.chars().collect();
+    let line_of = |i: usize| b[..i].iter().filter(|&&c| c == '\n').count() + 1;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            '/' if b.get(i + 1) == Some(&'/') => {
+                while i < b.len() && b[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '/' if b.get(i + 1) == Some(&'*') => {
+                i += 2;
+                while i + 1 < b.len() && !(b[i] == '*' && b[i + 1] == '/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            'r' if matches!(b.get(i + 1), Some('"' | '#'))
+                && (i == 0 || !(b[i - 1].is_alphanumeric() || b[i - 1] == '_')) =>
+            {
+                let hashes = b[i + 1..].iter().take_while(|&&c| c == '#').count();
+                if b.get(i + 1 + hashes) != Some(&'"') {
+                    i += 1;
+                    continue;
+                }
+                let start = i + 2 + hashes;
+                let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+                let rest: String = b[start..].iter().collect();
+                let len = rest.find(&close).unwrap_or(rest.len());
+                out.push((line_of(i), rest[..len].to_string()));
+                i = start + rest[..len].chars().count() + close.len();
+            }
+            '"' => {
+                let start = i + 1;
+                i += 1;
+                while i < b.len() && b[i] != '"' {
+                    i += if b[i] == '\\' { 2 } else { 1 };
+                }
+                out.push((line_of(start), b[start..i.min(b.len())].iter().collect()));
+                i += 1;
+            }
+            // A char literal (`'"'`, `'\''`); a lifetime (`'a`) is left as code.
+            '\'' if b.get(i + 1) == Some(&'\\') => {
+                i += 2;
+                while i < b.len() && b[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            '\'' if b.get(i + 2) == Some(&'\'') => i += 3,
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// Engine names and engine flags in string literals of `text`, as `LINE: "literal" (why)`: a
+/// literal that is exactly a serving engine's name (the identity of an engine, parsed in one
+/// place: `aerie_engine::Engine`), one of the command-line flags or environment variables of an
+/// engine aerie starts (built in one place: `aerie_engine::launch`). Prose that mentions an
+/// engine (an error saying what vLLM does) is not an identity and passes.
+fn engine_names(text: &str, names_allowed: bool) -> Vec<String> {
+    const NAMES: [&str; 3] = ["vllm", "sglang", "openai"];
+    const FLAGS: [&str; 13] = [
+        "--speculative-config",
+        "--speculative-algorithm",
+        "--speculative-draft-model-path",
+        "--speculative-num-steps",
+        "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens",
+        "--served-model-name",
+        "--enable-metrics",
+        "--context-length",
+        "--model-path",
+        "--kv-cache-memory-bytes",
+        "--max-total-tokens",
+        "--mem-fraction-static",
+    ];
+    string_literals(text)
+        .into_iter()
+        .filter_map(|(line, s)| {
+            let why = if !names_allowed && NAMES.iter().any(|n| s.eq_ignore_ascii_case(n)) {
+                "an engine's name"
+            } else if FLAGS.contains(&s.as_str()) {
+                "an engine's flag"
+            } else if s.starts_with("VLLM_") || s.starts_with("SGLANG_") {
+                "an engine's environment"
+            } else {
+                return None;
+            };
+            Some(format!("{line}: \"{s}\" ({why})"))
+        })
+        .collect()
+}
+
+/// Only the engine room names an engine. Outside aerie-engine no library or CLI source (tests
+/// aside) holds an engine's name as a string literal, or an engine's flag or environment
+/// variable: a flag that names an engine parses into `aerie_engine::Engine`, and an engine's
+/// command line is `aerie_engine::launch`'s. The drafter layouts named after the engines (`export
+/// --to sglang|speculators`: aerie-model's checkpoint `Dialect`, aerie-hub's `export`, `served`
+/// and `inspect`) may name them, never their flags.
+#[test]
+fn only_the_engine_room_names_an_engine() {
+    let root = workspace();
+    let layouts = [
+        "aerie-model/src/checkpoint/",
+        "aerie-hub/src/export.rs",
+        "aerie-hub/src/served.rs",
+        "aerie-hub/src/inspect.rs",
+    ];
+    let mut files = Vec::new();
+    files_under(&root.join("crates"), "rs", &mut files);
+    let mut found = Vec::new();
+    let mut scanned = 0;
+    for f in &files {
+        let rel = f.strip_prefix(root.join("crates")).unwrap().to_string_lossy().into_owned();
+        if rel.starts_with("aerie-engine/") || !rel.contains("/src/") {
+            continue;
+        }
+        scanned += 1;
+        let allowed = layouts.iter().any(|l| rel.starts_with(l));
+        found.extend(
+            engine_names(&std::fs::read_to_string(f).unwrap(), allowed).into_iter().map(|m| format!("{rel}:{m}")),
+        );
+    }
+    assert!(scanned > 100, "scanned only {scanned} files");
+    assert!(found.is_empty(), "engine names outside aerie-engine: {found:#?}");
+}
+
+/// The rule on planted code: what it catches and what it lets pass.
+#[test]
+fn the_engine_rule_catches_a_planted_name_and_passes_prose() {
+    let planted = r##"
+// "vllm" in a comment is not code
+/// Doc: `--engine vllm`.
+fn api(s: &str) -> u8 { match s { "vLLM" => 1, "sglang" => 2, _ => 0 } }
+fn args() -> [&'static str; 2] { ["--speculative-config", r#"x"#] }
+fn env() -> &'static str { if '"' == '\'' { "x" } else { "VLLM_CPU_KVCACHE_SPACE" } }
+fn say() -> String { "speculation was expected but vLLM's counters did not move".into() }
+#[cfg(test)]
+mod tests { const A: &str = "vllm"; }
+"##;
+    assert_eq!(
+        engine_names(planted, false),
+        [
+            "4: \"vLLM\" (an engine's name)",
+            "4: \"sglang\" (an engine's name)",
+            "5: \"--speculative-config\" (an engine's flag)",
+            "6: \"VLLM_CPU_KVCACHE_SPACE\" (an engine's environment)",
+        ]
+    );
+    // A drafter layout may say `sglang`, never an engine's flag.
+    assert_eq!(engine_names(planted, true).len(), 2);
 }

@@ -36,7 +36,8 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 def main():
     model, jobs = sys.argv[1], json.load(open(sys.argv[2]))
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=2048, enable_prefix_caching=False)
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=2048, enable_prefix_caching=False,
+              kv_cache_memory_bytes=2 << 30)
     # One prompt at a time, as aerie sent them (--concurrency 1): the same batch shapes.
     outs = [llm.generate(TokensPrompt(prompt_token_ids=j["prompt"]), SamplingParams(temperature=0.0, max_tokens=j["max_tokens"]),
                          use_tqdm=False)[0] for j in jobs]

@@ -204,14 +204,6 @@ pub enum Error {
         /// What is wrong, with the numbers involved.
         message: String,
     },
-    /// A chart that could not be drawn or written (`plot`).
-    #[error("{}: {message}", path.display())]
-    Plot {
-        /// The PNG or SVG file.
-        path: PathBuf,
-        /// What failed.
-        message: String,
-    },
     /// Options of a data-preparation or vocabulary step that cannot work.
     #[error("invalid option: {0}")]
     InvalidOption(String),

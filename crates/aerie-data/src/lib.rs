@@ -6,8 +6,7 @@
 //! (`aerie-shard/1`, documented in `docs/shard-format.md`) and implements a crash-safe writer and
 //! a zero-copy memory-mapped reader; [`shard::batch`] pads samples into host arrays. The crate
 //! has no tensor backend: aerie-model uploads those arrays to a device. [`vocab`] owns the draft
-//! vocabulary ([`vocab::DraftVocab`]) every stage uses, and [`plot`] the charts evaluation and
-//! training both draw.
+//! vocabulary ([`vocab::DraftVocab`]) every stage uses.
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -57,7 +56,6 @@ compile_error!("aerie-data reads shards in place and supports little-endian targ
 
 mod arrowutil;
 pub mod atomic;
-pub mod clock;
 pub mod conversation;
 mod error;
 pub mod generation;
@@ -66,7 +64,6 @@ pub mod limits;
 pub mod lock;
 pub mod owned;
 mod paths;
-pub mod plot;
 pub mod prepare;
 pub mod readers;
 pub mod shard;

@@ -1,8 +1,8 @@
 //! The HTTP side of talking to a serving engine, whichever stage does it (`regenerate
 //! --server`, `measure`, `eval serve`, readiness and detection): one blocking agent, one cap on
 //! the bytes a response may bring, the message inside an error body, and the payload of one
-//! server-sent event. SGLang, vLLM and OpenAI-compatible servers agree on both, so one reader
-//! serves them all.
+//! server-sent event, one POST and the [`Failure`] of an attempt (retried by [`crate::retry`]).
+//! SGLang, vLLM and OpenAI-compatible servers agree on all of it, so one client serves them all.
 
 use std::io::Read;
 use std::time::Duration;
@@ -76,6 +76,106 @@ pub fn over_cap_message() -> String {
         "the response passed {} MiB, the most aerie reads from one answer: an answer without end (stopped)",
         MAX_RESPONSE_BYTES >> 20
     )
+}
+
+/// One failed request attempt: what to say, the HTTP status when one came back, and whether
+/// trying again may help (`retry_as`: the cause a report counts it under, `429`, `503`,
+/// `timeout`, `connection`), or not (`None`: a refusal, a bad URL, an answer that cannot be read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// HTTP status, when one came back.
+    pub status: Option<u16>,
+    /// What happened, with the server's own message when it sent one.
+    pub message: String,
+    /// The cause to retry under, or `None` for a final failure.
+    pub retry_as: Option<String>,
+}
+
+impl Failure {
+    /// A failure that trying again would only repeat.
+    pub fn fatal(status: Option<u16>, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), retry_as: None }
+    }
+
+    /// A request that never got an answer: timeouts and broken connections are worth retrying
+    /// (an engine restarting, a proxy hiccup), a host that does not exist or a bad URL are not.
+    pub fn transport(e: &ureq::Error, timeout: Duration) -> Self {
+        let (message, cause) = match e {
+            ureq::Error::Timeout(_) => {
+                (format!("no complete answer within {:.1} s (the timeout)", timeout.as_secs_f64()), Some("timeout"))
+            }
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                ("connection refused: is the server running and listening there?".to_owned(), Some("connection"))
+            }
+            ureq::Error::ConnectionFailed => {
+                ("connection failed: is the server running and listening there?".to_owned(), Some("connection"))
+            }
+            ureq::Error::Io(io) => (format!("I/O error: {io}"), Some("connection")),
+            ureq::Error::HostNotFound => ("host not found".to_owned(), None),
+            ureq::Error::BadUri(u) => (format!("bad URL `{u}`"), None),
+            other => (other.to_string(), Some("connection")),
+        };
+        Self { status: None, message, retry_as: cause.map(str::to_owned) }
+    }
+
+    /// A non-2xx answer: 429 and 5xx are retried (busy, overloaded, restarting), other statuses
+    /// are the server refusing this request, which it would refuse again.
+    pub fn status(status: u16, body: &str) -> Self {
+        let retry = status == 429 || status >= 500;
+        Self {
+            status: Some(status),
+            message: format!("HTTP {status}: {}", error_message(body)),
+            retry_as: retry.then(|| status.to_string()),
+        }
+    }
+
+    /// The last failure of a request after `attempts` tries, said once for every caller: how
+    /// many attempts a transient failure took, or that a refusal was not retried.
+    pub fn explain(&self, attempts: usize) -> String {
+        let mut s = self.message.clone();
+        if self.retry_as.is_some() {
+            s.push_str(&format!(" (after {attempts} attempts)"));
+        } else if self.status.is_some_and(|st| (400..500).contains(&st) && st != 429) {
+            s.push_str(" (the server refused the request; not retried)");
+        }
+        s
+    }
+}
+
+/// One JSON POST: the status and the body of a 2xx answer, or the [`Failure`] (transport or
+/// status) to retry or report. `accept` is the `Accept` header (an event stream or JSON).
+pub fn post(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &str,
+    accept: &str,
+    timeout: Duration,
+) -> Result<(u16, ureq::Body), Failure> {
+    let resp = agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", accept)
+        .send(body)
+        .map_err(|e| Failure::transport(&e, timeout))?;
+    let status = resp.status().as_u16();
+    let mut resp_body = resp.into_body();
+    if !(200..300).contains(&status) {
+        return Err(Failure::status(status, &read_text(&mut resp_body).unwrap_or_default()));
+    }
+    Ok((status, resp_body))
+}
+
+/// One JSON POST answered with JSON: the parsed answer, or the [`Failure`]. An answer past
+/// [`MAX_RESPONSE_BYTES`] or not JSON is final.
+pub fn post_json(agent: &ureq::Agent, url: &str, body: &str, timeout: Duration) -> Result<Value, Failure> {
+    let (status, mut resp_body) = post(agent, url, body, "application/json", timeout)?;
+    let text = read_text(&mut resp_body).map_err(|e| match e {
+        ureq::Error::BodyExceedsLimit(_) => Failure::fatal(Some(status), over_cap_message()),
+        e => Failure::transport(&e, timeout),
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        Failure::fatal(Some(status), format!("HTTP {status} but the body is not JSON ({e}): {}", error_message(&text)))
+    })
 }
 
 /// `GET url` answered with (status, body), or the transport error's text.

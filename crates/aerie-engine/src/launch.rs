@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::kv::KvCache;
 use crate::process::{die_with_parent, log_tail, root_cause, stop_group};
 use crate::{Engine, Error, Result};
 
@@ -55,6 +56,9 @@ pub struct EngineLaunch {
     pub speculative: Option<(PathBuf, usize)>,
     /// Longest sequence the engine must hold (prompt + answer).
     pub max_model_len: usize,
+    /// The KV cache to start with ([`KvCache::for_run`]); `None` leaves the engine's default
+    /// (its share of the device: on vLLM's CPU backend 85 % of the machine's memory).
+    pub kv_cache: Option<KvCache>,
     /// Extra engine arguments (`--engine-arg`), appended as given after aerie's own.
     pub extra_args: Vec<String>,
     /// Extra environment variables.
@@ -105,6 +109,11 @@ impl EngineLaunch {
             // bf16 2 of 6 answers split at near-ties).
             Engine::Sglang | Engine::Openai => a.extend(["--enable-metrics", "--dtype", "float32"].map(str::to_string)),
         }
+        match (self.engine, self.kv_cache) {
+            (Engine::Vllm, Some(kv)) => a.extend(["--kv-cache-memory-bytes".into(), kv.bytes.to_string()]),
+            (Engine::Sglang, Some(kv)) => a.extend(["--max-total-tokens".into(), kv.tokens.to_string()]),
+            _ => {}
+        }
         if let Some((drafter, k)) = &self.speculative {
             match self.engine {
                 Engine::Vllm => {
@@ -133,17 +142,14 @@ impl EngineLaunch {
         a
     }
 
-    /// The environment the engine runs with: for vLLM loopback only, no telemetry, no Hub (it
-    /// reads the directories it is given) and, on a CPU, a 2 GiB KV cache unless the caller's
-    /// environment sizes it; then [`EngineLaunch::env`].
+    /// The environment the engine runs with: for vLLM no telemetry and no Hub (it reads the
+    /// directories it is given); then [`EngineLaunch::env`]. The KV cache is a flag
+    /// ([`EngineLaunch::kv_cache`]), not the environment.
     pub fn environment(&self) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = Vec::new();
         if self.engine == Engine::Vllm {
             for (k, v) in [("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"), ("HF_HUB_OFFLINE", "1")] {
                 env.push((k.into(), v.into()));
-            }
-            if std::env::var_os("VLLM_CPU_KVCACHE_SPACE").is_none() {
-                env.push(("VLLM_CPU_KVCACHE_SPACE".into(), "2".into()));
             }
         }
         env.extend(self.env.iter().cloned());
@@ -356,6 +362,7 @@ mod tests {
             port: None,
             speculative: Some(("/m/drafter".into(), 3)),
             max_model_len: 2048,
+            kv_cache: Some(KvCache { bytes: 300 << 20, tokens: 2560 }),
             extra_args: vec!["--enforce-eager".into()],
             env: Vec::new(),
             log: "/tmp/log".into(),
@@ -374,7 +381,10 @@ mod tests {
         assert_eq!(cfg["num_speculative_tokens"], 3);
         assert!(a.windows(2).any(|w| w == ["--host", "127.0.0.1"]));
         assert!(a.windows(2).any(|w| w == ["--port", "4242"]));
+        assert!(a.windows(2).any(|w| w == ["--kv-cache-memory-bytes", "314572800"]), "the KV cache is aerie's: {a:?}");
         assert_eq!(a.last().unwrap(), "--enforce-eager");
+        let env = launch(Engine::Vllm).environment();
+        assert!(env.iter().all(|(k, _)| k != "VLLM_CPU_KVCACHE_SPACE"), "{env:?}");
     }
 
     #[test]
@@ -385,6 +395,7 @@ mod tests {
         assert!(a.windows(2).any(|w| w == ["--speculative-num-steps", "3"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-num-draft-tokens", "4"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-eagle-topk", "1"]));
+        assert!(a.windows(2).any(|w| w == ["--max-total-tokens", "2560"]));
     }
 
     #[test]

@@ -6,12 +6,15 @@
 //! to an engine's layout (aerie-hub, the CLI). It owns:
 //! - [`Engine`], the engine enum every flag (`--engine`, `--api`) parses into;
 //! - what each engine needs to start ([`launch`]: its command line, speculative arguments,
-//!   environment, readiness on the served model, its version) and the process rules of every
+//!   environment, readiness on the served model, its version; [`kv`]: its KV cache sized for the
+//!   run) and the process rules of every
 //!   child aerie starts ([`process`]: own process group, parent-death signal, stop, the root
 //!   cause of a failure read from its log);
 //! - the HTTP side ([`http`]: one agent, one response-size cap, error bodies, server-sent
-//!   events), which engine a server is ([`detect`], one rule), the speculative statistics of
-//!   responses ([`meta`]) and vLLM's Prometheus counters ([`counters`]);
+//!   events, one POST and its failure; [`retry`]: the one retry rule), which engine a server is
+//!   ([`detect`], one rule), the speculative statistics of responses ([`meta`]), a chat turn's
+//!   request and answer in each engine's dialect ([`turn`]) and vLLM's Prometheus counters
+//!   ([`counters`]);
 //! - where aerie's Python packages are and how an interpreter is chosen ([`python`]).
 //!
 //! It is burn-free and stage-free: it depends on aerie-data only, and no stage crate needs another
@@ -22,10 +25,13 @@ pub mod counters;
 pub mod detect;
 mod error;
 pub mod http;
+pub mod kv;
 pub mod launch;
 pub mod meta;
 pub mod process;
 pub mod python;
+pub mod retry;
+pub mod turn;
 
 pub use error::{Error, Result};
 

@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::accept::CurvePoint;
 use crate::{Error, Result};
+/// Today's UTC date, `YYYY-MM-DD`: the `when` of a costs file's provenance (the calendar is
+/// aerie-data's, which chat templates' `strftime_now` also reads).
+pub use aerie_data::template::clock::today;
 
 /// T_v(n), the cost of one verify pass over n tokens.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -14,6 +14,9 @@ pub enum Error {
     /// From the shard reader.
     #[error(transparent)]
     Data(#[from] aerie_data::Error),
+    /// A chart that could not be drawn or written.
+    #[error(transparent)]
+    Plot(#[from] aerie_plot::Error),
     /// The drafter and the data do not belong together.
     #[error("{0}")]
     Incompatible(String),

@@ -1,12 +1,12 @@
 //! PNG and SVG plots of a comparison: acceptance by draft position per candidate, and
 //! projected speedup against k with the break-even line S = 1, drawn with the chart helpers of
-//! [`aerie_data::plot`] (the same fonts, colours and legends as training's curves).
+//! [`aerie_plot`] (the same fonts, colours and legends as training's curves).
 
 use std::path::Path;
 
-use aerie_data::plot::plotters::coord::Shift;
-use aerie_data::plot::plotters::prelude::*;
-use aerie_data::plot::{DrawResult, FONT, Figure, color, legend, line, render, text as s};
+use aerie_plot::plotters::coord::Shift;
+use aerie_plot::plotters::prelude::*;
+use aerie_plot::{DrawResult, FONT, Figure, color, legend, line, render, text as s};
 
 use crate::Result;
 

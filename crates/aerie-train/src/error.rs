@@ -18,6 +18,9 @@ pub enum Error {
     /// From the shard reader.
     #[error(transparent)]
     Data(#[from] aerie_data::Error),
+    /// A chart that could not be drawn or written.
+    #[error(transparent)]
+    Plot(#[from] aerie_plot::Error),
     /// Filesystem error on a named path.
     #[error("{}: {source}", path.display())]
     Io {

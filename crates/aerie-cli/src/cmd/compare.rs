@@ -5,17 +5,16 @@
 
 use std::path::PathBuf;
 
+use aerie_eval::compare::run::{self, Compare, CompareProgress};
 use aerie_eval::compare::{Candidate, rows, write_report};
-use aerie_eval::cost::Costs;
-use aerie_eval::decode::{DecodeOptions, DecodeSession, measured_costs};
+use aerie_eval::cost::{Costs, today};
+use aerie_eval::decode::{DecodeOptions, DecodeSession};
 use aerie_eval::offline::ShardEval;
 use aerie_eval::serve::evaluate;
-use aerie_model::drafter::shape::DraftShape;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
-
-use aerie_data::clock::today;
+use indicatif::ProgressBar;
 
 use crate::cmd::common::AcceptCommon;
 use crate::cmd::common::engine::{Bars, EngineArgs, serve_options, served_drafters, workdir};
@@ -62,25 +61,55 @@ pub struct CompareArgs {
 /// Run `aerie compare`.
 pub fn run(args: CompareArgs) -> Result<()> {
     // One name per candidate in every mode (rows, plots, exports): duplicates are refused.
-    aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
+    let names = aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
+    let drafters: Vec<(String, PathBuf)> = names.into_iter().zip(args.drafters.iter().cloned()).collect();
     args.common.options()?;
     let costs = args.costs.as_deref().map(Costs::load).transpose().context("reading the costs file")?;
     if args.serving.engine.is_some() {
         return compare_serving(&args, costs.as_ref());
     }
-    with_backend!(args.common.pass.device, |B, dev| compare::<B>(&args, costs.as_ref(), &dev))
+    let bar = CandidatesBar(ProgressBar::hidden());
+    let c = Compare { drafters: &drafters, costs: costs.as_ref(), progress: &bar };
+    let result = with_backend!(args.common.pass.device, |B, dev| compare::<B>(&args, &c, &dev));
+    match result {
+        Ok((cands, table_costs)) => {
+            bar.0.finish_and_clear();
+            finish(&args, &cands, table_costs.as_ref())
+        }
+        Err(e) => {
+            bar.0.abandon();
+            Err(e)
+        }
+    }
 }
 
-/// One bar across all candidates: n × `per` units, the current candidate in its prefix.
-fn candidates_bar(n: usize, per: usize, unit: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new((n * per) as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "compare {{prefix}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{per_sec}}, ETA {{eta}})"
-        ))
-        .expect("valid template"),
-    );
-    pb
+/// One bar across all candidates, the current candidate in its prefix.
+struct CandidatesBar(ProgressBar);
+
+impl CompareProgress for CandidatesBar {
+    fn start(&self, total: u64, unit: &str) {
+        self.0.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        self.0.set_length(total);
+        self.0.set_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "compare {{prefix}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{per_sec}}, ETA {{eta}})"
+            ))
+            .expect("valid template"),
+        );
+    }
+    fn candidate(&self, i: usize, n: usize, name: &str, position: u64) {
+        self.0.set_prefix(format!("[{}/{n}] {name}", i + 1));
+        self.0.set_position(position);
+    }
+    fn position(&self, position: u64) {
+        self.0.set_position(position);
+    }
+    fn advance(&self, units: u64) {
+        self.0.inc(units);
+    }
+    fn line(&self, line: &str) {
+        self.0.println(line);
+    }
 }
 
 fn finish(args: &CompareArgs, cands: &[Candidate], costs: Option<&Costs>) -> Result<()> {
@@ -103,10 +132,7 @@ fn compare_serving(args: &CompareArgs, costs: Option<&Costs>) -> Result<()> {
     let (Some(target), Some(prompts)) = (args.common.target.as_deref(), args.prompts.as_deref()) else {
         bail!("--engine compares inside a serving engine: give --target DIR and --prompts FILE");
     };
-    let shape = args.common.draft.shape()?;
-    let DraftShape::Chain { k } = shape else {
-        bail!("--engine serves chains of --k drafts (vLLM's EAGLE-3 has no draft trees)");
-    };
+    let k = run::served_chain(&args.common.draft.shape()?)?;
     let dir = workdir(args.serving.workdir.as_deref())?;
     let opts =
         serve_options(&args.serving, target, prompts, args.common.pass.max_samples, &[k], args.max_new_tokens, &dir)?;
@@ -116,99 +142,32 @@ fn compare_serving(args: &CompareArgs, costs: Option<&Costs>) -> Result<()> {
     bars.bar.finish_and_clear();
     let report =
         result.with_context(|| format!("comparing in {} (engine logs in {})", args.serving.kind(), dir.display()))?;
-    let measured = report.costs(&today())?;
-    let costs = costs.unwrap_or(&measured);
-    let mut cands: Vec<Candidate> = report
-        .runs
-        .iter()
-        .map(|r| {
-            let mut c =
-                Candidate::new(r.drafter.clone(), r.drafter_dir.display().to_string(), r.accept_report(), Some(costs));
-            c.measured_speedup = Some(r.speedup);
-            c
-        })
-        .collect();
-    cands.sort_by(|a, b| b.measured_speedup.unwrap_or(0.0).total_cmp(&a.measured_speedup.unwrap_or(0.0)));
-    finish(args, &cands, Some(costs))
+    let (cands, costs) = run::serving(&report, costs, &today())?;
+    finish(args, &cands, Some(&costs))
 }
 
-/// Decode mode: every candidate decodes the same prompts on the native target.
-fn compare_decoding<B: Backend>(
+/// Offline or decoding mode, on the device's backend.
+fn compare<B: Backend>(
     args: &CompareArgs,
-    prompts: &std::path::Path,
-    costs: Option<&Costs>,
+    c: &Compare<'_>,
     device: &B::Device,
-) -> Result<()> {
-    let c = &args.common;
-    let target = c.target.as_deref().expect("clap requires --target with --prompts");
-    let shape = c.draft.shape()?;
-    let opts = DecodeOptions {
-        shape,
-        temperature: c.temperature,
-        rule: c.rule,
-        max_new_tokens: args.max_new_tokens,
-        seed: c.seed,
-    };
-    opts.validate(usize::MAX)?;
-    let session = DecodeSession::<B>::load(target, prompts, c.pass.max_samples, &args.template, device)?;
-    let names = aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
-    let n = args.drafters.len();
-    let pb = candidates_bar(n, 2 * session.answers() * args.max_new_tokens, "tokens (max)");
-    let mut cands = Vec::with_capacity(n);
-    let mut report_costs = costs.cloned();
-    for (i, dir) in args.drafters.iter().enumerate() {
-        let name = names[i].clone();
-        pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
-        pb.set_position((i * 2 * session.answers() * args.max_new_tokens) as u64);
-        let run = session.run(target, dir, &opts, device, &mut |t| pb.inc(t as u64));
-        let (report, timings) = match run {
-            Ok(r) => r,
-            Err(e) => {
-                pb.abandon();
-                return Err(e.into());
-            }
-        };
-        let measured = measured_costs(&timings, target, &c.pass.device.to_string(), &shape, &today());
-        let own = costs.cloned().or(measured);
-        if report_costs.is_none() {
-            report_costs.clone_from(&own);
-        }
-        pb.println(format!("[{}/{n}] {name}: τ {:.3}, measured speedup {:.3}", i + 1, report.tau, report.speedup));
-        let mut cand = Candidate::new(name, dir.display().to_string(), report.acceptance, own.as_ref());
-        cand.measured_speedup = Some(report.speedup);
-        cands.push(cand);
-    }
-    pb.finish_and_clear();
-    finish(args, &cands, report_costs.as_ref())
-}
-
-fn compare<B: Backend>(args: &CompareArgs, costs: Option<&Costs>, device: &B::Device) -> Result<()> {
+) -> Result<(Vec<Candidate>, Option<Costs>)> {
+    let common = &args.common;
     if let Some(prompts) = &args.prompts {
-        return compare_decoding::<B>(args, prompts, costs, device);
-    }
-    let c = &args.common;
-    let shards = ShardEval::<B>::open(c.data_dir()?, c.target_head.as_deref(), device)?;
-    let opts = c.options()?;
-    let target = c.target_for_embedding();
-    let names = aerie_hub::served::drafter_names(&args.drafters, &args.names)?;
-    let n = args.drafters.len();
-    let per = shards.samples(c.pass.max_samples);
-    let pb = candidates_bar(n, per, "samples");
-    let mut cands = Vec::with_capacity(n);
-    for (i, dir) in args.drafters.iter().enumerate() {
-        let name = names[i].clone();
-        pb.set_prefix(format!("[{}/{n}] {name}", i + 1));
-        let report = shards.accept(dir, target.as_deref(), &opts, &|d| pb.set_position((i * per + d) as u64), device);
-        let report = match report {
-            Ok(r) => r,
-            Err(e) => {
-                pb.abandon();
-                return Err(e.into());
-            }
+        let target = common.target.as_deref().expect("clap requires --target with --prompts");
+        let opts = DecodeOptions {
+            shape: common.draft.shape()?,
+            temperature: common.temperature,
+            rule: common.rule,
+            max_new_tokens: args.max_new_tokens,
+            seed: common.seed,
         };
-        pb.println(format!("[{}/{n}] {name}: τ {:.3}", i + 1, report.tau));
-        cands.push(Candidate::new(name, dir.display().to_string(), report, costs));
+        let session = DecodeSession::<B>::load(target, prompts, common.pass.max_samples, &args.template, device)?;
+        let place = (common.pass.device.to_string(), today());
+        return Ok(run::decoding(c, &session, target, &opts, (&place.0, &place.1), device)?);
     }
-    pb.finish_and_clear();
-    finish(args, &cands, costs)
+    let shards = ShardEval::<B>::open(common.data_dir()?, common.target_head.as_deref(), device)?;
+    let target = common.target_for_embedding();
+    let cands = run::offline(c, &shards, target.as_deref(), &common.options()?, common.pass.max_samples, device)?;
+    Ok((cands, c.costs.cloned()))
 }

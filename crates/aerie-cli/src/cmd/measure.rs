@@ -130,7 +130,7 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &Path) -> Result
         args.measured_where.clone()
     };
     let provenance =
-        Provenance { measured_where, when: aerie_data::clock::today(), by: args.by.clone(), ..Default::default() };
+        Provenance { measured_where, when: aerie_eval::cost::today(), by: args.by.clone(), ..Default::default() };
     let costs = costs_from_report(report, existing, provenance)?;
     aerie_data::atomic::write_bytes(out, costs.to_toml()?.as_bytes())
         .with_context(|| format!("writing {}", out.display()))?;
@@ -177,7 +177,7 @@ fn print_report(r: &MeasureReport) {
 mod tests {
     #[test]
     fn today_is_a_date() {
-        let t = aerie_data::clock::today();
+        let t = aerie_eval::cost::today();
         assert_eq!(t.len(), 10);
         assert!(t.starts_with("20"));
     }

@@ -369,7 +369,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         &export.join("config.json"),
         &Argv::new(&["export"])
             .arg(drafter.clone())
-            .flag("--to", "sglang")
+            .flag("--to", aerie_model::checkpoint::Dialect::Sglang.name())
             .flag("--out", export.clone())
             .flag("--target", target.clone()),
         false,

@@ -26,7 +26,6 @@ pub fn python_dir() -> PathBuf {
 pub fn vllm_env(c: &mut Command) -> &mut Command {
     c.env("PYTHONPATH", python_dir())
         .env("VLLM_TARGET_DEVICE", "cpu")
-        .env("VLLM_CPU_KVCACHE_SPACE", "2")
         .env("HF_HUB_OFFLINE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
         .env("TOKENIZERS_PARALLELISM", "false")
@@ -111,7 +110,15 @@ impl VllmServer {
         let mut c = Command::new(python);
         vllm_env(&mut c)
             .args(["-m", "aerie_serve", "vllm", "serve", s(model), "--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"])
+            .args([
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--max-model-len",
+                "2048",
+                "--kv-cache-memory-bytes",
+                "2147483648",
+            ])
             .args(extra)
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
             .stderr(Stdio::from(std::fs::File::options().append(true).open(&log).unwrap()))

@@ -14,6 +14,7 @@
 
 mod builtins;
 mod chain;
+pub mod clock;
 mod mask;
 mod python;
 pub mod tools_ts;

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Output, State, Value};
 
-use crate::clock::{civil_from_days, days_from_civil, unix_now};
+use super::clock::{civil_from_days, days_from_civil, unix_now};
 
 /// Prefix of the message of errors raised by a template's own `raise_exception`.
 pub(crate) const RAISED: &str = "template raised: ";

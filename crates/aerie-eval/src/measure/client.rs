@@ -1,17 +1,21 @@
-//! The HTTP side of a measurement: one greedy request, streamed and timed, with bounded retries
-//! and backoff. `aerie measure` and `aerie eval serve` both send through it, with aerie-engine's
-//! agent and its one cap on the bytes of a response (`MAX_RESPONSE_BYTES`).
+//! The HTTP side of a measurement: one greedy request, streamed and timed, with aerie-engine's
+//! retry rule ([`aerie_engine::retry`]). `aerie measure` and `aerie eval serve` both send through
+//! it, with aerie-engine's agent, POST and its one cap on the bytes of a response
+//! (`MAX_RESPONSE_BYTES`).
 
 use std::io::{BufRead, BufReader};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use aerie_engine::http::{capped_reader, error_message, over_cap, over_cap_message, read_text, sse_data};
+use aerie_engine::http::{
+    Failure, capped_reader, error_message, over_cap, over_cap_message, post, post_json, sse_data,
+};
 use aerie_engine::meta::{
     ChunkProgress, Endpoint, Request, SpecMeta, chunk_progress, chunk_text, parse_meta, request_body, response_text,
 };
+use aerie_engine::retry::{Retry, with_retries};
 
 use super::MeasureOptions;
 use crate::{Error, Result};
@@ -36,31 +40,6 @@ pub struct RequestResult {
     pub answer: String,
 }
 
-/// An HTTP failure: the message and whether trying again may help.
-struct Failure {
-    status: Option<u16>,
-    message: String,
-    retry: bool,
-}
-
-fn transport_failure(e: &ureq::Error, timeout: Duration) -> Failure {
-    let (message, retry) = match e {
-        ureq::Error::Timeout(_) => {
-            (format!("no complete answer within {:.1} s (timeout)", timeout.as_secs_f64()), true)
-        }
-        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            ("connection refused: is the server running and listening there?".to_string(), true)
-        }
-        ureq::Error::ConnectionFailed => {
-            ("connection failed: is the server running and listening there?".to_string(), true)
-        }
-        ureq::Error::HostNotFound => ("host not found".to_string(), false),
-        ureq::Error::BadUri(u) => (format!("bad URL `{u}`"), false),
-        other => (other.to_string(), true),
-    };
-    Failure { status: None, message, retry }
-}
-
 /// One attempt: POST `body` and return the final response JSON plus stream timings.
 fn attempt(
     agent: &ureq::Agent,
@@ -69,31 +48,8 @@ fn attempt(
     opts: &MeasureOptions,
 ) -> std::result::Result<RequestResult, Failure> {
     let start = Instant::now();
-    let resp = agent
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", if opts.stream { "text/event-stream" } else { "application/json" })
-        .send(body)
-        .map_err(|e| transport_failure(&e, opts.timeout))?;
-    let status = resp.status().as_u16();
-    let mut resp_body = resp.into_body();
-    if !(200..300).contains(&status) {
-        let text = read_text(&mut resp_body).unwrap_or_default();
-        let retry = status == 429 || status >= 500;
-        return Err(Failure {
-            status: Some(status),
-            message: format!("HTTP {status}: {}", error_message(&text)),
-            retry,
-        });
-    }
-    let bad = |m: String| Failure { status: Some(status), message: m, retry: false };
     if !opts.stream {
-        let text = read_text(&mut resp_body).map_err(|e| match e {
-            ureq::Error::BodyExceedsLimit(_) => bad(over_cap_message()),
-            e => transport_failure(&e, opts.timeout),
-        })?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| bad(format!("response is not JSON ({e}): {}", error_message(&text))))?;
+        let v = post_json(agent, url, body, opts.timeout)?;
         return Ok(RequestResult {
             meta: parse_meta(&v),
             e2e_s: start.elapsed().as_secs_f64(),
@@ -102,6 +58,8 @@ fn attempt(
             ..Default::default()
         });
     }
+    let (status, resp_body) = post(agent, url, body, "text/event-stream", opts.timeout)?;
+    let bad = |m: String| Failure::fatal(Some(status), m);
     let reader = BufReader::new(capped_reader(resp_body));
     // (time, tokens so far) of the first and the latest chunk that carried generated text.
     let mut first: Option<(Instant, u64)> = None;
@@ -112,7 +70,7 @@ fn attempt(
     for line in reader.lines() {
         let line = line.map_err(|e| match over_cap(&e) {
             true => bad(over_cap_message()),
-            false => Failure { status: Some(status), message: format!("stream broke: {e}"), retry: true },
+            false => Failure { retry_as: Some("connection".into()), ..bad(format!("stream broke: {e}")) },
         })?;
         let Some(data) = sse_data(&line) else { continue };
         let v: Value =
@@ -172,26 +130,14 @@ pub fn agent(opts: &MeasureOptions) -> ureq::Agent {
     aerie_engine::http::agent(opts.timeout)
 }
 
-/// Send one greedy request with bounded retries and exponential backoff.
+/// Send one greedy request with aerie-engine's retries.
 pub fn send(agent: &ureq::Agent, prompt: &Request, opts: &MeasureOptions) -> Result<RequestResult> {
     let url = format!("{}{}", opts.server.trim_end_matches('/'), opts.endpoint.path());
     let body = request_body(opts.endpoint, prompt, opts.max_new_tokens, opts.stream, &opts.model)?.to_string();
-    let mut wait = opts.backoff;
-    for n in 0..=opts.retries {
-        match attempt(agent, &url, &body, opts) {
-            Ok(mut r) => {
-                r.attempts = n + 1;
-                return Ok(r);
-            }
-            Err(f) if f.retry && n < opts.retries => {
-                std::thread::sleep(wait);
-                wait *= 2;
-            }
-            Err(f) => {
-                let tries = if f.retry { format!(" (after {} attempts)", n + 1) } else { String::new() };
-                return Err(Error::Server { url, status: f.status, message: format!("{}{tries}", f.message) });
-            }
-        }
+    let tries =
+        with_retries(Retry { retries: opts.retries, backoff: opts.backoff }, || attempt(agent, &url, &body, opts));
+    match tries.result {
+        Ok(r) => Ok(RequestResult { attempts: tries.attempts, ..r }),
+        Err(f) => Err(Error::Server { url, status: f.status, message: f.explain(tries.attempts) }),
     }
-    unreachable!("the loop returns on its last attempt")
 }

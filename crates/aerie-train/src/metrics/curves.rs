@@ -1,14 +1,14 @@
 //! Training curves of one or more runs on one PNG or SVG (`aerie plot`): the numbers TensorBoard
 //! shows from the event files, drawn from `metrics.jsonl` with the chart helpers `aerie compare`
-//! uses ([`aerie_data::plot`]), one colour per run. Six panels against the optimizer step: loss,
+//! uses ([`aerie_plot`]), one colour per run. Six panels against the optimizer step: loss,
 //! teacher-forced accuracy per unrolled step, simulated τ, learning rate, gradient norm and
 //! tokens/s; evaluation lines (thin, with markers) join the loss and τ panels.
 
 use std::path::{Path, PathBuf};
 
-use aerie_data::plot::plotters::coord::Shift;
-use aerie_data::plot::plotters::prelude::*;
-use aerie_data::plot::{DrawResult, FONT, Figure, color, legend, line, render, text};
+use aerie_plot::plotters::coord::Shift;
+use aerie_plot::plotters::prelude::*;
+use aerie_plot::{DrawResult, FONT, Figure, color, legend, line, render, text};
 
 use super::{Metrics, read};
 use crate::{Error, Result};

@@ -1,32 +1,13 @@
 //! Regeneration through a running serving engine: a pool of `--concurrency` worker threads, each
-//! doing blocking HTTP calls (ureq), bounded retries with doubling backoff on connection errors,
-//! timeouts, 429 and 5xx, and a clear error naming the request (conversation, turn, URL, status,
-//! the server's message) on any other 4xx. Two dialects:
-//!
-//! - **SGLang** `POST /generate` with `input_ids` (aerie's own render, so the prompt is exactly
-//!   the tokens aerie would feed the native target) and `output_ids` back (the tokens the model
-//!   produced, decoded by aerie's tokenizer). Shapes from SGLang's source: `GenerateReqInput`
-//!   (`python/sglang/srt/managers/io_struct.py`), `SamplingParams`
-//!   (`python/sglang/srt/sampling/sampling_params.py`: `max_new_tokens`, `stop_token_ids`,
-//!   `temperature`, `top_p`, `skip_special_tokens`, `sampling_seed`), the response
-//!   `{"text", "output_ids", "meta_info": {"finish_reason": {"type": "stop", "matched": id} |
-//!   {"type": "length", "length": n} | {"type": "abort", "message"}, "prompt_tokens",
-//!   "completion_tokens", ...}}` (`tokenizer_manager.py`, `schedule_batch.py` `FINISH_*`).
-//! - **vLLM** `POST /v1/completions` with `prompt` as aerie's token ids and `return_token_ids`,
-//!   the generated `choices[0].token_ids` back: exact tokens in and out, as with SGLang, through
-//!   vLLM's OpenAI server (0.32: `CompletionRequest.prompt: list[int]`, `return_token_ids`,
-//!   `stop_token_ids`, `skip_special_tokens`, `seed` in
-//!   `vllm/entrypoints/openai/completion/protocol.py`; `CompletionResponseChoice.token_ids`,
-//!   `finish_reason` `stop`/`length`, `stop_reason` the matched stop id or null for the model's
-//!   own eos; the stop token is kept in `token_ids`).
-//! - **OpenAI-compatible** `POST /v1/chat/completions` with `messages` (the server renders its
-//!   own chat template), `choices[0].message.content` and `reasoning_content` back.
-//!
-//! Detection (`--api auto`) is aerie-engine's one rule ([`aerie_engine::detect`]); the agent, its
-//! response-size cap and error bodies are aerie-engine's too ([`aerie_engine::http`]).
+//! doing blocking HTTP calls (ureq) with aerie-engine's one retry rule ([`aerie_engine::retry`]:
+//! bounded, doubling backoff on connection errors, timeouts, 429 and 5xx), and a clear error
+//! naming the request (conversation, turn, URL, status, the server's message) on any other
+//! failure. Every engine's request body and answer (SGLang's `/generate` with ids, vLLM's
+//! ids-in/ids-out `/v1/completions`, OpenAI-compatible chat) are aerie-engine's
+//! ([`aerie_engine::turn`]); `dialect` hands it the job. Detection (`--api auto`), the agent,
+//! its response-size cap and error bodies are aerie-engine's too.
 
 mod dialect;
-mod http;
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -40,9 +21,10 @@ use aerie_engine::Engine;
 
 use super::engine::{TurnDone, TurnEngine, TurnJob};
 use crate::{Error, Result};
-use aerie_engine::http::agent;
-pub(super) use dialect::{detect, parse_response, request_body};
-use http::attempt;
+use aerie_engine::http::{agent, post_json};
+use aerie_engine::retry::{Retry, with_retries};
+pub(super) use dialect::detect;
+use dialect::{parse_response, request_body};
 
 /// Where the server is and how to talk to it.
 #[derive(Debug, Clone)]
@@ -142,47 +124,24 @@ struct Outcome {
     seconds: f64,
 }
 
-/// Send one turn with bounded retries; the error names the request.
+/// Send one turn with aerie-engine's retries; the error names the request.
 fn send(agent: &ureq::Agent, ctx: &Worker, job: &TurnJob) -> Outcome {
-    let api = ctx.resolved.api;
-    let path = match api {
-        Engine::Sglang => "/generate",
-        Engine::Vllm => "/v1/completions",
-        Engine::Openai => "/v1/chat/completions",
-    };
-    let url = format!("{}{path}", ctx.base);
+    let url = format!("{}{}", ctx.base, aerie_engine::turn::path(ctx.resolved.api));
     let body = request_body(&ctx.resolved, job, &ctx.eos, &ctx.kwargs).to_string();
     let what = format!("conversation `{}` (record {}), turn {}: POST {url}", job.conv_id, job.source_index, job.turn);
-    let mut wait = ctx.backoff;
-    let mut retried = Vec::new();
-    for n in 0..=ctx.retries {
+    let policy = Retry { retries: ctx.retries, backoff: ctx.backoff };
+    let tries = with_retries(policy, || {
         let start = Instant::now();
-        let res = attempt(agent, &url, &body, ctx.timeout);
-        let seconds = start.elapsed().as_secs_f64();
-        match res {
-            Ok(v) => {
-                let done = parse_response(api, job, &ctx.eos, &v).map_err(|m| Error::Server(format!("{what}: {m}")));
-                return Outcome { done, retried, seconds };
-            }
-            Err(f) if f.retry_as.is_some() && n < ctx.retries => {
-                retried.push(f.retry_as.unwrap_or_default());
-                std::thread::sleep(wait);
-                wait *= 2;
-            }
-            Err(f) => {
-                let tries = if f.retry_as.is_some() { format!(" (after {} attempts)", n + 1) } else { String::new() };
-                let hint = match f.status {
-                    Some(s) if (400..500).contains(&s) && s != 429 => {
-                        " (the server refused the request; not retried)".to_owned()
-                    }
-                    _ => String::new(),
-                };
-                let done = Err(Error::Server(format!("{what}: {}{tries}{hint}", f.message)));
-                return Outcome { done, retried, seconds };
-            }
-        }
-    }
-    unreachable!("the loop returns on its last attempt")
+        post_json(agent, &url, &body, ctx.timeout).map(|v| (v, start.elapsed().as_secs_f64()))
+    });
+    let (done, seconds) = match tries.result {
+        Ok((v, seconds)) => (
+            parse_response(&ctx.resolved, job, &ctx.eos, &v).map_err(|m| Error::Server(format!("{what}: {m}"))),
+            seconds,
+        ),
+        Err(f) => (Err(Error::Server(format!("{what}: {}", f.explain(tries.attempts)))), 0.0),
+    };
+    Outcome { done, retried: tries.retried, seconds }
 }
 
 /// What every worker shares.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aerie_engine::Engine;
+use aerie_engine::kv::KvCache;
 use aerie_eval::prompts::{read_prompts, select};
 use aerie_eval::serve::{EngineLaunch, ServeOptions, ServeProgress, ServedDrafter};
 use aerie_model::drafter::shape::MAX_DEPTH;
@@ -34,6 +35,11 @@ pub struct EngineArgs {
     /// Longest sequence the engine holds (prompt and answers).
     #[arg(long, default_value_t = 4096)]
     pub max_model_len: usize,
+    /// The engine's KV cache in GiB (default: sized for --concurrency conversations of
+    /// --max-model-len tokens, not the engine's share of the device, which on a CPU would be
+    /// most of the machine's memory).
+    #[arg(long)]
+    pub kv_cache_gb: Option<f64>,
     /// Seconds to wait for the engine to answer after it starts.
     #[arg(long, default_value_t = 900)]
     pub startup_timeout_s: u64,
@@ -133,8 +139,10 @@ pub fn served_drafters(
 }
 
 /// The launch of `engine` for `target` (speculation set per run).
-pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> EngineLaunch {
-    EngineLaunch {
+pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> Result<EngineLaunch> {
+    let kv = KvCache::for_run(target, engine.max_model_len, engine.concurrency, engine.kv_cache_gb)
+        .context("sizing the engine's KV cache")?;
+    Ok(EngineLaunch {
         engine: engine.kind(),
         python: aerie_engine::python::interpreter(engine.python.as_deref()),
         target: target.to_path_buf(),
@@ -142,11 +150,12 @@ pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> Engi
         port: engine.port,
         speculative: None,
         max_model_len: engine.max_model_len,
+        kv_cache: Some(kv),
         extra_args: engine.engine_args.clone(),
         env: Vec::new(),
         log: workdir.join("engine.log"),
         startup_timeout: Duration::from_secs(engine.startup_timeout_s.max(1)),
-    }
+    })
 }
 
 /// Check the flags, start nothing: what can be refused before an engine runs is refused here.
@@ -174,7 +183,7 @@ pub fn serve_options(
     // The same selection as `--predict`'s decoder (`DecodeSession::load`): one rule, 0 refused.
     let list = select(read_prompts(prompts)?, max_prompts)?;
     Ok(ServeOptions {
-        launch: engine_launch(engine, target, workdir),
+        launch: engine_launch(engine, target, workdir)?,
         prompts: list,
         prompts_path: prompts.to_path_buf(),
         ks: ks.to_vec(),

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use aerie_data::clock::today;
+use aerie_eval::cost::today;
 
 use crate::cmd::common::DraftShapeArgs;
 use crate::device::{DeviceArg, with_backend};

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use aerie_data::clock::today;
+use aerie_eval::cost::today;
 use aerie_eval::decode::DecodeSession;
 use aerie_eval::serve::{ServeReport, ServedDrafter, evaluate};
 use anyhow::{Context, Result};

@@ -1,6 +1,7 @@
 //! Calendar dates from the system clock, in UTC, without a date crate: chat templates'
-//! `strftime_now` and the provenance of measured costs both need only the proleptic Gregorian
-//! civil date of a Unix time (Howard Hinnant's `civil_from_days`/`days_from_civil`).
+//! `strftime_now` (its first user, hence its place in the template module) and the provenance of
+//! measured costs (`aerie_eval::cost::today`) both need only the proleptic Gregorian civil date
+//! of a Unix time (Howard Hinnant's `civil_from_days`/`days_from_civil`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -4,7 +4,9 @@
 //! table is written as Markdown, CSV and JSON, with PNG and SVG plots ([`crate::plot`]).
 //!
 //! `compare.parquet` holds the CSV's columns with their types (floats, nullable where a value
-//! may not exist).
+//! may not exist). The loops that evaluate the candidates, one per mode, are [`run`]'s.
+
+pub mod run;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -1,11 +1,14 @@
-//! PNG and SVG charts with the same look everywhere: the drawing helpers behind `aerie compare`'s
-//! acceptance and speedup plots (aerie-eval) and `aerie plot`'s training curves (aerie-train).
-//! They live here, below both stages, because neither stage may use the other's code.
+//! aerie-plot: PNG and SVG charts with the same look everywhere, the drawing helpers behind
+//! `aerie compare`'s acceptance and speedup plots (aerie-eval) and `aerie plot`'s training curves
+//! (aerie-train). A crate of its own below both stages, because neither stage may use the other's
+//! code, and charts are not data (aerie-data holds datasets and formats).
 //!
 //! Text on PNGs is rasterised by plotters' `ab_glyph` backend from DejaVu Sans embedded in the
 //! binary (the `dejavu` crate), so images look the same on every machine and need neither system
 //! fonts nor fontconfig; SVGs carry their text as text. PNGs are encoded with the `png` crate from
 //! plotters' RGB buffer.
+
+#![deny(missing_docs)]
 
 use std::path::Path;
 use std::sync::Once;
@@ -15,7 +18,18 @@ use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::{Error, Result};
+/// A chart that could not be drawn or written.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {message}", path.display())]
+pub struct Error {
+    /// The PNG or SVG file.
+    pub path: std::path::PathBuf,
+    /// What failed.
+    pub message: String,
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// The font family every chart names (DejaVu Sans on PNGs).
 pub const FONT: &str = "sans-serif";
@@ -64,8 +78,8 @@ fn register_font() {
 }
 
 fn write_png(path: &Path, size: (u32, u32), rgb: &[u8]) -> Result<()> {
-    let fail = |e: png::EncodingError| Error::Plot { path: path.to_path_buf(), message: e.to_string() };
-    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    let fail = |e: png::EncodingError| Error { path: path.to_path_buf(), message: e.to_string() };
+    let file = std::fs::File::create(path).map_err(|e| Error { path: path.to_path_buf(), message: e.to_string() })?;
     let mut enc = png::Encoder::new(std::io::BufWriter::new(file), size.0, size.1);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
@@ -76,7 +90,7 @@ fn write_png(path: &Path, size: (u32, u32), rgb: &[u8]) -> Result<()> {
 
 /// Draw `figure` into `path`, a PNG or an SVG by its extension, `size` pixels.
 pub fn render(path: &Path, size: (u32, u32), figure: &impl Figure) -> Result<()> {
-    let fail = |message: String| Error::Plot { path: path.to_path_buf(), message: format!("cannot draw: {message}") };
+    let fail = |message: String| Error { path: path.to_path_buf(), message: format!("cannot draw: {message}") };
     // Both backends lay text out with the registered font (SVG too, to measure it): a process
     // that draws only an SVG fails with `FontUnavailable` without this.
     register_font();
@@ -93,7 +107,7 @@ pub fn render(path: &Path, size: (u32, u32), figure: &impl Figure) -> Result<()>
             let root = SVGBackend::new(path, size).into_drawing_area();
             figure.draw(&root).map_err(fail)
         }
-        _ => Err(Error::Plot { path: path.to_path_buf(), message: "plots are written as .png or .svg".into() }),
+        _ => Err(Error { path: path.to_path_buf(), message: "plots are written as .png or .svg".into() }),
     }
 }
 
