@@ -7,9 +7,8 @@
 //! - [`Engine`], the engine enum every flag (`--engine`, `--api`) parses into;
 //! - what each engine needs to start ([`launch`]: its command line, speculative arguments,
 //!   environment, readiness on the served model, its version; [`kv`]: its KV cache sized for the
-//!   run) and the process rules of every
-//!   child aerie starts ([`process`]: own process group, parent-death signal, stop, the root
-//!   cause of a failure read from its log);
+//!   run) and the process rules of every child aerie starts ([`process`]: own process group,
+//!   parent-death signal, stop, the root cause of a failure read from its log);
 //! - the HTTP side ([`http`]: one agent, one response-size cap, error bodies, server-sent
 //!   events, one POST and its failure; [`retry`]: the one retry rule), which engine a server is
 //!   ([`detect`], one rule), the speculative statistics of responses ([`meta`]), a chat turn's
