@@ -245,20 +245,8 @@ weird{a="x\"y,z}",b="2"} +Inf
     #[test]
     fn counters_that_never_settle_come_with_a_warning() {
         // A /metrics page whose draft counter grows with every reading.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            use std::io::{Read, Write};
-            for (n, stream) in listener.incoming().enumerate() {
-                let Ok(mut s) = stream else { break };
-                let mut buf = [0u8; 2048];
-                let _ = s.read(&mut buf);
-                let body = format!("vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {n}.0\n");
-                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes());
-                let _ = s.write_all(body.as_bytes());
-            }
-        });
+        let url =
+            crate::fake::serve(|n, _| (200, format!("vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {n}.0\n")));
         let s = settled_vllm_counters(&url, Duration::from_millis(1200)).unwrap();
         assert!(s.counters.drafts >= 2.0, "{s:?}");
         assert!(s.warning.as_deref().is_some_and(|w| w.contains("still moved")), "{s:?}");

@@ -88,24 +88,10 @@ mod tests {
 
     /// A loopback server answering each path with a fixed (status, body).
     fn fake(routes: &'static [(&'static str, u16, &'static str)]) -> String {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            use std::io::{Read, Write};
-            for stream in listener.incoming() {
-                let Ok(mut s) = stream else { break };
-                let mut buf = [0u8; 4096];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let req = String::from_utf8_lossy(&buf[..n]);
-                let path = req.split_whitespace().nth(1).unwrap_or("").to_string();
-                let (status, body) = routes.iter().find(|r| r.0 == path).map_or((404, "not here"), |r| (r.1, r.2));
-                let head =
-                    format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes());
-                let _ = s.write_all(body.as_bytes());
-            }
-        });
-        url
+        crate::fake::serve(|_, path| {
+            let (status, body) = routes.iter().find(|r| r.0 == path).map_or((404, "not here"), |r| (r.1, r.2));
+            (status, body.to_owned())
+        })
     }
 
     #[test]

@@ -417,20 +417,9 @@ mod tests {
     /// fails before any engine starts, naming the port, instead of measuring that server.
     #[test]
     fn a_port_another_server_holds_is_refused() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            use std::io::{Read, Write};
-            for stream in listener.incoming() {
-                let Ok(mut s) = stream else { break };
-                let mut buf = [0u8; 2048];
-                let _ = s.read(&mut buf);
-                let body = r#"{"object":"list","data":[{"id":"target","owned_by":"vllm"}]}"#;
-                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes());
-                let _ = s.write_all(body.as_bytes());
-            }
-        });
+        let body = r#"{"object":"list","data":[{"id":"target","owned_by":"vllm"}]}"#;
+        let url = crate::fake::serve(move |_, _| (200, body.to_owned()));
+        let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut l = launch(Engine::Vllm);
         l.port = Some(port);

@@ -23,6 +23,8 @@
 pub mod counters;
 pub mod detect;
 mod error;
+#[cfg(test)]
+mod fake;
 pub mod http;
 pub mod kv;
 pub mod launch;

@@ -50,24 +50,12 @@ pub fn with_retries<T>(policy: Retry, mut attempt: impl FnMut() -> Result<T, Fai
 mod tests {
     use super::*;
     use crate::http::{agent, post_json};
-    use std::io::{Read, Write};
 
-    /// A server that answers its n-th connection with `replies[n]` (status, body), then stops.
+    /// A server that answers its n-th request with `replies[n]` (status, body), 404 after.
     fn scripted(replies: &'static [(u16, &'static str)]) -> String {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/generate", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            for &(status, body) in replies {
-                let Ok((mut s, _)) = listener.accept() else { break };
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf);
-                let head =
-                    format!("HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes());
-                let _ = s.write_all(body.as_bytes());
-            }
-        });
-        url
+        let base =
+            crate::fake::serve(|n, _| replies.get(n).map_or((404, String::new()), |&(st, b)| (st, b.to_owned())));
+        format!("{base}/generate")
     }
 
     /// What the real engines cannot be made to show on demand: transient errors, then an answer;
