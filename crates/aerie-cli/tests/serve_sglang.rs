@@ -6,8 +6,10 @@
 //! `CI=true`). SGLang's CPU attention comes from the test-only `sgl_kernel` stand-in
 //! (python/tests/sglang_cpu): everything else is SGLang's own, its EAGLE-3 worker and acceptance
 //! accounting included. Each start costs 50-115 s on two cores, so the tests start as few as they
-//! can: one `eval serve` (plain and two drafters), one speculative server shared by `measure` and
-//! `regenerate`. Speed is meaningless through the stand-in and never looked at.
+//! can: one start that SGLang refuses (the speculators layout), one `eval serve` (plain and two
+//! drafters), one `compare --engine sglang` (plain and the same two drafters), one speculative
+//! server shared by `measure` and `regenerate`. Speed is meaningless through the stand-in and
+//! never looked at.
 
 mod common;
 #[path = "common/engine.rs"]
@@ -70,9 +72,9 @@ fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
 }
 
 #[test]
-fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
+fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate() {
     let Some(python) =
-        engine_python(Engine::Sglang, "eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate")
+        engine_python(Engine::Sglang, "eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate")
     else {
         return;
     };

@@ -18,28 +18,16 @@ mod engine;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aerie_data::shard::ShardDataset;
 use common::{aerie_run, capture_parity, ok_json, s};
-use engine::{Engine, engine_python, kill_group, sglang_env, smollm2, smollm2_data};
+use engine::{
+    Engine, SMOLLM2_CAPTURE_FLAGS, engine_python, kill_group_after_shards, sglang_env, smollm2, smollm2_data,
+};
 
 /// How an SGLang capture names itself in `created_by`.
 const SGLANG_CREATED_BY: &str = "aerie-capture 0.1.0 (sglang 0.5.23, tp1, cpu, torch_native";
-
-/// The capture's flags: one sample per shard and per batch, six shards to kill the worker between.
-const FLAGS: [&str; 10] = [
-    "--aux-layers",
-    "1,14,26",
-    "--dtype",
-    "f32",
-    "--teacher",
-    "final-hidden+topk:8",
-    "--shard-tokens",
-    "150",
-    "--max-batch-tokens",
-    "320",
-];
 
 /// The worker flags of SGLang's CPU engine (f32, prefill attention in torch).
 const SGLANG_CPU: [&str; 4] = [
@@ -52,7 +40,7 @@ const SGLANG_CPU: [&str; 4] = [
 /// `aerie capture` of `data` into `out` with `engine` through `python`, not yet started.
 fn capture(python: &Path, engine: &str, target: &Path, data: &Path, out: &Path) -> Command {
     let mut c = aerie_run("capture", target, data, out, &["--json", "--engine", engine, "--python", s(python)]);
-    c.args(FLAGS);
+    c.args(SMOLLM2_CAPTURE_FLAGS);
     if engine == "sglang" {
         c.args(SGLANG_CPU);
     } else {
@@ -94,14 +82,7 @@ fn smollm2_sglang_capture_equals_transformers_and_resumes_after_sigkill() {
     c.stdout(Stdio::null()).stderr(Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
     let mut child = c.spawn().unwrap();
-    let t0 = Instant::now();
-    while ShardDataset::open(&cut).map(|d| d.num_shards()).unwrap_or(0) < 2 {
-        assert!(child.try_wait().unwrap().is_none(), "the capture finished before it could be killed");
-        assert!(t0.elapsed() < Duration::from_secs(600), "no shard after 600 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    kill_group(child.id());
-    child.wait().unwrap();
+    kill_group_after_shards(&mut child, &cut, 2);
     let before = ShardDataset::open(&cut).unwrap().len();
     assert!(before < full_ds.len(), "killed after the end");
     let r = ok_json(capture(&python, "sglang", &model, &data, &cut).output().unwrap());

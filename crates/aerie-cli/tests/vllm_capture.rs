@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use aerie_data::shard::ShardDataset;
 use common::{aerie, aerie_cmd, aerie_run, capture_parity, ok, ok_json, s};
-use engine::{Engine, engine_python, kill_group, python_dir, smollm2, smollm2_data, vllm_env};
+use engine::{
+    Engine, SMOLLM2_CAPTURE_FLAGS, engine_python, kill_group_after_shards, python_dir, smollm2, smollm2_data, vllm_env,
+};
 use serde_json::Value;
 
 /// One vLLM at a time: two would share 2 cores and the KV-cache memory.
@@ -63,19 +65,7 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let model = smollm2(dir.path());
     let data = smollm2_data(dir.path(), &model, 6);
-    let flags = [
-        "--aux-layers",
-        "1,14,26",
-        "--dtype",
-        "f32",
-        "--teacher",
-        "final-hidden+topk:8",
-        // One sample per shard and per batch: six shards to kill the worker between.
-        "--shard-tokens",
-        "150",
-        "--max-batch-tokens",
-        "320",
-    ];
+    let flags = SMOLLM2_CAPTURE_FLAGS;
     let native = dir.path().join("native");
     let n = ok_json(capture(&model, &data, &native, &flags).env("RAYON_NUM_THREADS", "2").output().unwrap());
     let full = dir.path().join("vllm");
@@ -134,15 +124,7 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
         .stderr(Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut w, 0);
     let mut child = w.spawn().unwrap();
-    let t0 = Instant::now();
-    while ShardDataset::open(&cut).map(|d| d.num_shards()).unwrap_or(0) < 2 {
-        assert!(child.try_wait().unwrap().is_none(), "the worker finished before it could be killed");
-        assert!(t0.elapsed() < Duration::from_secs(600), "no shard after 600 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = child.id();
-    kill_group(pid);
-    child.wait().unwrap();
+    let pid = kill_group_after_shards(&mut child, &cut, 2);
     let before = ShardDataset::open(&cut).unwrap().len();
     assert!(before < full_ds.len(), "killed after the end");
     assert!(!tmp_files(pid).is_empty(), "the killed worker's per-request directory is left behind");

@@ -151,7 +151,7 @@ pub fn answers(port: u16, path: &str) -> bool {
 
 /// Kill a process group (the server and the engine processes it started) with SIGKILL.
 pub fn kill_group(pid: u32) {
-    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).stderr(Stdio::null()).status();
 }
 
 /// A serving engine's server on a loopback port.
@@ -286,4 +286,35 @@ pub fn smollm2_data(root: &Path, model: &Path, n: usize) -> PathBuf {
         "--json",
     ]));
     prepared
+}
+
+/// The SmolLM2 capture tests' flags (vLLM and SGLang engines): the quickstart's aux layers, f32,
+/// final hidden and top-8 teacher; one sample per shard and per batch, six shards to kill the
+/// worker between.
+pub const SMOLLM2_CAPTURE_FLAGS: [&str; 10] = [
+    "--aux-layers",
+    "1,14,26",
+    "--dtype",
+    "f32",
+    "--teacher",
+    "final-hidden+topk:8",
+    "--shard-tokens",
+    "150",
+    "--max-batch-tokens",
+    "320",
+];
+
+/// Kill `child`'s process group with SIGKILL once `shards` shards of the dataset in `out` are
+/// committed (it must not finish first), and reap it; returns its pid.
+pub fn kill_group_after_shards(child: &mut Child, out: &Path, shards: usize) -> u32 {
+    let t0 = Instant::now();
+    while aerie_data::shard::ShardDataset::open(out).map(|d| d.num_shards()).unwrap_or(0) < shards {
+        assert!(child.try_wait().unwrap().is_none(), "the capture finished before it could be killed");
+        assert!(t0.elapsed() < Duration::from_secs(600), "fewer than {shards} shards after 600 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id();
+    kill_group(pid);
+    child.wait().unwrap();
+    pid
 }
