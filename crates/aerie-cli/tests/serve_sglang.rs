@@ -47,8 +47,10 @@ fn ids(v: &Value) -> Vec<u64> {
     v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an integer id")).collect()
 }
 
-/// The stand-in kernels against their references, and the launcher's seam in the real SGLang
-/// (python/tests/test_sgl_kernel_standin.py, test_aerie_serve_sglang.py), in SGLang's venv.
+/// The stand-in kernels against their references, the launcher's seam and the capture engine's
+/// seam check (`check_api()` finds every name it uses) in the real SGLang
+/// (python/tests/test_sgl_kernel_standin.py, test_aerie_serve_sglang.py, test_sglang_pure.py), in
+/// SGLang's venv.
 #[test]
 fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
     let Some(python) =
@@ -63,6 +65,7 @@ fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
         "-v",
         "test_sgl_kernel_standin",
         "test_aerie_serve_sglang",
+        "test_sglang_pure",
     ]);
     let out = c.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -232,8 +235,11 @@ fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate(
     let regen = |url: &str, out: &Path, extra: &[&str]| {
         let mut c = aerie_cmd();
         c.args(["regenerate", "--server", url, "--tokenizer", s(&target), "--data", s(&mt), "--out", s(out)])
-            .args(["--max-new-tokens", "24", "--concurrency", "1", "--json"])
+            .args(["--max-new-tokens", "24", "--json"])
             .args(extra);
+        if !extra.contains(&"--concurrency") {
+            c.args(["--concurrency", "1"]);
+        }
         c
     };
     let a = dir.path().join("a.jsonl");
