@@ -6,14 +6,14 @@
 //! native engine decodes every answer three times plainly and three times speculatively).
 
 mod common;
-#[path = "common/vllm.rs"]
-mod vllm;
+#[path = "common/engine.rs"]
+mod engine;
 
 use std::path::Path;
 
 use common::{aerie, ok, ok_json, s};
+use engine::{assets_dir, smollm2};
 use serde_json::Value;
-use vllm::{assets_dir, smollm2};
 
 /// New tokens per answer: short enough for CI, long enough that most answers are cut by it (the
 /// case where the template's end-of-turn token is not the target's).

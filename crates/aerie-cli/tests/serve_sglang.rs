@@ -1,53 +1,32 @@
-//! aerie against the real SGLang (0.5.23, python/requirements-sglang.txt; helpers in
-//! `common/sglang.rs`) on the CPU, serving the quickstart's SmolLM2-135M imported from the assets'
+//! aerie against the real SGLang (0.5.23, python/requirements-sglang.txt; helpers shared with the
+//! vLLM tests in `common/engine.rs`) on the CPU, serving the quickstart's SmolLM2-135M imported from the assets'
 //! GGUF, with the trained fixture drafter (`tests/fixtures/smollm2-135m-eagle3`, τ ≈ 1.35).
 //!
 //! Through `$AERIE_SGLANG_PYTHON` (skipped with a note when unset or without SGLang, failing when
 //! `CI=true`). SGLang's CPU attention comes from the test-only `sgl_kernel` stand-in
 //! (python/tests/sglang_cpu): everything else is SGLang's own, its EAGLE-3 worker and acceptance
 //! accounting included. Each start costs 50-115 s on two cores, so the tests start as few as they
-//! can: one `eval serve` (plain and two drafters), one speculative server shared by `measure` and
-//! `regenerate`. Speed is meaningless through the stand-in and never looked at.
+//! can: one start that SGLang refuses (the speculators layout), one `eval serve` (plain and two
+//! drafters), one `compare --engine sglang` (plain and the same two drafters), one speculative
+//! server shared by `measure` and `regenerate`. Speed is meaningless through the stand-in and
+//! never looked at.
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
 #[path = "common/proxy.rs"]
 mod proxy;
-#[path = "common/sglang.rs"]
-mod sglang;
-#[path = "common/vllm.rs"]
-mod vllm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use common::{aerie, aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, s};
+use engine::{
+    Engine, EngineServer, assets_dir, engine_python, fixture_drafter, python_dir, sglang_engine_args, sglang_env,
+    target_and_prompts,
+};
 use serde_json::{Value, json};
-use sglang::{SglangServer, cpu_engine_args, sglang_env, sglang_python};
-use vllm::{assets_dir, python_dir, smollm2};
-
-/// The fixture drafter, in the SGLang layout aerie trains and exports by default.
-fn fixture_drafter() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m-eagle3")
-}
-
-/// The target (imported from the cached GGUF) and a prompt file of `n` MT-Bench first turns.
-fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
-    let target = smollm2(dir);
-    ok(aerie(&["assets", "fetch", "mtbench"]));
-    let questions = std::fs::read_to_string(assets_dir().join("mtbench/question.jsonl")).unwrap();
-    let prompts = dir.join("prompts.jsonl");
-    let lines: Vec<String> = questions
-        .lines()
-        .take(n)
-        .map(|l| {
-            let q: Value = serde_json::from_str(l).unwrap();
-            json!({"id": q["question_id"], "prompt": q["turns"][0]}).to_string()
-        })
-        .collect();
-    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
-    (target, prompts)
-}
 
 /// A copy of the fixture drafter that reads other aux layers than SGLang's default ones:
 /// `eagle_aux_hidden_state_layer_ids` [2, 13, 25] instead of [1, 14, 26] (which equal SGLang's
@@ -68,11 +47,15 @@ fn ids(v: &Value) -> Vec<u64> {
     v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an integer id")).collect()
 }
 
-/// The stand-in kernels against their references, and the launcher's seam in the real SGLang
-/// (python/tests/test_sgl_kernel_standin.py, test_aerie_serve_sglang.py), in SGLang's venv.
+/// The stand-in kernels against their references, the launcher's seam and the capture engine's
+/// seam check (`check_api()` finds every name it uses) in the real SGLang
+/// (python/tests/test_sgl_kernel_standin.py, test_aerie_serve_sglang.py, test_sglang_pure.py), in
+/// SGLang's venv.
 #[test]
 fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
-    let Some(python) = sglang_python("sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv") else {
+    let Some(python) =
+        engine_python(Engine::Sglang, "sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv")
+    else {
         return;
     };
     let mut c = Command::new(&python);
@@ -82,6 +65,7 @@ fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
         "-v",
         "test_sgl_kernel_standin",
         "test_aerie_serve_sglang",
+        "test_sglang_pure",
     ]);
     let out = c.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -91,8 +75,10 @@ fn sglang_test_kernels_and_launcher_pass_their_checks_in_sglangs_venv() {
 }
 
 #[test]
-fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
-    let Some(python) = sglang_python("eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate") else {
+fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate() {
+    let Some(python) =
+        engine_python(Engine::Sglang, "eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate")
+    else {
         return;
     };
     let t_all = Instant::now();
@@ -100,6 +86,41 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
     let (target, prompts) = target_and_prompts(dir.path(), 4);
     let fixture = fixture_drafter();
     let moved = moved_layers_drafter(dir.path());
+
+    // The speculators layout: SGLang refuses it at start (its draft config goes through
+    // transformers' AutoConfig, which needs the `model_type` that layout lacks), and `inspect
+    // --engine sglang` says so as an error; the SGLang layout inspects clean.
+    let speculators = dir.path().join("drafter-speculators");
+    ok(aerie(&["export", s(&fixture), "--to", "speculators", "--target", s(&target), "--out", s(&speculators)]));
+    let spec_draft = |drafter: &Path| -> Vec<String> {
+        ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", s(drafter)]
+            .into_iter()
+            .chain([
+                "--speculative-num-steps",
+                "2",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "3",
+            ])
+            .map(str::to_owned)
+            .collect()
+    };
+    let args = spec_draft(&speculators);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t0 = Instant::now();
+    let refused = EngineServer::try_start(Engine::Sglang, &python, &target, dir.path(), "sglang-speculators", &args);
+    let log = std::fs::read_to_string(dir.path().join("sglang-speculators.log")).unwrap_or_default();
+    assert!(refused.is_err(), "SGLang loaded the speculators layout: inspect --engine sglang must say what it does");
+    assert!(log.contains("Should have a `model_type` key"), "SGLang's refusal, as inspect quotes it:\n{log}");
+    println!("SGLang refused the speculators layout in {:.0} s", t0.elapsed().as_secs_f64());
+    let insp = aerie(&["inspect", s(&speculators), "--target", s(&target), "--engine", "sglang"]);
+    let text = String::from_utf8_lossy(&insp.stdout);
+    assert_eq!(insp.status.code(), Some(2), "a refusal is an error, without --strict: {text}");
+    assert!(text.contains("Error[layout-engine]") && text.contains("refuses"), "{text}");
+    assert!(text.contains("Should have a `model_type` key"), "{text}");
+    let clean = aerie(&["inspect", s(&fixture), "--target", s(&target), "--engine", "sglang", "--strict"]);
+    assert_eq!(clean.status.code(), Some(0), "{}", String::from_utf8_lossy(&clean.stdout));
 
     // eval serve: plain, then each drafter at k = 2, beside aerie's own decoder (f32 everywhere).
     let work = dir.path().join("serve");
@@ -110,7 +131,7 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
         .args(["--prompts", s(&prompts), "--drafter", s(&fixture), "--drafter", s(&moved)])
         .args(["--names", "fixture,moved-layers", "--k", "2", "--max-new-tokens", "32", "--predict"])
         .args(["--workdir", s(&work), "--json"])
-        .args(cpu_engine_args());
+        .args(sglang_engine_args());
     let v = ok_json(c.output().unwrap());
     println!("eval serve in SGLang in {:.0} s: {v}", t0.elapsed().as_secs_f64());
     assert_eq!(v["engine"], "sglang");
@@ -139,22 +160,38 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
     assert_ne!(runs[0]["tau"], runs[1]["tau"], "a drafter reading other layers drafts otherwise");
     let tau_serve = runs[0]["tau"].as_f64().unwrap();
 
+    // compare --engine sglang: the same two candidates ranked by SGLang's measurement, with
+    // SGLang's τ for each, equal to eval serve's on the same prompts.
+    let report = dir.path().join("compare");
+    let mut c = aerie_cmd();
+    sglang_env(&mut c)
+        .args(["compare", s(&moved), s(&fixture), "--names", "moved-layers,fixture", "--engine", "sglang"])
+        .args(["--python", s(&python), "--target", s(&target), "--prompts", s(&prompts), "--k", "2"])
+        .args(["--max-new-tokens", "32", "--out", s(&report), "--json"])
+        .args(["--workdir", s(&dir.path().join("compare-work"))])
+        .args(sglang_engine_args());
+    let cmp = ok_json(c.output().unwrap());
+    println!("compare in SGLang: {cmp}");
+    let rows = cmp["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{cmp}");
+    // Ranked by SGLang's measured speedup (speeds through the stand-in are noise, so the order is
+    // checked against the measurement, not against τ).
+    let speedups: Vec<f64> = rows.iter().map(|r| r["measured_speedup"].as_f64().unwrap()).collect();
+    assert!(speedups[0] >= speedups[1] && speedups[1] > 0.0, "{cmp}");
+    for r in rows {
+        let name = r["name"].as_str().unwrap();
+        let served = runs.iter().find(|x| x["drafter"] == name).unwrap_or_else(|| panic!("{name} in {runs:?}"));
+        let (a, b) = (r["tau"].as_f64().unwrap(), served["tau"].as_f64().unwrap());
+        println!("compare in SGLang: {name} τ {a:.4} (eval serve {b:.4}), measured speedup {}", r["measured_speedup"]);
+        assert!((a - b).abs() <= 1e-9, "{name}: compare's τ {a} is eval serve's {b} on the same prompts");
+    }
+    assert!(report.join("compare.md").is_file() && report.join("compare.parquet").is_file());
+
     // One speculative server for measure and regenerate.
-    let spec_args = [
-        "--served-model-name",
-        "target",
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        s(&fixture),
-        "--speculative-num-steps",
-        "2",
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        "3",
-    ];
-    let server = SglangServer::start(&python, &target, dir.path(), "sglang-eagle3", &spec_args);
+    let mut spec_args = spec_draft(&fixture);
+    spec_args.extend(["--served-model-name".to_owned(), "target".to_owned()]);
+    let spec_args: Vec<&str> = spec_args.iter().map(String::as_str).collect();
+    let server = EngineServer::start(Engine::Sglang, &python, &target, dir.path(), "sglang-eagle3", &spec_args);
 
     // measure: SGLang detected, streamed by default (SGLang refuses return_meta_info on a stream),
     // τ by the one convention, equal to eval serve's.
@@ -176,6 +213,12 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
     let unstreamed = measure(&["--no-stream"]);
     assert_eq!(unstreamed["spec_verify_ct"], m["spec_verify_ct"], "the same prompts, the same cycles");
     assert_eq!(unstreamed["tau"], m["tau"]);
+    // SGLang's own `/generate` (raw text, streamed): other prompts, the same accounting.
+    let generate = measure(&["--endpoint", "generate"]);
+    assert_eq!((&generate["speculative"], &generate["steps"]), (&json!(true), &json!(2)), "{generate}");
+    assert!(generate["tau"].as_f64().unwrap() > 1.0, "{generate}");
+    assert_eq!(generate["tau"], generate["tau_from_histogram"]);
+    assert_eq!(generate["accept_rate_unconditional"].as_array().map(Vec::len), Some(2), "{generate}");
 
     // regenerate --api sglang through a logging pass-through: ids in, ids out, each answer SGLang's
     // own greedy answer for the same ids; kill -9 and rerun byte-identical.
@@ -187,20 +230,40 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
         .map(str::to_owned)
         .collect();
     std::fs::write(&mt, lines.join("\n") + "\n").unwrap();
-    let (proxy_url, log) = proxy::start_proxy(server.port);
+    let (proxy_url, log_all) = proxy::start_proxy(server.port);
+    let log = log_all.clone();
     let regen = |url: &str, out: &Path, extra: &[&str]| {
         let mut c = aerie_cmd();
         c.args(["regenerate", "--server", url, "--tokenizer", s(&target), "--data", s(&mt), "--out", s(out)])
-            .args(["--max-new-tokens", "24", "--concurrency", "1", "--json"])
+            .args(["--max-new-tokens", "24", "--json"])
             .args(extra);
+        if !extra.contains(&"--concurrency") {
+            c.args(["--concurrency", "1"]);
+        }
         c
     };
     let a = dir.path().join("a.jsonl");
-    let report = ok_json(regen(&proxy_url, &a, &["--api", "sglang"]).output().unwrap());
+    let report = ok_json(regen(&proxy_url, &a, &["--api", "sglang", "--concurrency", "2"]).output().unwrap());
     assert_eq!(report["records"], 2, "{report}");
     assert_eq!(report["server"]["api"], "sglang");
+    assert_eq!(report["turns_regenerated"], 4);
+    let ends = report["stopped_by_eos"].as_u64().unwrap() + report["stopped_by_max_new_tokens"].as_u64().unwrap();
+    assert_eq!(ends, 4, "{report}");
     let log = log.lock().unwrap().clone();
     assert_eq!(log.len(), 4, "two records of two turns: {log:?}");
+    // A second turn's prompt continues the first turn's (aerie renders the conversation with the
+    // earlier answer, decoded from SGLang's output ids, and tokenises it again: the rendered text
+    // of turn 1 is a prefix of turn 2's and ends at a token boundary, `assistant\n`).
+    let continued = log
+        .iter()
+        .filter(|(_, q2, _)| {
+            log.iter().any(|(_, q1, _)| {
+                let (p1, p2) = (ids(&q1["input_ids"]), ids(&q2["input_ids"]));
+                p2.len() > p1.len() && p2.starts_with(&p1)
+            })
+        })
+        .count();
+    assert_eq!(continued, 2, "each record's second turn continues its first");
     let agent = ureq::Agent::new_with_defaults();
     for (path, req, resp) in &log {
         assert_eq!(path, "/generate");
@@ -228,6 +291,14 @@ fn eval_serve_in_sglang_matches_aerie_and_feeds_measure_and_regenerate() {
     let rc = ok_json(regen(&server.url, &c, &["--api", "sglang"]).output().unwrap());
     assert!(rc["resumed_records"].as_u64().unwrap() >= 1, "{rc}");
     assert_eq!(std::fs::read_to_string(&c).unwrap(), text, "resumed file differs from the uninterrupted one");
+    // Sampling: SGLang takes aerie's options and its per-turn sampling_seed.
+    let sampled = dir.path().join("sampled.jsonl");
+    let n = log_all.lock().unwrap().len();
+    let flags = ["--temperature", "0.7", "--top-p", "0.9", "--seed", "3", "--max-samples", "1"];
+    ok_json(regen(&proxy_url, &sampled, &flags).output().unwrap());
+    let q = log_all.lock().unwrap()[n].1.clone();
+    assert!(q["sampling_params"]["sampling_seed"].as_u64().is_some(), "{q}");
+    assert!((q["sampling_params"]["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6, "{q}");
     drop(server);
     println!("SGLang end to end in {:.0} s", t_all.elapsed().as_secs_f64());
 }

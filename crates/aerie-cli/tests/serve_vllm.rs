@@ -10,43 +10,22 @@
 //! `measure`, and two engines killed mid-run. Speed is reported, never asserted.
 
 mod common;
-#[path = "common/vllm.rs"]
-mod vllm;
+#[path = "common/engine.rs"]
+mod engine;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{aerie, aerie_cmd, ok, ok_json, s};
+use engine::{Engine, EngineServer, engine_python, fixture_drafter, target_and_prompts};
 use serde_json::Value;
-use vllm::{VllmServer, assets_dir, smollm2, vllm_python};
-
-/// The fixture drafter, in the SGLang layout aerie trains and exports by default.
-fn fixture_drafter() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m-eagle3")
-}
-
-/// The target (imported from the cached GGUF) and a prompt file of `n` MT-Bench first turns.
-fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
-    let target = smollm2(dir);
-    ok(aerie(&["assets", "fetch", "mtbench"]));
-    let questions = std::fs::read_to_string(assets_dir().join("mtbench/question.jsonl")).unwrap();
-    let prompts = dir.join("prompts.jsonl");
-    let lines: Vec<String> = questions
-        .lines()
-        .take(n)
-        .map(|l| {
-            let q: Value = serde_json::from_str(l).unwrap();
-            serde_json::json!({"id": q["question_id"], "prompt": q["turns"][0]}).to_string()
-        })
-        .collect();
-    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
-    (target, prompts)
-}
 
 #[test]
 fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
-    let Some(python) = vllm_python("eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project") else {
+    let Some(python) =
+        engine_python(Engine::Vllm, "eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -158,7 +137,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     let spec = serde_json::json!({"method": "eagle3", "model": s(&speculators), "num_speculative_tokens": 2});
     let spec = spec.to_string();
     let extra = ["--served-model-name", "target", "--max-model-len", "4096", "--speculative-config", spec.as_str()];
-    let server = VllmServer::start(&python, &target, dir.path(), &extra);
+    let server = EngineServer::start(Engine::Vllm, &python, &target, dir.path(), "vllm-server", &extra);
     let measure = |more: &[&str]| {
         let base = ["measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target"];
         ok_json(aerie(&[&base[..], &["--max-new-tokens", "48", "--json"], more].concat()))
@@ -254,7 +233,9 @@ fn wait_gone(pgid: u32, what: &str) {
 
 #[test]
 fn an_engine_never_outlives_aerie_and_its_death_is_named() {
-    let Some(python) = vllm_python("an_engine_never_outlives_aerie_and_its_death_is_named") else { return };
+    let Some(python) = engine_python(Engine::Vllm, "an_engine_never_outlives_aerie_and_its_death_is_named") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let (target, prompts) = target_and_prompts(dir.path(), 2);
 

@@ -18,10 +18,10 @@
 //!   KV cache sized for capture, not vLLM's 85 % of the machine).
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
 mod fixture;
-#[path = "common/vllm.rs"]
-mod vllm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,8 +30,10 @@ use std::time::{Duration, Instant};
 
 use aerie_data::shard::ShardDataset;
 use common::{aerie, aerie_cmd, aerie_run, capture_parity, ok, ok_json, s};
+use engine::{
+    Engine, SMOLLM2_CAPTURE_FLAGS, engine_python, kill_group_after_shards, python_dir, smollm2, smollm2_data, vllm_env,
+};
 use serde_json::Value;
-use vllm::{assets_dir, kill_group, python_dir, smollm2, vllm_env, vllm_python};
 
 /// One vLLM at a time: two would share 2 cores and the KV-cache memory.
 static VLLM: Mutex<()> = Mutex::new(());
@@ -51,63 +53,19 @@ fn capture(target: &Path, data: &Path, out: &Path, flags: &[&str]) -> Command {
     c
 }
 
-/// SmolLM2's own greedy answers to the first `n` MT-Bench questions (aerie's native engine, both
-/// turns), prepared with its tokenizer: chat data the model predicts, in realistic lengths.
-fn smollm2_data(root: &Path, model: &Path, n: usize) -> PathBuf {
-    ok(aerie(&["assets", "fetch", "mtbench"]));
-    let mt = root.join("mt.jsonl");
-    let text = std::fs::read_to_string(assets_dir().join("mtbench/question.jsonl")).unwrap();
-    std::fs::write(&mt, text.lines().take(n).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
-    let answers = root.join("answers.jsonl");
-    ok_json(aerie(&[
-        "regenerate",
-        "--target",
-        s(model),
-        "--data",
-        s(&mt),
-        "--out",
-        s(&answers),
-        "--max-new-tokens",
-        "40",
-        "--json",
-    ]));
-    let prepared = root.join("prepared");
-    ok_json(aerie(&[
-        "data",
-        "prepare",
-        "--data",
-        s(&answers),
-        "--tokenizer",
-        s(model),
-        "--out",
-        s(&prepared),
-        "--json",
-    ]));
-    prepared
-}
-
 /// SmolLM2: vLLM equals native; SIGKILL + resume gives the uninterrupted bytes; a locked dataset
 /// is refused before vLLM starts; `aerie eval loss` reads the vLLM shards.
 #[test]
 fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
-    let Some(python) = vllm_python("smollm2_vllm_capture_equals_native_and_resumes_after_sigkill") else { return };
+    let Some(python) = engine_python(Engine::Vllm, "smollm2_vllm_capture_equals_native_and_resumes_after_sigkill")
+    else {
+        return;
+    };
     let _turn = take_turn();
     let dir = tempfile::tempdir().unwrap();
     let model = smollm2(dir.path());
     let data = smollm2_data(dir.path(), &model, 6);
-    let flags = [
-        "--aux-layers",
-        "1,14,26",
-        "--dtype",
-        "f32",
-        "--teacher",
-        "final-hidden+topk:8",
-        // One sample per shard and per batch: six shards to kill the worker between.
-        "--shard-tokens",
-        "150",
-        "--max-batch-tokens",
-        "320",
-    ];
+    let flags = SMOLLM2_CAPTURE_FLAGS;
     let native = dir.path().join("native");
     let n = ok_json(capture(&model, &data, &native, &flags).env("RAYON_NUM_THREADS", "2").output().unwrap());
     let full = dir.path().join("vllm");
@@ -166,15 +124,7 @@ fn smollm2_vllm_capture_equals_native_and_resumes_after_sigkill() {
         .stderr(Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut w, 0);
     let mut child = w.spawn().unwrap();
-    let t0 = Instant::now();
-    while ShardDataset::open(&cut).map(|d| d.num_shards()).unwrap_or(0) < 2 {
-        assert!(child.try_wait().unwrap().is_none(), "the worker finished before it could be killed");
-        assert!(t0.elapsed() < Duration::from_secs(600), "no shard after 600 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = child.id();
-    kill_group(pid);
-    child.wait().unwrap();
+    let pid = kill_group_after_shards(&mut child, &cut, 2);
     let before = ShardDataset::open(&cut).unwrap().len();
     assert!(before < full_ds.len(), "killed after the end");
     assert!(!tmp_files(pid).is_empty(), "the killed worker's per-request directory is left behind");
@@ -284,7 +234,10 @@ save_file({'lm_head.weight': load_file(sys.argv[1])['model.embed_tokens.weight']
 /// A tiny random DeepSeek-V3 through vLLM equals the transformers engine (f32 on the CPU).
 #[test]
 fn tiny_deepseek_v3_through_vllm_equals_the_transformers_engine() {
-    let Some(python) = vllm_python("tiny_deepseek_v3_through_vllm_equals_the_transformers_engine") else { return };
+    let Some(python) = engine_python(Engine::Vllm, "tiny_deepseek_v3_through_vllm_equals_the_transformers_engine")
+    else {
+        return;
+    };
     let _turn = take_turn();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("deepseek");
@@ -343,7 +296,7 @@ fn meminfo() -> (u64, u64) {
 /// nothing when the machine is already that busy), which the test checks before capturing.
 #[test]
 fn vllm_capture_starts_beside_other_work_without_env() {
-    let Some(python) = vllm_python("vllm_capture_starts_beside_other_work_without_env") else { return };
+    let Some(python) = engine_python(Engine::Vllm, "vllm_capture_starts_beside_other_work_without_env") else { return };
     let _turn = take_turn();
     let dir = tempfile::tempdir().unwrap();
     let model = smollm2(dir.path());
@@ -387,7 +340,7 @@ print('held', flush=True)\nsys.stdin.read()\n";
 /// transformers, then 8 real SmolLM2 samples checked.
 #[test]
 fn vllm_self_test_passes_on_smollm2() {
-    let Some(python) = vllm_python("vllm_self_test_passes_on_smollm2") else { return };
+    let Some(python) = engine_python(Engine::Vllm, "vllm_self_test_passes_on_smollm2") else { return };
     let _turn = take_turn();
     let dir = tempfile::tempdir().unwrap();
     let model = smollm2(dir.path());

@@ -13,10 +13,10 @@
 //! - SIGKILL once a record is durable, then a rerun: the uninterrupted file, byte for byte.
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
 #[path = "common/proxy.rs"]
 mod proxy;
-#[path = "common/vllm.rs"]
-mod vllm;
 
 use std::path::Path;
 use std::process::Command;
@@ -24,9 +24,9 @@ use std::time::Instant;
 
 use aerie_data::tokenizer::TokenizerFiles;
 use common::{aerie_cmd, kill_once_a_record_is_durable, ok, ok_json, s};
+use engine::{Engine, EngineServer, assets_dir, engine_python, smollm2, vllm_env};
 use proxy::start_proxy;
 use serde_json::{Value, json};
-use vllm::{VllmServer, assets_dir, smollm2, vllm_env, vllm_python};
 
 /// vLLM's own greedy output for each prompt: offline `LLM.generate`, plain sampling. Greedy on
 /// these CPUs depends on the batch a request shares (the sums change with the batch shape), so
@@ -52,7 +52,9 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn vllm_dialect_regenerates_mt_bench_with_vllms_own_greedy_ids_and_resumes() {
-    let Some(python) = vllm_python("vllm_dialect_regenerates_mt_bench_with_vllms_own_greedy_ids_and_resumes") else {
+    let Some(python) =
+        engine_python(Engine::Vllm, "vllm_dialect_regenerates_mt_bench_with_vllms_own_greedy_ids_and_resumes")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -67,7 +69,14 @@ fn vllm_dialect_regenerates_mt_bench_with_vllms_own_greedy_ids_and_resumes() {
         .collect();
     std::fs::write(&mt, lines.join("\n") + "\n").unwrap();
 
-    let server = VllmServer::start(&python, &model, dir.path(), &["--served-model-name", "smollm2"]);
+    let server = EngineServer::start(
+        Engine::Vllm,
+        &python,
+        &model,
+        dir.path(),
+        "vllm-server",
+        &["--served-model-name", "smollm2"],
+    );
     let (proxy, log) = start_proxy(server.port);
     let regen = |url: &str, out: &Path, extra: &[&str]| {
         let mut c = aerie_cmd();

@@ -164,11 +164,15 @@ impl InspectReport {
         self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
     }
 
-    /// Add the warning for serving this layout with `engine` as it is, when that engine reads its
-    /// aux ids in the other convention (an SGLang export given to vLLM).
+    /// What serving this layout with `engine` as it is does: an error when that engine refuses
+    /// the layout at start (a speculators export given to SGLang, [`crate::served::refusal`]), a
+    /// warning when it loads it but reads its aux ids in the other convention (an SGLang export
+    /// given to vLLM).
     pub fn served_by(&mut self, engine: aerie_engine::Engine) {
         let Ok(native) = crate::served::layout_for(engine) else { return };
-        if let Some(w) = self.dialect.served_by_warning(native, &self.config.aux_layers) {
+        if let Some(e) = crate::served::refusal(self.dialect, engine) {
+            self.findings.insert(0, Finding { severity: Severity::Error, code: "layout-engine".into(), message: e });
+        } else if let Some(w) = self.dialect.served_by_warning(native, &self.config.aux_layers) {
             self.findings.push(Finding { severity: Severity::Warning, code: "layout-engine".into(), message: w });
         }
     }

@@ -28,6 +28,22 @@ pub fn layout_for(engine: Engine) -> Result<Dialect> {
     }
 }
 
+/// Why `engine` does not load `dialect` at all, when it does not (otherwise a layout in the other
+/// convention loads and only accepts less: [`Dialect::served_by_warning`]). Tried against the real
+/// SGLang 0.5.23 (crates/aerie-cli/tests/serve_sglang.rs): a speculators export as
+/// `--speculative-draft-model-path` stops the server at start, because SGLang reads draft configs
+/// through transformers' `AutoConfig`, which needs the top-level `model_type` the speculators
+/// layout does not have (and SGLang has no `Eagle3Speculator` class to load it with). vLLM loads
+/// both layouts.
+pub fn refusal(dialect: Dialect, engine: Engine) -> Option<String> {
+    (engine == Engine::Sglang && dialect == Dialect::Speculators).then(|| {
+        "this is the speculators layout (`Eagle3Speculator`, no top-level `model_type`): SGLang 0.5.23 refuses to \
+         start with it as the draft model (\"Unrecognized model ... Should have a `model_type` key in its \
+         config.json\"): export it with `aerie export --to sglang` first"
+            .to_string()
+    })
+}
+
 /// The name of each drafter: `names[i]` when given (as many as drafters), else its directory's
 /// name. Two drafters of one name (`runA/checkpoint-756` and `runB/checkpoint-756`) are refused:
 /// their exports, engine logs and report rows would be one.
@@ -76,7 +92,7 @@ pub fn served_drafters(
     for (src, name) in drafters.iter().zip(names) {
         let parsed = read_config(&src.join("config.json"), None)?;
         let dialect = parsed.dialect;
-        let warning = dialect.served_by_warning(native, &parsed.config.aux_layers);
+        let warning = refusal(dialect, engine).or_else(|| dialect.served_by_warning(native, &parsed.config.aux_layers));
         let (dir, layout, as_is_warning) = match warning {
             None => (src.clone(), format!("{} layout, served as is", dialect.engine()), None),
             Some(w) if as_is => (src.clone(), format!("served as is (--as-is): {w}"), Some(w)),
@@ -104,6 +120,16 @@ pub fn served_drafters(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SGLang refuses the speculators layout at start; every other pairing loads.
+    #[test]
+    fn only_sglang_refuses_a_layout_and_it_is_the_speculators_one() {
+        let r = refusal(Dialect::Speculators, Engine::Sglang).unwrap();
+        assert!(r.contains("refuses") && r.contains("model_type") && r.contains("--to sglang"), "{r}");
+        assert_eq!(refusal(Dialect::Sglang, Engine::Sglang), None);
+        assert_eq!(refusal(Dialect::Speculators, Engine::Vllm), None);
+        assert_eq!(refusal(Dialect::Sglang, Engine::Vllm), None);
+    }
 
     /// Issue 34 §2: two runs' `checkpoint-756` used to be exported into one folder, both served as
     /// the second, and `--predict` predicted both from the first.

@@ -154,4 +154,6 @@ def build_engine(a, aux: list[int], teacher) -> Engine:
         max_batch_tokens=a.max_batch_tokens,
         max_batch_samples=a.max_batch_samples,
         trust_remote_code=a.trust_remote_code,
+        device=a.sglang_device,
+        dtype=str(DTYPES[a.compute_dtype]).removeprefix("torch.") if a.compute_dtype else "auto",
     )

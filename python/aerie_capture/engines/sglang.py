@@ -1,14 +1,21 @@
 """The SGLang engine: every tensor-parallel rank (one process per GPU, under `torchrun`) runs
 SGLang's own `ModelRunner` in process — no scheduler, no HTTP, no tokenizer manager — on packed,
-unpadded prefill batches with the radix cache, chunked prefill and CUDA graphs off. The aux
-states come from SGLang's EAGLE-3 capture (`CaptureHiddenMode.FULL`), the post-norm final state
-from `LogitsProcessorOutput.last_hidden_states` (0.5.23), and the exact top-k teacher from the
-vocabulary-sharded head on the GPUs (teacher.py). Only rank 0 copies to the host and writes.
+unpadded prefill batches with the radix cache, chunked prefill and CUDA graphs off. The bootstrap
+is SGLang 0.5.23's own in-tree sequence (`sglang.benchmark.one_batch`: `publish`, the parallel
+and layer runtimes, `ModelRunner`, its memory pool and attention backends). The aux states come
+from SGLang's EAGLE-3 capture (`set_eagle3_layers_to_capture`, then `layers_to_capture` set
+explicitly, forward with `CaptureHiddenMode.FULL`), the post-norm final state from what the
+model hands its logits processor (every position: the states SGLang's head reads), and the exact
+top-k teacher from the vocabulary-sharded head (teacher.py). Only rank 0 copies to the host and
+writes.
 
-**Status: written against SGLang 0.5.23 from its documented call sequence
-(shared/reference/sglang-capture.md §6.1 (b)); it has not run on a GPU in aerie's CI or on the
-development machines.** `check_api()` asserts every SGLang name and parameter the engine relies
-on, so a different SGLang version fails loudly before a model is loaded; the self-test
+**Status:** run for real at tp 1 on the CPU (`device="cpu"`: SGLang's CPU engine,
+`SGLANG_USE_CPU_ENGINE=1`, the `torch_native` attention backend, which serves prefill; PyPI has no
+CPU `sgl_kernel`, so the tests put their stand-in on the path through
+`AERIE_SGLANG_TEST_KERNELS`): the SmolLM2 capture equals the transformers engine in f32
+(crates/aerie-cli/tests/sglang_capture.rs). On GPUs and at tp > 1 it is the same code with
+`device="cuda"`, not run here. `check_api()` asserts every SGLang name and parameter the engine
+relies on, so a different SGLang version fails loudly before a model is loaded; the self-test
 (`aerie capture --engine sglang --self-test`) then compares the engine with the transformers
 engine on a tiny random DeepSeek-V3 before a long run.
 
@@ -97,40 +104,96 @@ def check_api() -> list[str]:
         if params:
             fn = obj.__init__ if inspect.isclass(obj) else obj
             have = set(inspect.signature(fn).parameters)
+            # msgspec structs (ServerArgs, SamplingParams in 0.5.23) take their fields as keywords.
+            have |= set(getattr(obj, "__struct_fields__", ()))
             missing = [p for p in params if p not in have]
             if missing:
                 problems.append(f"{modname}.{attr}: no parameter {', '.join(missing)} (has {', '.join(sorted(have))})")
         return obj
 
-    need(
+    sa = need(
         "sglang.srt.server_args",
         "ServerArgs",
-        ("model_path", "tp_size", "disable_radix_cache", "chunked_prefill_size", "disable_cuda_graph", "skip_tokenizer_init",
-         "enable_return_aux_hidden_states", "return_aux_hidden_state_layer_ids", "speculative_algorithm", "attention_backend",
-         "mem_fraction_static"),
+        ("model_path", "tp_size", "device", "dtype", "disable_radix_cache", "chunked_prefill_size", "disable_cuda_graph",
+         "skip_tokenizer_init", "attention_backend", "mem_fraction_static", "max_total_tokens", "max_running_requests"),
     )
+    if sa is not None and not hasattr(sa, "resolve_once"):
+        problems.append("ServerArgs.resolve_once: missing")
     need("sglang.srt.server_args", "PortArgs")
     need("sglang.srt.configs.model_config", "ModelConfig")
     need("sglang.srt.model_executor.model_runner", "ModelRunner", ("model_config", "mem_fraction_static", "gpu_id", "nccl_port", "server_args"))
+    boot = need("sglang.srt.distributed", "bootstrap")
+    for fn in ("init_parallel_runtime", "init_layer_runtime"):
+        if boot is not None and not hasattr(boot, fn):
+            problems.append(f"sglang.srt.distributed.bootstrap.{fn}: missing")
+    for name in ("publish", "SpawnRanks", "spawn_world_rank", "get_device", "get_schedule"):
+        need("sglang.srt.runtime_context", name)
+    need("sglang.srt.entrypoints.engine", "_set_envs_and_config")
+    for name in ("initialize_moe_config",):
+        need("sglang.srt.layers.moe", name)
+    need("sglang.srt.layers.quantization.fp8_utils", "initialize_fp8_gemm_config")
+    need("sglang.srt.layers.quantization.unquant", "initialize_bf16_gemm_config")
+    need("sglang.srt.layers.quantization.fp4_utils", "initialize_fp4_gemm_config")
     need("sglang.srt.managers.schedule_batch", "Req", ("rid", "origin_input_text", "origin_input_ids", "sampling_params"))
     sb = need("sglang.srt.managers.schedule_batch", "ScheduleBatch")
     if sb is not None:
-        for m in ("init_new", "prepare_for_extend", "get_model_worker_batch"):
+        for m in ("init_new", "prepare_for_extend"):
             if not hasattr(sb, m):
                 problems.append(f"ScheduleBatch.{m}: missing")
-    need("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")
+    need("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm")
+    fb = need("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")
+    if fb is not None and not hasattr(fb, "init_new"):
+        problems.append("ForwardBatch.init_new: missing")
     mode = need("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode")
     if mode is not None and not hasattr(mode, "FULL"):
         problems.append("CaptureHiddenMode.FULL: missing")
     need("sglang.srt.sampling.sampling_params", "SamplingParams", ("temperature", "max_new_tokens"))
-    out = need("sglang.srt.layers.logits_processor", "LogitsProcessorOutput")
-    if out is not None and "last_hidden_states" not in getattr(out, "__dataclass_fields__", {}) and not hasattr(out, "last_hidden_states"):
-        problems.append("LogitsProcessorOutput.last_hidden_states: missing (added in 0.5.23)")
-    for modname, cls in (("sglang.srt.models.deepseek_v2", "DeepseekV2ForCausalLM"), ("sglang.srt.models.kimi_k25", "KimiK25ForConditionalGeneration")):
+    for modname, cls in (
+        ("sglang.srt.models.llama", "LlamaForCausalLM"),
+        ("sglang.srt.models.deepseek_v2", "DeepseekV2ForCausalLM"),
+        ("sglang.srt.models.kimi_k25", "KimiK25ForConditionalGeneration"),
+    ):
         c = need(modname, cls)
         if c is not None and not hasattr(c, "set_eagle3_layers_to_capture"):
             problems.append(f"{cls}.set_eagle3_layers_to_capture: missing")
     return problems
+
+
+class _NoPrefixCache:
+    """The tree cache a `ScheduleBatch` asks for, with nothing cached: capture never reuses a
+    prefix (SGLang's `bench_one_batch` hands its batches the same kind of stand-in)."""
+
+    def __init__(self, page_size: int, device, allocator):
+        self.page_size = page_size
+        self.device = device
+        self.token_to_kv_pool_allocator = allocator
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def supports_prefix_sharing(self) -> bool:
+        return True
+
+    def evict(self, params) -> None:
+        pass
+
+    def maybe_hand_to_session(self, req) -> None:
+        pass
+
+
+def use_cpu_engine() -> None:
+    """SGLang's CPU engine: `SGLANG_USE_CPU_ENGINE=1` before SGLang is imported (without it SGLang
+    0.5.23 imports vLLM's rotary op), and the `sgl_kernel` of `$AERIE_SGLANG_TEST_KERNELS` first
+    on the path when set (the test suite's stand-in; PyPI's `sgl_kernel` is CUDA-only)."""
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    kernels = os.environ.get("AERIE_SGLANG_TEST_KERNELS")
+    if kernels:
+        from aerie_serve.sglang import use_test_kernels
+
+        use_test_kernels(kernels)
 
 
 class SGLangEngine(Engine):
@@ -148,13 +211,24 @@ class SGLangEngine(Engine):
         max_batch_tokens: int = 32768,
         max_batch_samples: int = 64,
         trust_remote_code: bool = False,
+        device: str = "cuda",
+        dtype: str = "auto",
     ):
+        if device == "cpu":
+            use_cpu_engine()
         problems = check_api()
         if problems:
             raise RuntimeError("the installed SGLang does not match the engine:\n  " + "\n  ".join(problems))
         import sglang
         from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.distributed import bootstrap
+        from sglang.srt.entrypoints.engine import _set_envs_and_config
+        from sglang.srt.layers.moe import initialize_moe_config
+        from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+        from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+        from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
         from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.runtime_context import SpawnRanks, get_device, get_schedule, publish, spawn_world_rank
         from sglang.srt.server_args import PortArgs, ServerArgs
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -164,7 +238,8 @@ class SGLangEngine(Engine):
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.tp_size = tp_size
         self.is_writer = self.rank == 0
-        torch.cuda.set_device(self.local_rank)
+        if device != "cpu":
+            torch.cuda.set_device(self.local_rank)
         self.final_hidden = final_hidden
         self.topk = topk
 
@@ -180,6 +255,8 @@ class SGLangEngine(Engine):
         server_args = ServerArgs(
             model_path=target,
             tp_size=tp_size,
+            device=device,
+            dtype=dtype,
             trust_remote_code=trust_remote_code,
             skip_tokenizer_init=True,
             disable_radix_cache=True,
@@ -189,36 +266,32 @@ class SGLangEngine(Engine):
             mem_fraction_static=mem_fraction_static,
             max_running_requests=max_batch_samples,
             max_total_tokens=max(2 * max_batch_tokens, 8192),
-            # Aux capture on the target without a draft (0.5.23): the algorithm only names the
-            # layer-id convention; the ids are overwritten explicitly below.
-            enable_return_aux_hidden_states=True,
-            speculative_algorithm="EAGLE3",
-            return_aux_hidden_state_layer_ids=list(self.aux_layers),
         )
+        server_args.resolve_once()
+        _set_envs_and_config(server_args)
         port_args = PortArgs.init_new(server_args)
-        # Every rank must meet on one NCCL port: derive it from torchrun's rendezvous port
-        # instead of the random free port PortArgs picks per process.
-        port_args.nccl_port = int(os.environ.get("MASTER_PORT", "29500")) + 1
+        # Every rank must meet on one port: derive it from torchrun's rendezvous port instead of
+        # the random free port PortArgs picks per process.
+        if world > 1:
+            port_args.nccl_port = int(os.environ.get("MASTER_PORT", "29500")) + 1
+        ranks = SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=self.rank, pp_rank=0), gpu_id=self.local_rank)
+        publish(server_args, role="scheduler", ranks=ranks)
+        for init in (initialize_moe_config, initialize_fp8_gemm_config, initialize_bf16_gemm_config, initialize_fp4_gemm_config):
+            init()
         model_config = ModelConfig.from_server_args(server_args)
+        bootstrap.init_parallel_runtime(server_args=server_args, device=get_device().device, dist_port=port_args.nccl_port)
+        bootstrap.init_layer_runtime(model_config=model_config)
         self.runner = ModelRunner(
             model_config=model_config,
             mem_fraction_static=mem_fraction_static,
             gpu_id=self.local_rank,
-            tp_rank=self.rank,
-            tp_size=tp_size,
-            moe_ep_rank=0,
-            moe_ep_size=1,
-            pp_rank=0,
-            pp_size=1,
-            nccl_port=port_args.nccl_port,
-            server_args=server_args,
-        ) if "tp_rank" in inspect.signature(ModelRunner.__init__).parameters else ModelRunner(
-            model_config=model_config,
-            mem_fraction_static=mem_fraction_static,
-            gpu_id=self.local_rank,
             nccl_port=port_args.nccl_port,
             server_args=server_args,
         )
+        self.runner.alloc_memory_pool()
+        self.runner.init_attention_backends()
+        self.runner.init_cuda_graphs()
+        self.page_size = get_schedule().page_size
         self.model_config = model_config
         lm = self.runner.model.language_model if arch in WRAPPED else self.runner.model
         lm.set_eagle3_layers_to_capture(list(self.aux_layers))
@@ -229,13 +302,21 @@ class SGLangEngine(Engine):
         # Explicit, so the `ids[0] == 1` heuristic never decides what is captured.
         lm.model.layers_to_capture = list(self._capture)
         self.lm = lm
+        # The post-norm final states of every position, as the model hands them to its logits
+        # processor (which itself keeps only the last position's in a prefill).
+        self._final: Optional[torch.Tensor] = None
+        lm.logits_processor.register_forward_pre_hook(self._keep_final)
         self.head = lm.lm_head.weight  # [V_shard, H] on this rank
         start, end = vocab_shard(self.info.vocab_size, tp_size, self.rank)
         if self.head.shape[0] != end - start:
             raise RuntimeError(f"{arch}: lm_head shard has {self.head.shape[0]} rows on rank {self.rank}, expected {end - start}")
         self.vocab_start = start
-        self.description = f"sglang {sglang.__version__}, tp{tp_size}, {attention_backend}, torch {torch.__version__}"
+        backend = getattr(server_args, "attention_backend", None) or attention_backend
+        self.description = f"sglang {sglang.__version__}, tp{tp_size}, {device}, {backend}, torch {torch.__version__}"
         self._checked_width = False
+
+    def _keep_final(self, module, args):
+        self._final = args[1]
 
     def broadcast(self, value):
         obj = [value]
@@ -243,36 +324,43 @@ class SGLangEngine(Engine):
         return obj[0]
 
     def _forward(self, batch: list[list[int]]):
+        from array import array
+
         from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
         from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         reqs = []
         for i, ids in enumerate(batch):
-            req = Req(rid=str(i), origin_input_text="", origin_input_ids=list(ids), sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-            req.prefix_indices = []
-            req.fill_ids = req.origin_input_ids
-            req.extend_input_len = len(req.fill_ids)
-            req.logprob_start_len = len(req.origin_input_ids) - 1
+            req = Req(rid=str(i), origin_input_text="", origin_input_ids=array("q", ids), sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+            req.full_untruncated_fill_ids = req.origin_input_ids
+            req.logprob_start_len = -1
+            req.extend_end = len(req.origin_input_ids)
             reqs.append(req)
+        allocator = self.runner.token_to_kv_pool_allocator
         sb = ScheduleBatch.init_new(
             reqs=reqs,
             req_to_token_pool=self.runner.req_to_token_pool,
-            token_to_kv_pool_allocator=self.runner.token_to_kv_pool_allocator,
-            tree_cache=None,
+            token_to_kv_pool_allocator=allocator,
+            tree_cache=_NoPrefixCache(self.page_size, self.runner.device, allocator),
             model_config=self.model_config,
             enable_overlap=False,
-            spec_algorithm=None,
+            spec_algorithm=SpeculativeAlgorithm.NONE,
         )
         sb.prepare_for_extend()
-        sb.capture_hidden_mode = CaptureHiddenMode.FULL
-        mwb = sb.get_model_worker_batch()
-        fb = ForwardBatch.init_new(mwb, self.runner)
+        if sb.input_ids is None and getattr(sb, "prefill_input_ids_cpu", None) is not None:
+            sb.input_ids = sb.prefill_input_ids_cpu.to(sb.device)
+            sb.prefill_input_ids_cpu = None
+        fb = ForwardBatch.init_new(sb, self.runner, return_hidden_states_before_norm=False)
+        fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        self._final = None
         out = self.runner.forward(fb)
         lo = getattr(out, "logits_output", out)
-        aux, final = lo.hidden_states, lo.last_hidden_states
+        aux, final = lo.hidden_states, self._final
+        self._final = None
         self.runner.req_to_token_pool.clear()
-        self.runner.token_to_kv_pool_allocator.clear()
+        allocator.clear()
         return aux, final
 
     @torch.inference_mode()
@@ -284,7 +372,7 @@ class SGLangEngine(Engine):
             if aux is None or tuple(aux.shape) != (sum(lens), width):
                 raise RuntimeError(f"SGLang returned aux of shape {None if aux is None else list(aux.shape)}, expected [{sum(lens)}, {width}]")
             if final is None or tuple(final.shape) != (sum(lens), self.info.hidden_size):
-                raise RuntimeError(f"SGLang returned last_hidden_states of shape {None if final is None else list(final.shape)}")
+                raise RuntimeError(f"SGLang's logits processor got final states of shape {None if final is None else list(final.shape)}")
             self._checked_width = True
         tid = tlp = None
         if self.topk:

@@ -168,22 +168,6 @@ fn write_reply(mut stream: TcpStream, reply: Reply) {
     let _ = stream.flush();
 }
 
-/// SGLang `meta_info` of a speculative request with histogram `hist` (h[a] = passes accepting a
-/// drafts): completion = Σ (a+1)·h[a] + 1 (the prefill token), verify = Σ h.
-pub fn spec_meta(hist: &[u64]) -> Value {
-    let verify: u64 = hist.iter().sum();
-    let accepted: u64 = hist.iter().enumerate().map(|(a, &h)| a as u64 * h).sum();
-    let completion = accepted + verify + 1;
-    let k = hist.len() as u64 - 1;
-    json!({
-        "id": "req", "finish_reason": {"type": "length", "length": completion}, "prompt_tokens": 5,
-        "completion_tokens": completion, "cached_tokens": 0, "e2e_latency": 0.01,
-        "spec_verify_ct": verify, "spec_accept_length": completion as f64 / verify as f64,
-        "spec_accept_rate": accepted as f64 / (verify * k) as f64, "spec_accept_token_num": accepted,
-        "spec_draft_token_num": verify * k, "spec_accept_histogram": hist,
-    })
-}
-
 /// A plain (non-speculative) `meta_info`.
 pub fn plain_meta(completion: u64) -> Value {
     json!({"id": "req", "finish_reason": {"type": "length", "length": completion}, "prompt_tokens": 5,
@@ -193,17 +177,6 @@ pub fn plain_meta(completion: u64) -> Value {
 /// A `/generate` response.
 pub fn generate_response(meta: Value) -> Value {
     json!({"text": "generated text", "output_ids": [1, 2, 3], "meta_info": meta})
-}
-
-/// A chat completion with `meta_info` in `choices[0]`.
-pub fn chat_response(meta: Value) -> Value {
-    let completion = meta["completion_tokens"].clone();
-    json!({
-        "id": "chatcmpl", "object": "chat.completion", "created": 0, "model": "default",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "generated text"},
-            "finish_reason": "length", "meta_info": meta}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5},
-    })
 }
 
 /// `/generate` stream events: cumulative text and completion_tokens, `per_chunk` tokens each,
