@@ -14,6 +14,7 @@
 
 mod builtins;
 mod chain;
+mod exact;
 mod mask;
 mod python;
 pub mod tools_ts;
