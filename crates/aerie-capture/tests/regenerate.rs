@@ -56,7 +56,8 @@ fn role(from: &str) -> Role {
 }
 
 /// The reference: every assistant turn answered by `generate` on the rendered prefix (own
-/// answers included), the eos dropped, decoded without special tokens. With `original_answers`
+/// answers included), the eos dropped, decoded without special tokens, its ids and why it ended
+/// kept beside the text. With `original_answers`
 /// the prompts keep the dataset's answers instead (to show they differ).
 fn reference(s: &Setup, max_new: usize, eos: &[u32], original_answers: bool) -> Vec<Value> {
     let tok = TokenizerFiles::load(&s.target).unwrap();
@@ -77,13 +78,16 @@ fn reference(s: &Setup, max_new: usize, eos: &[u32], original_answers: bool) -> 
                 let prompt = template.render(&prompt_msgs, true).unwrap();
                 let ids = tok.tokenizer.encode(prompt.as_str(), false).unwrap().get_ids().to_vec();
                 let mut answer = s.model.generate(&ids, max_new, eos).unwrap();
-                if answer.last().is_some_and(|t| eos.contains(t)) {
+                let stopped = answer.last().is_some_and(|t| eos.contains(t));
+                if stopped {
                     answer.pop();
                 }
                 let text = tok.tokenizer.decode(&answer, true).unwrap();
                 assert!(!text.trim().is_empty(), "the fixture answers with whitespace; pick another seed");
                 prompt_msgs.push(Message::new(Role::Assistant, if original_answers { value } else { &text }));
-                out_turns.push(json!({"from": "gpt", "value": text}));
+                // The ids themselves too, so `data prepare` trains on exactly what was generated.
+                let finish = if stopped { "stop" } else { "length" };
+                out_turns.push(json!({"from": "gpt", "value": text, "token_ids": answer, "finish_reason": finish}));
             }
             json!({"id": rec["id"], "source_index": index, "conversations": out_turns})
         })

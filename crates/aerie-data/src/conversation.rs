@@ -86,6 +86,23 @@ pub struct Message {
     /// The speaker's name (`name`; Kimi's templates print it instead of the role).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The token ids a serving engine generated for this assistant turn, when the data holds
+    /// them (`aerie regenerate` through an engine that returns ids): the prepared sample then
+    /// trains on exactly these ids, not on a retokenisation of their text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated: Option<GeneratedIds>,
+}
+
+/// What an engine generated for an assistant turn, id for id. A random or repetitive answer
+/// need not tokenise back to the ids that produced it (32 generated tokens became 34–36 on the
+/// Kimi miniature), so regenerated data keeps the ids beside the text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GeneratedIds {
+    /// The answer's ids, without the stop token (`token_ids` of a regenerated turn).
+    pub token_ids: Vec<u32>,
+    /// The answer was cut at the token budget (`finish_reason` `length`): the end-of-turn markup
+    /// the template puts after it was never generated, so it is not trained on either.
+    pub cut: bool,
 }
 
 /// One tool call of an assistant turn, as OpenAI messages carry it
@@ -111,6 +128,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            generated: None,
         }
     }
 
@@ -182,6 +200,8 @@ pub struct RawTurn {
     pub name: Option<String>,
     /// The content had image, video or audio parts.
     pub has_media: bool,
+    /// `token_ids` and `finish_reason` of a regenerated assistant turn.
+    pub generated: Option<GeneratedIds>,
 }
 
 /// A record as a reader found it, before [`normalize`].
@@ -446,6 +466,7 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
             tool_calls: turn.tool_calls,
             tool_call_id: turn.tool_call_id,
             name: turn.name,
+            generated: turn.generated.filter(|_| role == Role::Assistant),
         };
         if role == Role::Assistant
             && msg.reasoning_content.is_none()
@@ -482,7 +503,8 @@ pub fn normalize(raw: RawConversation, opts: &NormalizeOptions) -> Result<Normal
                 let prev = messages.last_mut().expect("a last message exists");
                 // Turns with reasoning or tool calls are not merged: the result would be a
                 // turn the model never produced.
-                let plain = |m: &Message| m.reasoning_content.is_none() && m.tool_calls.is_empty();
+                let plain =
+                    |m: &Message| m.reasoning_content.is_none() && m.tool_calls.is_empty() && m.generated.is_none();
                 if role == Role::System || (opts.same_role == SameRolePolicy::Merge && plain(prev) && plain(&msg)) {
                     prev.content.push_str(&opts.merge_separator);
                     prev.content.push_str(&msg.content);

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use aerie_data::conversation::{Message, Role, split_inline_think};
+use aerie_data::conversation::{GeneratedIds, Message, Role, split_inline_think};
 use aerie_data::template::ChatTemplate;
 use aerie_data::tokenizer::TokenizerFiles;
 use serde_json::{Value, json};
@@ -198,6 +198,8 @@ impl<'a> Turns<'a> {
         report.prefill_seconds += done.prefill_seconds;
         clock.seconds += done.decode_seconds;
         clock.tokens += done.decode_tokens;
+        let generated =
+            done.ids.clone().map(|token_ids| GeneratedIds { token_ids, cut: done.finish == Finish::Budget });
         let (reasoning, content) = match (&done.ids, done.text) {
             (Some(ids), _) => {
                 self.check_ids(conv, ids)?;
@@ -224,6 +226,7 @@ impl<'a> Turns<'a> {
         }
         let mut msg = Message::new(Role::Assistant, content);
         msg.reasoning_content = reasoning;
+        msg.generated = generated;
         conv.answered.push(msg);
         conv.kept_turns += 1;
         conv.turn += 1;
@@ -322,13 +325,19 @@ pub(super) fn cut_at_max_turns(
 }
 
 /// The output line of a regenerated conversation (newline included), with ShareGPT role names;
-/// an answer's reasoning is kept as the turn's `reasoning_content` (which `aerie data prepare`
-/// reads back).
+/// an answer's reasoning is kept as the turn's `reasoning_content`, and the ids the engine
+/// generated as its `token_ids` with `finish_reason` `stop` or `length` (all of which `aerie
+/// data prepare` reads back: it trains on the ids themselves, so a captured answer is exactly
+/// what the engine generated).
 pub(super) fn record_line(conv_id: &str, source_index: u64, messages: &[Message], tools: Option<&Value>) -> String {
     let turn = |m: &Message| {
         let mut t = json!({"from": sharegpt_role(m.role), "value": m.content});
         if let Some(r) = &m.reasoning_content {
             t["reasoning_content"] = json!(r);
+        }
+        if let Some(g) = &m.generated {
+            t["token_ids"] = json!(g.token_ids);
+            t["finish_reason"] = json!(if g.cut { "length" } else { "stop" });
         }
         t
     };

@@ -365,6 +365,7 @@ fn with_answer_slots(mut raw: RawConversation) -> RawConversation {
                 tool_call_id: None,
                 name: None,
                 has_media: false,
+                generated: None,
             });
         }
     }

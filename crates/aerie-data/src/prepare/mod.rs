@@ -168,6 +168,14 @@ pub struct PrepareReport {
     /// its encoder raises), `template` (any other template's own declaration).
     #[serde(default)]
     pub samples_with_tools: BTreeMap<String, u64>,
+    /// Samples whose closing answer is the engine's own token ids (regenerated data that keeps
+    /// `token_ids`: `docs/regenerate.md`).
+    #[serde(default)]
+    pub samples_with_engine_ids: u64,
+    /// Samples whose closing answer had engine ids that could not be used (ids outside the
+    /// vocabulary, or not decoding to the turn's content): tokenised from the text instead.
+    #[serde(default)]
+    pub engine_ids_not_used: u64,
     /// The template variables given (`--template-kwarg`).
     #[serde(default)]
     pub template_kwargs: BTreeMap<String, serde_json::Value>,
@@ -290,6 +298,7 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     let mut histogram: BTreeMap<u64, u64> = BTreeMap::new();
     let mut samples_per_mode: BTreeMap<String, u64> = BTreeMap::new();
     let mut samples_with_tools: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut samples_with_engine_ids, mut engine_ids_not_used) = (0u64, 0u64);
     let mut samples = 0u64;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
@@ -362,6 +371,11 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
                 if let Some(how) = tools {
                     *samples_with_tools.entry(how.to_owned()).or_default() += 1;
                 }
+                match sample.engine_ids {
+                    Some(true) => samples_with_engine_ids += 1,
+                    Some(false) => engine_ids_not_used += 1,
+                    None => {}
+                }
                 samples += 1;
             }
         }
@@ -420,6 +434,8 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
         samples,
         samples_per_mode,
         samples_with_tools,
+        samples_with_engine_ids,
+        engine_ids_not_used,
         template_kwargs: opts.encode.template_kwargs.clone(),
         tokens: splits.values().map(|s| s.tokens).sum(),
         masked_tokens: splits.values().map(|s| s.masked_tokens).sum(),

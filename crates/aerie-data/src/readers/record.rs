@@ -12,7 +12,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::conversation::{RawConversation, RawTurn, ToolCall};
+use crate::conversation::{GeneratedIds, RawConversation, RawTurn, ToolCall};
 
 #[derive(Deserialize)]
 struct RecordDe {
@@ -50,6 +50,11 @@ struct TurnDe {
     tool_call_id: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    /// A regenerated turn's engine ids (`aerie regenerate`).
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 /// OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}`; a flat
@@ -132,6 +137,8 @@ pub(crate) fn parse_record(bytes: &[u8], index: u64) -> Result<RawConversation, 
                 tool_calls: None,
                 tool_call_id: None,
                 name: None,
+                token_ids: None,
+                finish_reason: None,
             })
             .collect(),
         (None, None, None) => return Err(RecordError::NoTurns),
@@ -151,6 +158,9 @@ pub(crate) fn parse_record(bytes: &[u8], index: u64) -> Result<RawConversation, 
                     tool_calls: t.tool_calls.unwrap_or_default().into_iter().map(ToolCallDe::into_call).collect(),
                     tool_call_id: t.tool_call_id,
                     name: t.name,
+                    generated: t
+                        .token_ids
+                        .map(|token_ids| GeneratedIds { token_ids, cut: t.finish_reason.as_deref() == Some("length") }),
                 }
             })
             .collect(),

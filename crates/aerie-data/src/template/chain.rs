@@ -26,6 +26,7 @@
 //! renders a current-chain tool-call turn's reasoning is a reasoning template. K2.5 with
 //! `thinking=false`, K2-Instruct and ChatML render none and keep one sample per conversation.
 
+use super::exact::Exact;
 use super::mask::{ChatEncoder, EncodedSample, Rejected};
 use crate::conversation::{Conversation, DropReason, Message, Role, ToolCall, TrimReason};
 use crate::{Error, Result};
@@ -177,8 +178,15 @@ impl ChatEncoder<'_> {
             message: format!("cannot encode conversation `{}` (chain {chain}): {e}", conv.id),
         };
         let byte_spans: Vec<(usize, usize)> = spans.iter().map(|&(s, e, _)| (s, e)).collect();
-        let head = self.tokenize_head(&text).map_err(tok_err)?;
-        let (mut input_ids, mut mask) = self.ids_and_mask(&text, head, &byte_spans).map_err(tok_err)?;
+        let (engine_ids, (mut input_ids, mut mask)) =
+            match self.engine_sample(&text, &byte_spans, messages, last, tools).map_err(tok_err)? {
+                Exact::Used(ids, mask) => (Some(true), (ids, mask)),
+                other => {
+                    let head = self.tokenize_head(&text).map_err(tok_err)?;
+                    let found = self.ids_and_mask(&text, head, &byte_spans).map_err(tok_err)?;
+                    (matches!(other, Exact::NotUsed).then_some(false), found)
+                }
+            };
         let mut trims = Vec::new();
         let limit = self.options().max_length.unwrap_or(usize::MAX);
         if input_ids.len() > limit {
@@ -186,8 +194,9 @@ impl ChatEncoder<'_> {
             mask.truncate(limit);
             trims.push(TrimReason::TruncatedToMaxLength);
         }
+        let assistant_turns = spans.len();
         let sample =
-            EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns: spans.len(), chain: Some(chain) };
+            EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns, chain: Some(chain), engine_ids };
         if sample.masked_tokens() == 0 {
             return Ok(Err(Rejected {
                 reason: DropReason::NoMaskedTokens,

@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ChatTemplate;
+use super::exact::Exact;
 use crate::conversation::{Conversation, DropReason, Role, TrimReason};
 use crate::tokenizer::{Encoded, TextTokenizer};
 use crate::{Error, Result};
@@ -61,6 +62,9 @@ pub struct EncodedSample {
     /// In turn-chain mode ([`ChatEncoder::chain_mode`]): which chain of the conversation this
     /// sample trains (0-based); `None` for one sample per conversation.
     pub chain: Option<u32>,
+    /// Whether the closing answer's tokens are the engine's own ids ([`super::exact`]):
+    /// `None` when the data has none for it, `Some(false)` when they could not be used.
+    pub engine_ids: Option<bool>,
 }
 
 impl EncodedSample {
@@ -92,6 +96,8 @@ pub struct ChatEncoder<'a> {
     /// The text of every added token: a head is never cut inside one.
     added_texts: Vec<String>,
     opts: EncodeOptions,
+    /// The tokenizer's vocabulary size (largest id + 1), for checking an engine's ids.
+    vocab_size: usize,
     chain_mode: bool,
     /// Samples by the way their tokens were found, indexed by [`HeadCut`] ([`Self::head_paths`]).
     head_paths: [AtomicU64; 3],
@@ -170,6 +176,7 @@ impl<'a> ChatEncoder<'a> {
             special_texts,
             added_texts,
             opts,
+            vocab_size: tokenizer.vocab_size(),
             chain_mode: false,
             head_paths: Default::default(),
         };
@@ -196,6 +203,14 @@ impl<'a> ChatEncoder<'a> {
 
     pub(super) fn options(&self) -> &EncodeOptions {
         &self.opts
+    }
+
+    pub(super) fn tokenizer(&self) -> &TextTokenizer {
+        self.tokenizer
+    }
+
+    pub(super) fn vocab_size(&self) -> usize {
+        self.vocab_size
     }
 
     pub(super) fn render(
@@ -275,13 +290,26 @@ impl<'a> ChatEncoder<'a> {
                     }
                 }
             };
-            let (mut input_ids, mut mask) = self.ids_and_mask(&full, head, &spans).map_err(tok_err)?;
+            // The closing answer as the engine generated it, when its span is there.
+            let answers = messages.iter().filter(|m| m.role == Role::Assistant).count();
+            let exact = match spans.len() == answers && answers > 0 {
+                true => self.engine_sample(&full, &spans, &messages, messages.len() - 1, tools).map_err(tok_err)?,
+                false => Exact::NoIds,
+            };
+            let (engine_ids, (mut input_ids, mut mask)) = match exact {
+                Exact::Used(ids, mask) => (Some(true), (ids, mask)),
+                other => (
+                    matches!(other, Exact::NotUsed).then_some(false),
+                    self.ids_and_mask(&full, head, &spans).map_err(tok_err)?,
+                ),
+            };
             if input_ids.len() > limit {
                 input_ids.truncate(limit);
                 mask.truncate(limit);
                 trims.push(TrimReason::TruncatedToMaxLength);
             }
-            let sample = EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns: spans.len(), chain: None };
+            let assistant_turns = spans.len();
+            let sample = EncodedSample { input_ids, loss_mask: mask, trims, assistant_turns, chain: None, engine_ids };
             if sample.masked_tokens() == 0 {
                 return Ok(Err(Rejected {
                     reason: DropReason::NoMaskedTokens,
@@ -450,7 +478,7 @@ impl<'a> ChatEncoder<'a> {
     /// (or, with no special token in the head's part of it, any visible text); at the head's last
     /// special token when none follows. A span whose rest is only whitespace and which has no
     /// special token cannot be decided from the head: `false`, and `mask` is not complete.
-    fn mask_spans(
+    pub(super) fn mask_spans(
         &self,
         spans: &[(usize, usize)],
         ids: &[u32],

@@ -15,6 +15,7 @@
 mod builtins;
 mod chain;
 pub mod clock;
+mod exact;
 mod mask;
 mod python;
 pub mod tools_ts;

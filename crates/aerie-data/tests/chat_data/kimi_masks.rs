@@ -2,7 +2,7 @@
 //! 163,584 ranks, K2's special names plus K2.5's `<think>`/`</think>` at 163606/163607):
 //! hand-checked spans on a reasoning conversation with a tool call.
 
-use aerie_data::conversation::{Conversation, DropReason};
+use aerie_data::conversation::{Conversation, DropReason, GeneratedIds, Message, Role};
 use aerie_data::template::{ChatEncoder, ChatTemplate, EncodeOptions, TemplateChoice};
 use aerie_data::tokenizer::TokenizerFiles;
 use serde_json::{Value, json};
@@ -153,4 +153,53 @@ fn k25_prepare_renders_tool_samples_and_counts_how_their_tools_were_declared() {
     assert_eq!(report.samples, 5);
     assert_eq!(report.samples_with_tools, [("json_fallback".into(), 1), ("typescript".into(), 2)].into());
     assert_eq!(report.conversations.dropped.get(&DropReason::ToolsTypescriptUnsupported), Some(&1));
+}
+
+/// Regenerated data keeps the engine's ids (`token_ids` of a regenerated turn): the sample is
+/// the prompt as regenerate sent it, then exactly those ids (trained), then the template's
+/// end-of-turn (trained only when the engine stopped by itself). Ids spelling "Hello" letter by
+/// letter stay five ids, where tokenising the text would merge them.
+#[test]
+fn k25_regenerated_answers_train_on_the_engines_ids() {
+    let what = "the Kimi-K2.5 engine-ids check";
+    let Some((_dir, tok)) = k25_tokenizer(what, "kimi-k2.5.chat_template.jinja") else { return };
+    let template = ChatTemplate::resolve(&TemplateChoice::Auto, &tok).unwrap();
+    let enc = ChatEncoder::new(&template, &tok.tokenizer, EncodeOptions::default()).unwrap();
+    let piece = |s: &str| tok.tokenizer.encode(s, false).unwrap().get_ids().to_vec();
+    let mut ids = piece("Think.");
+    ids.push(163_607);
+    for c in ["H", "e", "l", "l", "o"] {
+        ids.extend(piece(c));
+    }
+    assert!(piece("Hello").len() < 5, "the text would tokenise otherwise");
+    let conv = |token_ids: Vec<u32>, cut: bool| {
+        let answer = Message {
+            reasoning_content: Some("Think.".into()),
+            generated: Some(GeneratedIds { token_ids, cut }),
+            ..Message::new(Role::Assistant, "Hello")
+        };
+        Conversation { id: "c".into(), messages: vec![Message::new(Role::User, "Hi"), answer], tools: None }
+    };
+    let c = conv(ids.clone(), false);
+    let prompt = template.render_conversation(&c.messages[..1], None, true, &Default::default()).unwrap();
+    assert!(prompt.ends_with("<think>"));
+    let head = piece(&prompt);
+    let s = enc.encode_all(&c).unwrap().unwrap().remove(0);
+    assert_eq!(s.engine_ids, Some(true));
+    assert_eq!(s.input_ids, [head.clone(), ids.clone(), vec![163_586]].concat());
+    assert_eq!(s.loss_mask, [vec![0; head.len()], vec![1; ids.len() + 1]].concat());
+    // Cut at the budget: the template's <|im_end|> follows, but was never generated.
+    let s = enc.encode_all(&conv(ids.clone(), true)).unwrap().unwrap().remove(0);
+    assert_eq!(s.input_ids, [head.clone(), ids.clone(), vec![163_586]].concat());
+    assert_eq!(s.loss_mask, [vec![0; head.len()], vec![1; ids.len()], vec![0]].concat());
+    // Ids of another vocabulary, or not decoding to the content: the text is tokenised.
+    let mut plain = c.clone();
+    plain.messages[1].generated = None;
+    let retokenised = enc.encode_all(&plain).unwrap().unwrap().remove(0);
+    assert_eq!(retokenised.engine_ids, None);
+    assert!(retokenised.input_ids.len() < head.len() + ids.len() + 1, "the text merges the letters");
+    for bad in [vec![999_999], piece("Goodbye")] {
+        let s = enc.encode_all(&conv(bad, false)).unwrap().unwrap().remove(0);
+        assert_eq!((s.engine_ids, &s.input_ids), (Some(false), &retokenised.input_ids));
+    }
 }

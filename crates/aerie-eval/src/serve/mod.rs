@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use aerie_engine::Engine;
 pub use aerie_engine::launch::{EngineLaunch, RunningEngine, ServedDrafter};
 pub use answers::{Answer, FirstDifference, PassTimings, compare_answers, run_pass};
-pub use predict::predict;
+pub use predict::{predict, predict_from_shards};
 
 use aerie_engine::counters::{SETTLE_WAIT, settled_vllm_counters, vllm_counters};
 use aerie_engine::meta::Endpoint;
@@ -97,6 +97,16 @@ pub struct Prediction {
     pub speedup_difference: f64,
     /// Whether aerie's speculative answers equalled its plain ones.
     pub greedy_identical: bool,
+    /// The shards whose cycles were walked (`--predict-from`), when the prediction is `eval
+    /// accept`'s cycle walk over the engine's own answers rather than aerie's decoder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<PathBuf>,
+    /// The walk's verify cycles, to set against the engine's count (`drafts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles: Option<u64>,
+    /// The walk's accepted drafts, to set against the engine's (`accepted_per_pos` summed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_drafts: Option<u64>,
 }
 
 /// One drafter at one k, measured in the engine.
@@ -182,6 +192,9 @@ impl ServeRun {
             tau_difference: self.tau - tau,
             speedup_difference: self.speedup - projected,
             greedy_identical,
+            shards: None,
+            cycles: None,
+            accepted_drafts: None,
         });
     }
 }

@@ -137,7 +137,11 @@ def extend_attention_cpu(
     for i, (req, n, e, s) in enumerate(zip(reqs, lens, ext_lens, starts)):
         prefix = n - e
         slots = req_to_token[req, :n].long()
-        if k_extend is not None and v_extend is not None:
+        if k_extend is not None and v_extend is not None and prefix == 0:
+            # No prefix: the caches are not read (MLA's MHA prefill caches the latent, whose
+            # shape is not the new keys').
+            k, v = k_extend[s : s + e].float(), v_extend[s : s + e].float()
+        elif k_extend is not None and v_extend is not None:
             k = torch.cat([k_buffer[slots[:prefix]].float() * k_scale, k_extend[s : s + e].float()])
             v = torch.cat([v_buffer[slots[:prefix]].float() * v_scale, v_extend[s : s + e].float()])
         else:

@@ -46,6 +46,12 @@ pub struct ServeArgs {
     /// and the speedup it projects through the engine's measured costs beside the engine's.
     #[arg(long)]
     pub predict: bool,
+    /// `--predict` for targets aerie's native engine cannot run (DeepSeek-V3, Kimi): instead of
+    /// decoding, walk the verify cycles over these shards, captured from the engine's own greedy
+    /// answers to the same prompts (`regenerate` through the engine with the same template and
+    /// `--max-new-tokens`, `data prepare`, `capture`). Implies `--predict`.
+    #[arg(long, value_name = "SHARDS")]
+    pub predict_from: Option<PathBuf>,
     /// `--predict`: chat template (`auto`: the target's own, as the engine applies it).
     #[arg(long, default_value = "auto")]
     pub template: String,
@@ -78,7 +84,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
     bars.bar.finish_and_clear();
     let mut report =
         result.with_context(|| format!("evaluating in {} (engine logs in {})", args.engine.kind(), dir.display()))?;
-    if args.predict {
+    if let Some(shards) = &args.predict_from {
+        with_backend!(args.device, |B, dev| {
+            aerie_eval::serve::predict_from_shards::<B>(
+                &mut report,
+                &drafters,
+                shards,
+                &args.target,
+                args.max_new_tokens,
+                &dev,
+                &|_| {},
+            )
+        })
+        .with_context(|| format!("predicting from the cycles of {}", shards.display()))?;
+    } else if args.predict {
         with_backend!(args.device, |B, dev| predict::<B>(&args, &drafters, &mut report, &dev))?;
     }
     if let Some(path) = &args.costs_out {
@@ -155,6 +174,14 @@ fn print_report(r: &ServeReport) {
                 "  aerie's prediction: τ {:.4} ({:+.4} in the engine), projected speedup {:.3} ({:+.3} measured)",
                 p.tau, p.tau_difference, p.projected_speedup, p.speedup_difference
             );
+            if let (Some(c), Some(a), Some(shards)) = (p.cycles, p.accepted_drafts, &p.shards) {
+                let engine: u64 = x.accepted_per_pos.iter().sum();
+                println!(
+                    "  cycles walked over {}: {c} cycles, {a} drafts accepted (the engine: {}, {engine})",
+                    shards.display(),
+                    x.drafts
+                );
+            }
         }
         if let Some(d) = &x.first_difference {
             println!(
