@@ -54,6 +54,7 @@ fn fixture() -> Fixture {
         weight_dtype: Dtype::F32,
         tensors: weights,
         dir: Default::default(),
+        source: None,
     };
     save_drafter(&ckpt, &drafter, &SaveOptions { include_embedding: true, ..Default::default() }).unwrap();
 

@@ -121,6 +121,9 @@ pub struct InspectReport {
     pub engine: String,
     /// `architectures` as written.
     pub architectures: Vec<String>,
+    /// The published drafters' trainer whose layout this is (SpecForge, TorchSpec, modelopt),
+    /// recognised by the keys it writes (`published.rs`).
+    pub published_layout: Option<String>,
     /// The resolved config (aux ids empty when unknown).
     pub config: DrafterConfig,
     /// `torch_dtype` in the config.
@@ -212,6 +215,10 @@ pub fn inspect(dir: &Path, target: Option<&Path>) -> Result<InspectReport> {
     let mut lints = Lints(Vec::new());
     let mut notes = parsed.notes.clone();
     lint_config(&parsed, &mut lints);
+    let raw = config::read_config_value(&cfg_path)?;
+    for (severity, code, message) in crate::published::lint(&raw) {
+        lints.0.push(Finding { severity, code: code.into(), message });
+    }
     if let Some(info) = &target_info {
         lint_target(&parsed, info, &mut lints);
     }
@@ -319,6 +326,7 @@ pub fn inspect(dir: &Path, target: Option<&Path>) -> Result<InspectReport> {
         dialect: parsed.dialect,
         engine: parsed.dialect.engine().to_string(),
         architectures: parsed.architectures.clone(),
+        published_layout: crate::published::recognise(&raw).map(str::to_string),
         config_dtype: parsed.torch_dtype,
         weight_files: files.map(|f| f.files()).unwrap_or_default(),
         weight_dtype,

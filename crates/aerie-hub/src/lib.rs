@@ -31,6 +31,7 @@ pub mod export;
 pub mod gguf;
 pub mod hf;
 pub mod inspect;
+pub mod published;
 pub mod served;
 
 pub use error::{Error, Result};

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, SaveOptions, save_drafter};
+use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, SaveOptions, SourceLayout, save_drafter};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
@@ -135,6 +135,7 @@ pub fn save<B: AutodiffBackend>(
     trainer: &Trainer<B>,
     state: &TrainingState,
     config_toml: &str,
+    source: Option<&SourceLayout>,
 ) -> Result<PathBuf> {
     let step = state.step;
     let tmp = run.join(format!("ckpt-{step}.tmp"));
@@ -144,7 +145,7 @@ pub fn save<B: AutodiffBackend>(
     // A failed save (disk full, say) leaves nothing behind: the half-written directory would
     // hold tens of MB of the space the next save needs.
     let dst = checkpoint_dir(run, step);
-    if let Err(e) = write_checkpoint(trainer, state, config_toml, &tmp) {
+    if let Err(e) = write_checkpoint(trainer, state, config_toml, source, &tmp) {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(ckpt_err(
             &dst,
@@ -167,6 +168,7 @@ fn write_checkpoint<B: AutodiffBackend>(
     trainer: &Trainer<B>,
     state: &TrainingState,
     config_toml: &str,
+    source: Option<&SourceLayout>,
     tmp: &Path,
 ) -> Result<()> {
     let model = trainer.valid();
@@ -176,6 +178,8 @@ fn write_checkpoint<B: AutodiffBackend>(
         weight_dtype: Dtype::F32,
         tensors: model.to_tensors(Dtype::F32),
         dir: PathBuf::new(),
+        // Kept only where its layout is the checkpoint's (SGLang): the published Kimi drafters'.
+        source: source.cloned(),
     };
     let opts =
         SaveOptions { dialect: Dialect::Sglang, dtype: Some(Dtype::F32), include_embedding: false, overwrite: false };

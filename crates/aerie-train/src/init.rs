@@ -259,6 +259,7 @@ fn fresh(cfg: &TrainConfig) -> Result<Initial> {
             weight_dtype: Dtype::F32,
             tensors,
             dir: PathBuf::new(),
+            source: None,
         },
         notes,
     })

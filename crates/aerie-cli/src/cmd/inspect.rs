@@ -47,6 +47,9 @@ fn print_human(r: &InspectReport) {
     let c = &r.config;
     println!("{}  ({}, {})", r.dir.display(), r.dialect, r.architectures.join(","));
     println!("layout     for {} (its aux ids are read in {}'s convention)", r.engine, r.engine);
+    if let Some(p) = &r.published_layout {
+        println!("written as {p}");
+    }
     println!(
         "shape      H {} (target {}), {} heads / {} KV of {}, I {}, eps {}",
         c.hidden_size,

@@ -4,6 +4,7 @@ mod common;
 mod inspect;
 mod kimi;
 mod mla;
+mod published;
 mod roundtrip;
 mod speculators_load;
 mod target;

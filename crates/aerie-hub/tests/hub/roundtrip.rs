@@ -172,6 +172,14 @@ fn export_reports_load_notes() {
     assert_eq!(loaded.checkpoint.tensors[keys::T2D], original.tensors[keys::T2D]);
     let r = export(&src, Dialect::Sglang, &tmp.path().join("out"), ExportOptions::default()).unwrap();
     assert!(r.notes.iter().any(|n| n.contains("t2d absent")), "{:?}", r.notes);
-    // The export ships the derived t2d (SGLang ignores it; trainers need it).
-    assert!(r.tensors.iter().any(|t| t.key == keys::T2D));
+    // Exported back in its own layout it keeps its tensor set: no t2d, as it came (NVIDIA's
+    // modelopt export ships none; aerie derives it again on every load).
+    assert!(!r.tensors.iter().any(|t| t.key == keys::T2D));
+    // Written from memory (a training run's checkpoint of a fresh drafter), it ships the derived
+    // t2d (SGLang ignores it; trainers need it).
+    let mut fresh = loaded.checkpoint.clone();
+    fresh.source = None;
+    let out = tmp.path().join("fresh");
+    aerie_model::checkpoint::save_drafter(&fresh, &out, &aerie_model::checkpoint::SaveOptions::default()).unwrap();
+    assert!(load_drafter_with_notes(&out, None).unwrap().checkpoint.source.unwrap().tensors.contains(keys::T2D));
 }

@@ -117,6 +117,32 @@ pub struct DrafterCheckpoint {
     pub tensors: TensorMap,
     /// The directory it was loaded from (empty for one built in memory).
     pub dir: PathBuf,
+    /// The files it was read from, as written (`None` for one built in memory): saved back in
+    /// that layout, it keeps their config spelling and tensor set ([`SourceLayout`]).
+    pub source: Option<SourceLayout>,
+}
+
+/// What a drafter's files said beyond aerie's resolved config, so that a published drafter
+/// (AQ-MedAI's, lightseek's, NVIDIA's) saved back in its own layout keeps its extra config keys,
+/// their spelling, and its tensor set: NVIDIA's modelopt export ships `d2t` without `t2d`, which
+/// aerie would otherwise derive and add. A warm start exported untrained is then the file it
+/// came from (tensors, shapes, dtypes, values and config keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceLayout {
+    /// The layout the files are in; the spelling is kept only when saving in this one.
+    pub dialect: Dialect,
+    /// `config.json` as read.
+    pub config: serde_json::Value,
+    /// Canonical names of the tensors the weight files held (before any derived `t2d` or the
+    /// target's embedding were added).
+    pub tensors: std::collections::BTreeSet<String>,
+}
+
+impl DrafterCheckpoint {
+    /// The source layout when saving in `dialect` keeps it.
+    fn kept_layout(&self, dialect: Dialect) -> Option<&SourceLayout> {
+        self.source.as_ref().filter(|s| s.dialect == dialect)
+    }
 }
 
 /// How [`save_drafter`] writes a drafter.
@@ -182,11 +208,12 @@ pub fn check_drafter_dir(dir: &Path) -> Result<()> {
 pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<LoadedDrafter> {
     check_drafter_dir(dir)?;
     let cfg_path = dir.join("config.json");
-    let mut parsed = config::read_config(&cfg_path, None)?;
+    let raw_config = config::read_config_value(&cfg_path)?;
+    let mut parsed = config::parse_config(&raw_config, &cfg_path, None)?;
     if !parsed.aux_ids_known
         && let Some(t) = target.filter(|t| t.is_dir())
     {
-        parsed = config::read_config(&cfg_path, Some(target_num_layers(t)?))?;
+        parsed = config::parse_config(&raw_config, &cfg_path, Some(target_num_layers(t)?))?;
     }
     let cfg = parsed.resolved(&cfg_path)?;
     let mut notes = parsed.notes.clone();
@@ -205,6 +232,8 @@ pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<Load
         }
         tensors.insert(name, t);
     }
+    let source =
+        SourceLayout { dialect: parsed.dialect, config: raw_config, tensors: tensors.keys().cloned().collect() };
 
     if !tensors.contains_key(keys::EMBED)
         && let Some(t) = target
@@ -241,6 +270,7 @@ pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<Load
             weight_dtype,
             tensors,
             dir: dir.to_path_buf(),
+            source: Some(source),
         },
         notes,
         target_hidden_size_explicit: parsed.target_hidden_size_explicit,
@@ -265,9 +295,12 @@ pub fn planned_tensors<'a>(
                 .into(),
         ));
     }
+    // Saved in its source's layout, a drafter whose files had no t2d gets none (the loader
+    // derived it; engines read d2t only).
+    let t2d_wanted = ckpt.kept_layout(opts.dialect).is_none_or(|s| s.tensors.contains(keys::T2D));
     let mut out = BTreeMap::new();
     for (name, t) in &ckpt.tensors {
-        if name == keys::EMBED && !opts.include_embedding {
+        if (name == keys::EMBED && !opts.include_embedding) || (name == keys::T2D && !t2d_wanted) {
             continue;
         }
         let t = match opts.dtype {
@@ -276,7 +309,8 @@ pub fn planned_tensors<'a>(
         };
         out.insert(keys::file_key(name, opts.dialect), t);
     }
-    if !ckpt.tensors.contains_key(keys::T2D)
+    if t2d_wanted
+        && !ckpt.tensors.contains_key(keys::T2D)
         && let Some(d2t) = ckpt.tensors.get(keys::D2T)
     {
         let t2d = validate::derive_t2d(&d2t.to_i64(keys::D2T)?, ckpt.config.vocab_size);
@@ -297,7 +331,11 @@ pub fn save_drafter(ckpt: &DrafterCheckpoint, out: &Path, opts: &SaveOptions) ->
         return Err(Error::Invalid { path, problems: problems.into_iter().map(|p| p.message).collect() });
     }
     let dtype = opts.dtype.unwrap_or(ckpt.weight_dtype);
-    let cfg_json = config::to_json(&ckpt.config, opts.dialect, dtype, &out.join("config.json"))?;
+    let cfg_path = out.join("config.json");
+    let mut cfg_json = config::to_json(&ckpt.config, opts.dialect, dtype, &cfg_path)?;
+    if let Some(source) = ckpt.kept_layout(opts.dialect) {
+        cfg_json = config::keep_source_spelling(cfg_json, &source.config, &cfg_path)?;
+    }
     let mut text = serde_json::to_string_pretty(&cfg_json).expect("JSON values always serialize");
     text.push('\n');
     let planned = planned_tensors(ckpt, opts)?;

@@ -105,5 +105,6 @@ pub fn random_drafter(cfg: &DrafterConfig, dtype: Dtype, seed: u64) -> DrafterCh
         weight_dtype: dtype,
         tensors,
         dir: PathBuf::new(),
+        source: None,
     }
 }

@@ -339,9 +339,13 @@ impl<B: Backend> Drafter<B> {
         put("midlayer.mlp.down_proj.weight", tensor_to_host(m.mlp.down_proj.weight.val(), dtype));
         put("norm.weight", tensor_to_host(self.norm.weight.val(), dtype));
         put("lm_head.weight", tensor_to_host(self.lm_head.weight.val(), dtype));
+        // A full-vocabulary head (Vd = V, one to one) has no map, as the published MLA drafters
+        // ship it: an all-zero d2t beside it would be a reduced-vocabulary layout in name only.
         let vd = self.vocab.draft_vocab_size();
-        put("d2t", HostTensor::from_i64(vec![vd], self.vocab.d2t()));
-        put("t2d", HostTensor::from_bool(vec![self.vocab.vocab_size()], self.vocab.t2d()));
+        if vd != self.vocab.vocab_size() || self.vocab.d2t().iter().any(|&o| o != 0) {
+            put("d2t", HostTensor::from_i64(vec![vd], self.vocab.d2t()));
+            put("t2d", HostTensor::from_bool(vec![self.vocab.vocab_size()], self.vocab.t2d()));
+        }
         map
     }
 

@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use aerie_model::checkpoint::SourceLayout;
 use aerie_model::{TargetHead, TttSums};
 use burn::tensor::backend::AutodiffBackend;
 
@@ -114,6 +115,7 @@ pub fn train<B: AutodiffBackend>(
         // A resume of a finished run has nothing left to do, its final evaluation included.
         evaluated_at: st.state.as_ref().filter(|s| s.step >= total).map(|s| s.step),
         do_eval: !catalog.eval_sets.is_empty() || !catalog.held_out.is_empty(),
+        source: st.checkpoint.source.clone(),
     };
     while r.pos.step < total {
         let Some(end) = r.next_step_end() else { continue };
@@ -239,6 +241,10 @@ struct Run<'a, B: AutodiffBackend> {
     saved_at: Option<u64>,
     evaluated_at: Option<u64>,
     do_eval: bool,
+    /// The layout of the drafter the run started from (a warm start's published files, or the
+    /// resumed checkpoint's), which every checkpoint keeps so an export in that layout gives its
+    /// config keys and tensor set back.
+    source: Option<SourceLayout>,
 }
 
 impl<'a, B: AutodiffBackend> Run<'a, B> {
@@ -355,7 +361,8 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
 
     /// Save a checkpoint at the current step and prune old ones.
     fn save_checkpoint(&self, elapsed: f64, observer: &mut dyn FnMut(&Event<'_>) -> ControlFlow<()>) -> Result<()> {
-        let path = checkpoint::save(&self.run, &self.trainer, &self.state(elapsed), &self.config_toml)?;
+        let path =
+            checkpoint::save(&self.run, &self.trainer, &self.state(elapsed), &self.config_toml, self.source.as_ref())?;
         checkpoint::prune(&self.run, self.cfg.keep_last)?;
         let _ = observer(&Event::Checkpoint { step: self.pos.step, path: &path });
         Ok(())

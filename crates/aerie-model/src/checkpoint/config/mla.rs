@@ -23,6 +23,12 @@ use std::path::Path;
 
 /// The architecture SGLang and vLLM dispatch MLA EAGLE-3 drafters on.
 pub const MLA_ARCHITECTURE: &str = "Eagle3DeepseekV2ForCausalLM";
+/// The `model_type` written: the published one (lightseek's, TorchSpec's). Both engines map it
+/// to DeepSeek-V3's config class (SGLang registers it for this drafter, vLLM 0.32 in
+/// `transformers_utils/config.py`). Not `deepseek_v3`: vLLM's `SpeculativeConfig.hf_config_override`
+/// (`config/speculative.py`) turns every draft config of that type into a DeepSeek MTP head, and
+/// then refuses the architecture `Eagle3DeepSeekMTPModel` before loading anything.
+pub const MLA_MODEL_TYPE: &str = "kimi_k2";
 /// vLLM's alias of [`MLA_ARCHITECTURE`] (SGLang does not register it: never written).
 const MLA_ARCHITECTURE_ALIAS: &str = "Eagle3DeepseekV3ForCausalLM";
 
@@ -88,7 +94,7 @@ pub(super) fn mla_json(
     };
     let v = json!({
         "architectures": [MLA_ARCHITECTURE],
-        "model_type": "deepseek_v3",
+        "model_type": MLA_MODEL_TYPE,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": 1,

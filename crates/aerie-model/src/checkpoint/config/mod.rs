@@ -20,10 +20,12 @@ use serde_json::{Map, Value, json};
 mod fields;
 mod mla;
 mod rope;
+mod spelling;
 
 use self::fields::Obj;
 pub use self::mla::MLA_ARCHITECTURE;
 use self::rope::{parse_rope, rope_scaling_json};
+pub use self::spelling::keep_source_spelling;
 use super::Dialect;
 use super::tensors::Dtype;
 use crate::config::{AuxConvention, AuxLayers, DrafterConfig};
@@ -102,9 +104,13 @@ pub(crate) fn read_rope(value: &Value, path: &Path, max_position_embeddings: usi
 /// Read and parse `path` (a `config.json`). `target_layers` is the target's decoder layer count,
 /// used only to default missing aux ids.
 pub fn read_config(path: &Path, target_layers: Option<usize>) -> Result<ParsedConfig> {
+    parse_config(&read_config_value(path)?, path, target_layers)
+}
+
+/// `path` (a `config.json`) as a JSON value, unparsed.
+pub fn read_config_value(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let value: Value = serde_json::from_str(&text).map_err(|e| config_err(path, format!("not valid JSON: {e}")))?;
-    parse_config(&value, path, target_layers)
+    serde_json::from_str(&text).map_err(|e| config_err(path, format!("not valid JSON: {e}")))
 }
 
 /// Which dialect a parsed `config.json` object is written in (for MLA drafters, which have no
