@@ -31,8 +31,9 @@ pub struct TrainArgs {
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: DeviceArg,
-    /// Data-parallel devices: `cuda:0,cuda:1`, `cuda:0..7` (0 through 7, inclusive), or `cpu,cpu`
-    /// (replicas run one after the other on the CPU; the same arithmetic, no speed-up).
+    /// Data-parallel devices: `cuda:0,cuda:1`, `cuda:0..7` (0 through 7, inclusive; gradients
+    /// summed with NCCL), or `cpu,cpu` (replicas run one after the other on the CPU, gradients
+    /// summed through host memory; the same arithmetic, no speed-up).
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
     /// Print summary.json on stdout at the end.
@@ -89,7 +90,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     };
     let summary = if devices.iter().all(|d| *d == DeviceArg::Cpu) {
         let devs = vec![burn::backend::flex::FlexDevice; devices.len()];
-        go::<burn::backend::Autodiff<burn::backend::Flex>>(&cfg, &args, devs)?
+        go::<burn::backend::Autodiff<burn::backend::Flex>>(&cfg, &args, devs, None)?
     } else {
         let ids: Vec<usize> = devices
             .iter()
@@ -111,7 +112,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn cuda(cfg: &TrainConfig, args: &TrainArgs, ids: &[usize]) -> Result<Summary> {
     let devs = ids.iter().map(|&i| burn::backend::cuda::CudaDevice::new(i)).collect();
-    go::<burn::backend::Autodiff<burn::backend::Cuda>>(cfg, args, devs)
+    // Replicas on distinct GPUs sum their gradients with NCCL (one GPU listed twice: host memory).
+    let nccl: std::sync::Arc<dyn aerie_train::collective::AllReduce<burn::backend::Cuda>> =
+        std::sync::Arc::new(aerie_train::collective::Nccl);
+    go::<burn::backend::Autodiff<burn::backend::Cuda>>(cfg, args, devs, Some(nccl))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -119,13 +123,18 @@ fn cuda(_: &TrainConfig, _: &TrainArgs, _: &[usize]) -> Result<Summary> {
     bail!("this aerie was built without CUDA: rebuild with `cargo build --release --features cuda`")
 }
 
-fn go<B: AutodiffBackend>(cfg: &TrainConfig, args: &TrainArgs, devices: Vec<B::Device>) -> Result<Summary> {
+fn go<B: AutodiffBackend>(
+    cfg: &TrainConfig,
+    args: &TrainArgs,
+    devices: Vec<B::Device>,
+    all_reduce: Option<std::sync::Arc<dyn aerie_train::collective::AllReduce<B::InnerBackend>>>,
+) -> Result<Summary> {
     let pb = ProgressBar::new(0);
     pb.set_style(
         ProgressStyle::with_template("train [{elapsed_precise}] {wide_bar} {pos}/{len} steps (ETA {eta}) {msg}")
             .expect("valid template"),
     );
-    let opts = RunOptions::<B> { devices, resume: args.resume.clone() };
+    let opts = RunOptions::<B> { devices, resume: args.resume.clone(), all_reduce };
     let mut observer = |e: &Event<'_>| {
         match e {
             Event::Started { start_step, total_steps, notes } => {
