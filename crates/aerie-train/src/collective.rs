@@ -57,7 +57,10 @@ impl<B: Backend> AllReduce<B> for HostExchange {
         }
         let count = per_rank[0].len();
         if per_rank.iter().any(|r| r.len() != count) {
-            return Err(format!("ranks hold different numbers of tensors: {:?}", per_rank.iter().map(Vec::len).collect::<Vec<_>>()));
+            return Err(format!(
+                "ranks hold different numbers of tensors: {:?}",
+                per_rank.iter().map(Vec::len).collect::<Vec<_>>()
+            ));
         }
         let mut out: Vec<Vec<Tensor<B, 1>>> = per_rank.iter().map(|_| Vec::with_capacity(count)).collect();
         let mut ranks: Vec<_> = per_rank.into_iter().map(Vec::into_iter).collect();
@@ -186,7 +189,11 @@ mod nccl {
             "nccl"
         }
 
-        fn sum(&self, devices: &[B::Device], per_rank: Vec<Vec<Tensor<B, 1>>>) -> Result<Vec<Vec<Tensor<B, 1>>>, String> {
+        fn sum(
+            &self,
+            devices: &[B::Device],
+            per_rank: Vec<Vec<Tensor<B, 1>>>,
+        ) -> Result<Vec<Vec<Tensor<B, 1>>>, String> {
             if per_rank.len() <= 1 {
                 return Ok(per_rank);
             }
@@ -241,10 +248,15 @@ mod tests {
         let want: Vec<f32> = (0..3).map(|i| (a[i] + b[i]) + c[i]).collect();
         assert_eq!(want[0], 1.0, "the order matters here: (1e8 - 1e8) + 1");
         let devices = vec![Default::default(); 3];
-        let out = HostExchange.sum(&devices, vec![vec![t(&a), t(&[1.0])], vec![t(&b), t(&[2.0])], vec![t(&c), t(&[4.0])]]).unwrap();
+        let out = HostExchange
+            .sum(&devices, vec![vec![t(&a), t(&[1.0])], vec![t(&b), t(&[2.0])], vec![t(&c), t(&[4.0])]])
+            .unwrap();
         for rank in out {
             let got: Vec<Vec<f32>> = rank.into_iter().map(|x| x.into_data().into_vec().unwrap()).collect();
-            assert_eq!(got[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                got[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
             assert_eq!(got[1], vec![7.0]);
         }
         let e = HostExchange.sum(&devices[..2], vec![vec![t(&a)], vec![t(&[1.0])]]).unwrap_err();

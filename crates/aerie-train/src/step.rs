@@ -155,7 +155,8 @@ impl<B: AutodiffBackend> Trainer<B> {
         let replicas = devices
             .into_iter()
             .map(|(device, head)| {
-                let copy = if device == main { model.clone() } else { autodiff::record(|| model.clone().fork(&device)) };
+                let copy =
+                    if device == main { model.clone() } else { autodiff::record(|| model.clone().fork(&device)) };
                 Replica { device, head, model: Some(copy), optim: adamw(optim) }
             })
             .collect();
@@ -326,9 +327,8 @@ impl<B: AutodiffBackend> Trainer<B> {
             local.push(o.grads);
         }
         let devices: Vec<B::Device> = self.replicas.iter().map(|r| r.device.clone()).collect();
-        let summed = all_reduce_grads(self.all_reduce.as_ref(), self.model(), &devices, local).map_err(|message| {
-            Error::Collective { step, via: self.all_reduce.name(), message }
-        })?;
+        let summed = all_reduce_grads(self.all_reduce.as_ref(), self.model(), &devices, local)
+            .map_err(|message| Error::Collective { step, via: self.all_reduce.name(), message })?;
         Ok((summed, report))
     }
 

@@ -94,7 +94,11 @@ pub fn train<B: AutodiffBackend>(
     let pos = resume_position(cfg, &st)?;
     let mut notes = run_notes(&st, &catalog, total, per_step);
     if devices.len() > 1 {
-        notes.push(format!("{} replicas, gradients summed by the {} all-reduce", devices.len(), trainer.all_reduce_name()));
+        notes.push(format!(
+            "{} replicas, gradients summed by the {} all-reduce",
+            devices.len(),
+            trainer.all_reduce_name()
+        ));
     }
     let log = MetricsLog::open(&run, pos.step)?;
     let mut summary = initial_summary(&st, &catalog, &pos, total, &config_hash, notes);

@@ -179,7 +179,8 @@ pub fn config(w: &World, out: &str, top: &str, extra: &str) -> TrainConfig {
 }
 
 pub fn run(cfg: &TrainConfig, devices: usize, resume: Option<&Path>) -> aerie_train::Result<Summary> {
-    let opts = RunOptions::<B> { devices: vec![cpu(); devices], resume: resume.map(Path::to_path_buf), all_reduce: None };
+    let opts =
+        RunOptions::<B> { devices: vec![cpu(); devices], resume: resume.map(Path::to_path_buf), all_reduce: None };
     train(cfg, &opts, &mut |_| ControlFlow::Continue(()))
 }
 

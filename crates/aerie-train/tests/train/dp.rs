@@ -13,10 +13,10 @@
 use aerie_data::shard::ShardDataset;
 use aerie_model::checkpoint::{Dtype, load_target_head};
 use aerie_model::{Drafter, TargetHead};
+use aerie_train::collective::{AllReduce, HostExchange};
 use aerie_train::config::{LossKind, OptimConfig};
 use aerie_train::grads::with_stable_ids;
 use aerie_train::init::{fresh_config, read_vocab_file};
-use aerie_train::collective::{AllReduce, HostExchange};
 use aerie_train::step::{MicroInput, Trainer};
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
@@ -74,7 +74,11 @@ impl AllReduce<Flex> for Counting {
         "counting"
     }
 
-    fn sum(&self, devices: &[<Flex as burn::tensor::backend::Backend>::Device], per_rank: Vec<Vec<Tensor<Flex, 1>>>) -> Result<Vec<Vec<Tensor<Flex, 1>>>, String> {
+    fn sum(
+        &self,
+        devices: &[burn::backend::flex::FlexDevice],
+        per_rank: Vec<Vec<Tensor<Flex, 1>>>,
+    ) -> Result<Vec<Vec<Tensor<Flex, 1>>>, String> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.ranks.store(per_rank.len(), Ordering::SeqCst);
         if self.fail {
