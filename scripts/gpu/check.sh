@@ -48,10 +48,20 @@ if [ -z "$A" ]; then
 fi
 WHEEL=${SPECFORGE_WHEEL:-$(ls "$ROOT"/.work/gpu/specforge-0.2.0-*.whl 2>/dev/null | head -1)}
 # NVRTC (cubecl compiles its kernels at run time): the CUDA toolkit's first (it matches the
-# driver), then a pip wheel's.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null); do
+# driver), then a pip wheel's. libnccl (the NCCL all-reduce of stage 4 on two or more GPUs; cudarc
+# opens it only then): the system's, else torch's pip wheel's (nvidia/nccl/lib).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "nccl")))' 2>/dev/null); do
   [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
+# cudarc 0.19 opens `libnccl.so` (or `.so.<CUDA major>`), never NCCL's soname `libnccl.so.2`, which
+# is all that NCCL's runtime package and torch's pip wheel install: give it a link.
+lp=${LD_LIBRARY_PATH:-}
+nccl2=$(for d in ${lp//:/ } $(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF}' | xargs -r -n1 dirname); do
+  [ -e "$d/libnccl.so.2" ] && echo "$d/libnccl.so.2"; done | head -1)
+if [ -n "$nccl2" ] && [ ! -e "$(dirname "$nccl2")/libnccl.so" ]; then
+  mkdir -p /tmp/aerie-nccl && ln -sf "$nccl2" /tmp/aerie-nccl/libnccl.so
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/aerie-nccl"
+fi
 
 want() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 left() { awk "BEGIN {printf \"%d\", $BUDGET_S - ($(date +%s.%N) - $T_START)}"; }
