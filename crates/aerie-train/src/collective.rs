@@ -55,6 +55,9 @@ impl<B: Backend> AllReduce<B> for HostExchange {
         if per_rank.len() <= 1 {
             return Ok(per_rank);
         }
+        if devices.len() != per_rank.len() {
+            return Err(format!("{} ranks but {} devices", per_rank.len(), devices.len()));
+        }
         let count = per_rank[0].len();
         if per_rank.iter().any(|r| r.len() != count) {
             return Err(format!(
@@ -109,6 +112,14 @@ pub fn all_reduce_grads<B: AutodiffBackend>(
     model.visit(&mut gather);
     let (ids, shapes, flat) = (gather.ids, gather.shapes, gather.flat);
     let summed = via.sum(devices, flat)?;
+    if summed.len() != devices.len() || summed.iter().any(|r| r.len() != ids.len()) {
+        return Err(format!(
+            "gave back {:?} tensors per rank for {} ranks of {} tensors",
+            summed.iter().map(Vec::len).collect::<Vec<_>>(),
+            devices.len(),
+            ids.len()
+        ));
+    }
     let mut out: Vec<GradientsParams> = devices.iter().map(|_| GradientsParams::new()).collect();
     let mut scatter = Scatter {
         ids: &ids,
