@@ -16,6 +16,9 @@
 //!   `distributed` feature implements on CUDA with NCCL (a ring or tree all-reduce: each GPU sends
 //!   and receives about 2(N−1)/N of the gradient, whatever N).
 //!
+//! Replicas other than the main one start from a copy made through host memory
+//! ([`copy_model`], [`copy_record`] for a resumed optimizer state), for the same wgpu reason.
+//!
 //! The gradients cross the seam flat (one rank-1 tensor per parameter, in the module's parameter
 //! order), so an implementation needs no knowledge of the drafter; [`all_reduce_grads`] turns
 //! burn's [`GradientsParams`] into that form and back.
@@ -23,8 +26,10 @@
 use std::fmt::Debug;
 
 use aerie_model::Drafter;
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use aerie_model::checkpoint::{Dtype, HostTensor};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
+use burn::record::{FullPrecisionSettings, Record};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
@@ -178,6 +183,26 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scatter<'_, B::InnerBackend> {
             out.register(param.id, t.reshape(dims));
         }
     }
+}
+
+/// `model` rebuilt on `device` through host memory, with the same (stable) parameter ids: the
+/// replicas' starting copies. `Module::fork` is a device-to-device copy, which panics between two
+/// wgpu devices (cubecl 0.10); the round trip is exact in f32 and works on every backend.
+pub fn copy_model<B: AutodiffBackend>(model: &Drafter<B>, device: &B::Device) -> crate::Result<Drafter<B>> {
+    let valid = model.valid();
+    let mut tensors = valid.to_tensors(Dtype::F32);
+    // `to_tensors` leaves out the embedding (serving engines take it from the target).
+    let embed = valid.embed_tokens.clone();
+    let dims = embed.dims();
+    let values: Vec<f32> = embed.into_data().convert::<f32>().into_vec().expect("converted to f32");
+    tensors.insert("embed_tokens.weight".into(), HostTensor::from_f32(dims.to_vec(), &values, Dtype::F32));
+    crate::grads::with_stable_ids(Drafter::<B>::from_tensors(model.config(), &tensors, device)?)
+}
+
+/// An optimizer record (any burn record) recreated on `device` through host memory, exactly
+/// (float32 kept): for the same reason as [`copy_model`].
+pub fn copy_record<B: Backend, R: Record<B>>(record: R, device: &B::Device) -> R {
+    R::from_item(record.into_item::<FullPrecisionSettings>(), device)
 }
 
 #[cfg(feature = "cuda")]

@@ -17,14 +17,14 @@ use aerie_data::shard::SampleView;
 use aerie_model::autodiff;
 use aerie_model::ttt::batch::{TeacherSource, VocabStatsCache, collate};
 use aerie_model::{Drafter, TargetHead, TeacherTargets, TttBatch, TttOptions, TttSums, ttt_forward};
-use burn::module::{AutodiffModule, Module};
+use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 use std::sync::Arc;
 
-use crate::collective::{AllReduce, HostExchange, all_reduce_grads};
+use crate::collective::{AllReduce, HostExchange, all_reduce_grads, copy_model, copy_record};
 use crate::config::{LossKind, OptimConfig};
 use crate::grads::{accumulate, clip_global_norm, make_contiguous};
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
@@ -138,8 +138,9 @@ fn lift<B: AutodiffBackend>(b: TttBatch<B::InnerBackend>) -> TttBatch<B> {
 
 impl<B: AutodiffBackend> Trainer<B> {
     /// `model` must carry stable parameter ids ([`crate::grads::with_stable_ids`]) and live on
-    /// `heads[0].0`; one replica per `(device, head)`, each with a copy of `model`. Gradients are
-    /// summed by [`HostExchange`] unless [`Self::with_all_reduce`] says otherwise.
+    /// `heads[0].0`; one replica per `(device, head)`: the first holds `model`, the others a copy
+    /// made through host memory ([`copy_model`]). Gradients are summed by [`HostExchange`] unless
+    /// [`Self::with_all_reduce`] says otherwise.
     pub fn new(
         model: Drafter<B>,
         devices: Vec<DeviceHead<B>>,
@@ -151,15 +152,11 @@ impl<B: AutodiffBackend> Trainer<B> {
         if devices.is_empty() {
             return Err(Error::Options("no device to train on".into()));
         }
-        let main = devices[0].0.clone();
-        let replicas = devices
-            .into_iter()
-            .map(|(device, head)| {
-                let copy =
-                    if device == main { model.clone() } else { autodiff::record(|| model.clone().fork(&device)) };
-                Replica { device, head, model: Some(copy), optim: adamw(optim) }
-            })
-            .collect();
+        let mut replicas = Vec::with_capacity(devices.len());
+        for (r, (device, head)) in devices.into_iter().enumerate() {
+            let copy = if r == 0 { model.clone() } else { copy_model(&model, &device)? };
+            replicas.push(Replica { device, head, model: Some(copy), optim: adamw(optim) });
+        }
         Ok(Self {
             replicas,
             all_reduce: Arc::new(HostExchange),
@@ -207,12 +204,13 @@ impl<B: AutodiffBackend> Trainer<B> {
         self.replicas[0].optim.to_record()
     }
 
-    /// Restore optimizer state saved by [`Self::optimizer_record`] into every replica (burn's
-    /// adaptor moves each state to its parameter's device at the first step).
+    /// Restore optimizer state saved by [`Self::optimizer_record`] (on the main device) into
+    /// every replica, the others getting a copy made through host memory ([`copy_record`]).
     pub fn load_optimizer_record(&mut self, record: OptimRecord<B>) {
-        for rep in &mut self.replicas {
+        for (r, rep) in self.replicas.iter_mut().enumerate() {
+            let own = if r == 0 { record.clone() } else { copy_record::<B, _>(record.clone(), &rep.device) };
             let optim = std::mem::replace(&mut rep.optim, adamw(&OptimConfig::default()));
-            rep.optim = optim.load_record(record.clone());
+            rep.optim = optim.load_record(own);
         }
     }
 

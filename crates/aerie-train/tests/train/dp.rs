@@ -203,6 +203,8 @@ fn replicas_step_in_lockstep_through_the_all_reduce_seam() {
     let seam = Arc::new(Counting::default());
     let mut two = trainer(&w, 2, LossKind::SoftCe).with_all_reduce(seam.clone());
     assert_eq!(two.all_reduce_name(), "counting");
+    // Replica 1 starts from a copy made through host memory (`collective::copy_model`): exact.
+    assert!(bits(&replica_weights(&two, 0)) == bits(&replica_weights(&two, 1)), "replica 1's starting copy differs");
     let steps = [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10, 11]]];
     for (i, [a, b]) in steps.iter().enumerate() {
         let step = i as u64 + 1;
