@@ -162,7 +162,10 @@ fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
     let drafter = ck("cpu", 6);
     let pass = ["--drafter", s(&drafter), "--data", s(&w.eval), "--target-head", s(&w.target_file), "--json"];
     let loss = |device: &str| {
-        json(aerie_wgpu(&[&["eval", "loss"], &pass[..], &["--ttt-length", "3", "--device", device]].concat(), &home), "eval loss")
+        json(
+            aerie_wgpu(&[&["eval", "loss"], &pass[..], &["--ttt-length", "3", "--device", device]].concat(), &home),
+            "eval loss",
+        )
     };
     let (lw, lc) = (loss("wgpu:0"), loss("cpu"));
     assert_eq!(lw["tokens"], lc["tokens"]);
@@ -176,7 +179,10 @@ fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
         }
     }
     let accept = |device: &str| {
-        json(aerie_wgpu(&[&["eval", "accept"], &pass[..], &["--k", "3", "--device", device]].concat(), &home), "eval accept")
+        json(
+            aerie_wgpu(&[&["eval", "accept"], &pass[..], &["--k", "3", "--device", device]].concat(), &home),
+            "eval accept",
+        )
     };
     let (aw, ac) = (accept("wgpu:0"), accept("cpu"));
     assert_eq!(aw["tau"], ac["tau"], "τ on wgpu and on the CPU");
