@@ -18,7 +18,9 @@ mkdir -p "$DEST"
 cd "$ROOT"
 
 if [ "${SKIP_CARGO:-0}" != 1 ]; then
-  cargo build --release -p aerie-cli --features cuda
+  # Without the default `wgpu` feature: the GPU machine runs CUDA, and the binary must fit the
+  # carry limit (wgpu and naga add several MB); CI runs the wgpu path on lavapipe instead.
+  cargo build --release -p aerie-cli --no-default-features --features cuda
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/aerie
   strip -o "$DEST/aerie" "$BIN"
   gzip -9 -c "$DEST/aerie" > "$DEST/aerie.gz"

@@ -14,9 +14,11 @@
 #   3. the Kimi-shaped drafter layer (AQ-MedAI config), `aerie bench train` in bf16 at L 2048 and
 #      4096, and SpecForge 0.2.0's TTT step (scripts/gpu/specforge_ttt.py, the machine's own
 #      torch) at the same shapes.
-#   4. data parallelism: `--devices cuda:0,cuda:0` (two replicas on one device: the split and
-#      merge of micro-batches, not the cross-device exchange) against one replica with
-#      grad_accumulation = 2.
+#   4. data parallelism against one replica with grad_accumulation = 2: `--devices cuda:0,cuda:0`
+#      (two replicas on one GPU: their gradients summed through host memory, since an NCCL
+#      communicator takes each GPU once) and, on a machine with two or more GPUs only,
+#      `--devices cuda:0,cuda:1` (the NCCL all-reduce between GPUs). A one-GPU machine cannot run
+#      the NCCL path: the script says so and records the stage as skipped.
 #   then, if time is left: capture, eval and decode on the GPU against the CPU.
 # Results: OUT/*.out|err per stage, OUT/stages.jsonl, OUT/gpu_mem.txt (0.2 s samples), and
 # compare.py's OUT/train.json, bf16.json, kimi.json, dp.json, compare.json, summary.json.
@@ -46,10 +48,20 @@ if [ -z "$A" ]; then
 fi
 WHEEL=${SPECFORGE_WHEEL:-$(ls "$ROOT"/.work/gpu/specforge-0.2.0-*.whl 2>/dev/null | head -1)}
 # NVRTC (cubecl compiles its kernels at run time): the CUDA toolkit's first (it matches the
-# driver), then a pip wheel's.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null); do
+# driver), then a pip wheel's. libnccl (the NCCL all-reduce of stage 4 on two or more GPUs; cudarc
+# opens it only then): the system's, else torch's pip wheel's (nvidia/nccl/lib).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "nccl")))' 2>/dev/null); do
   [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
+# cudarc 0.19 opens `libnccl.so` (or `.so.<CUDA major>`), never NCCL's soname `libnccl.so.2`, which
+# is all that NCCL's runtime package and torch's pip wheel install: give it a link.
+lp=${LD_LIBRARY_PATH:-}
+nccl2=$(for d in ${lp//:/ } $(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF}' | xargs -r -n1 dirname); do
+  [ -e "$d/libnccl.so.2" ] && echo "$d/libnccl.so.2"; done | head -1)
+if [ -n "$nccl2" ] && [ ! -e "$(dirname "$nccl2")/libnccl.so" ]; then
+  mkdir -p /tmp/aerie-nccl && ln -sf "$nccl2" /tmp/aerie-nccl/libnccl.so
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/aerie-nccl"
+fi
 
 want() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 left() { awk "BEGIN {printf \"%d\", $BUDGET_S - ($(date +%s.%N) - $T_START)}"; }
@@ -148,11 +160,19 @@ if want 3; then
   done
 fi
 if want 4; then
-  # Two replicas on one device share the model (no fork, no broadcast): this checks the
-  # micro-batch split and the gradient merge on CUDA, against one replica accumulating the same
-  # two micro-batches per step.
+  # Two replicas on one device (each with its weights and AdamW state, gradients summed through
+  # host memory): the micro-batch split and the all-reduce seam on CUDA, against one replica
+  # accumulating the same two micro-batches per step.
   train_stage dp_two_replicas "$W/run-dp2" 90 "$A" "${T[@]}" --set output_dir="$W/run-dp2" --devices cuda:0,cuda:0 --json
   train_stage dp_accum2 "$W/run-acc2" 90 "$A" "${T[@]}" --set output_dir="$W/run-acc2" --set optim.grad_accumulation=2 --device cuda:0 --json
+  NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "${NGPU:-0}" -ge 2 ]; then
+    # Two GPUs: one thread per replica, burn's NCCL all-reduce (the path of `--devices cuda:0..7`).
+    train_stage dp_nccl "$W/run-nccl" 120 "$A" "${T[@]}" --set output_dir="$W/run-nccl" --devices cuda:0,cuda:1 --json
+  else
+    echo "=== dp_nccl: NOT RUN: this machine has ${NGPU:-0} GPU; the NCCL all-reduce between GPUs (--devices cuda:0,cuda:1) needs a machine with two or more"
+    echo "{\"stage\": \"dp_nccl\", \"rc\": null, \"skipped\": true, \"reason\": \"${NGPU:-0} GPU: the NCCL path needs two or more\"}" >> "$OUT/stages.jsonl"
+  fi
 fi
 if want 5; then
   stage capture_eval_cpu 60 "$A" capture --target target --data prepared --out shards/eval --split eval --max-samples 4

@@ -1,4 +1,4 @@
-//! Where cubecl keeps what it learns about the GPU between `aerie` runs.
+//! Where cubecl keeps what it learns about the GPU between `aerie` runs (CUDA and wgpu alike).
 //!
 //! On CUDA every process compiles each kernel it meets with NVRTC and autotunes each matmul shape
 //! bucket; on an H200 that took 135 s before the first TTT step (docs/training.md, "Verified on
@@ -14,21 +14,21 @@ use std::path::{Path, PathBuf};
 const CUBECL_CONFIG_FILES: [&str; 4] = ["cubecl.toml", "CubeCL.toml", "burn.toml", "Burn.toml"];
 
 /// The user's own cubecl configuration file, if any (the same search cubecl does).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
 pub fn user_config(start: &Path) -> Option<PathBuf> {
     start.ancestors().flat_map(|d| CUBECL_CONFIG_FILES.map(|f| d.join(f))).find(|p| p.is_file())
 }
 
 /// The cache directory aerie gives cubecl.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
 pub fn cache_dir() -> PathBuf {
     aerie_hub::assets::aerie_home().join("cubecl")
 }
 
 /// Point cubecl's compilation and autotune caches at [`cache_dir`], unless the user configured
 /// cubecl. Must run before the first CUDA device is created (cubecl reads its configuration
-/// once).
-#[cfg(feature = "cuda")]
+/// once). The configuration is cubecl's, shared by its CUDA and wgpu runtimes.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub fn configure() {
     use cubecl_runtime::config::cache::CacheConfig;
     use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
@@ -43,8 +43,8 @@ pub fn configure() {
     CubeClRuntimeConfig::set(config);
 }
 
-/// Without CUDA there is nothing to configure.
-#[cfg(not(feature = "cuda"))]
+/// Without a CubeCL backend there is nothing to configure.
+#[cfg(not(any(feature = "cuda", feature = "wgpu")))]
 pub fn configure() {}
 
 #[cfg(test)]

@@ -83,6 +83,16 @@ pub enum Error {
         /// The newest complete checkpoint of the run, if any.
         last_checkpoint: Option<PathBuf>,
     },
+    /// The all-reduce that sums the replicas' gradients failed (see [`crate::collective`]).
+    #[error("step {step}: summing the replicas' gradients ({via} all-reduce) failed: {message}")]
+    Collective {
+        /// The optimizer step (1-based) being computed.
+        step: u64,
+        /// The all-reduce (`host`, `nccl`).
+        via: &'static str,
+        /// What failed.
+        message: String,
+    },
     /// Options that do not make sense together (devices, precision).
     #[error("{0}")]
     Options(String),

@@ -4,7 +4,7 @@
 //!   state is keyed by it; a resumed run rebuilds the drafter from its checkpoint, so ids are set
 //!   from the canonical tensor name instead (`fc.weight` → its position in
 //!   [`aerie_model::drafter::trainable_keys`]);
-//! - summing [`GradientsParams`] of several micro-batches and replicas onto one device;
+//! - summing the [`GradientsParams`] of one replica's micro-batches (across replicas: [`crate::collective`]);
 //! - the GLOBAL gradient norm and PyTorch `clip_grad_norm_` rescaling (burn's optimizer clipping
 //!   is per tensor, burn.md "Traps");
 //! - row-major gradients for the CPU backend's element-wise ops.

@@ -7,9 +7,11 @@
 //! - [`init`]: a fresh drafter shaped after the target, or a warm start that keeps d2t/t2d.
 //! - [`data`]: hold-out split, seeded per-epoch shuffle, length bucketing under a token budget.
 //! - [`objective`]: soft-CE, TV and LK losses normalised over the whole optimizer step.
-//! - [`grads`]: stable parameter ids, gradient sums across micro-batches and replicas, global
-//!   norm clipping.
-//! - [`step`]: the [`Trainer`] (AdamW on float32 weights, hand-written data parallelism).
+//! - [`grads`]: stable parameter ids, gradient sums across micro-batches, global norm clipping.
+//! - [`collective`]: the all-reduce that sums the replicas' gradients (host memory on every
+//!   backend, NCCL on CUDA).
+//! - [`step`]: the [`Trainer`] (AdamW on float32 weights, data parallelism: one copy of the
+//!   weights and optimizer per device, gradients summed through [`collective`]).
 //! - [`checkpoint`]: atomic `checkpoint-<step>/` directories loadable as drafters, plus the
 //!   training state for a bit-identical resume.
 //! - [`eval`]: periodic evaluation through the metrics of `aerie eval loss`
@@ -27,7 +29,7 @@
 //!
 //! type B = burn::backend::Autodiff<burn::backend::Flex>;
 //! let cfg = TrainConfig::load(Path::new("configs/smollm2-quickstart.toml"), &[])?;
-//! let opts = RunOptions::<B> { devices: vec![Default::default()], resume: None };
+//! let opts = RunOptions::<B> { devices: vec![Default::default()], resume: None, all_reduce: None };
 //! let summary = train(&cfg, &opts, &mut |_event| ControlFlow::Continue(()))?;
 //! println!("{} steps, {:.0} tokens/s", summary.steps, summary.tokens_per_s);
 //! # Ok::<(), aerie_train::Error>(())
@@ -36,6 +38,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod collective;
 pub mod config;
 pub mod data;
 mod error;

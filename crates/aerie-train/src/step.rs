@@ -1,26 +1,30 @@
 //! One optimizer step: collate the step's micro-batches (teacher included) on their replicas,
 //! compute the step-wide normalisers, forward and backward each micro-batch, sum the gradients
-//! onto the main device, clip the global norm, and take one AdamW step on float32 weights.
+//! over the replicas through the all-reduce seam ([`crate::collective`]), clip the global norm,
+//! and take one AdamW step on float32 weights on every replica.
 //!
-//! Data parallelism is done by hand (burn's collective all-reduce is not used): micro-batch j of
-//! a step goes to replica `j mod R`; every micro-batch's loss is its share of the step objective
-//! (normalised by the whole step's token counts, see [`crate::objective`]), so the summed
-//! gradient is that of the step's union batch whatever the split. Replicas on distinct devices
-//! run in one thread each and get a fresh copy of the weights after every step; replicas on the
-//! same device (`--devices cpu,cpu`) run one after the other on the shared model. Every tracked
-//! op runs under [`aerie_model::autodiff`]'s guard, without which a replica's backward can
-//! silently drop another replica's gradient (burn 0.21's graph sweep race).
+//! Data parallelism: micro-batch j of a step goes to replica `j mod R`; every micro-batch's loss
+//! is its share of the step objective (normalised by the whole step's token counts, see
+//! [`crate::objective`]), so the summed gradient is that of the step's union batch whatever the
+//! split. Each replica keeps its own copy of the weights and of the AdamW state; the all-reduce
+//! hands every replica the same summed gradient, bit for bit, so all of them clip and step alike
+//! and stay identical without any weights moving after a step. Replicas on distinct devices run
+//! in one thread each; replicas on the same device (`--devices cpu,cpu`) run one after the other.
+//! Every tracked op runs under [`aerie_model::autodiff`]'s guard, without which a replica's
+//! backward can silently drop another replica's gradient (burn 0.21's graph sweep race).
 
 use aerie_data::shard::SampleView;
 use aerie_model::autodiff;
 use aerie_model::ttt::batch::{TeacherSource, VocabStatsCache, collate};
 use aerie_model::{Drafter, TargetHead, TeacherTargets, TttBatch, TttOptions, TttSums, ttt_forward};
-use burn::module::{AutodiffModule, Module};
+use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
+use std::sync::Arc;
 
+use crate::collective::{AllReduce, HostExchange, all_reduce_grads, copy_model, copy_record};
 use crate::config::{LossKind, OptimConfig};
 use crate::grads::{accumulate, clip_global_norm, make_contiguous};
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
@@ -49,14 +53,23 @@ pub fn adamw<B: AutodiffBackend>(o: &OptimConfig) -> Adam<B> {
 /// A replica's device and its copy of the target head (`None`: a top-k teacher).
 pub type DeviceHead<B> = (burn::tensor::ops::Device<B>, Option<TargetHead<<B as AutodiffBackend>::InnerBackend>>);
 
-/// One device taking part in a step.
+/// One device taking part in a step: its own weights and AdamW state, equal to every other
+/// replica's after each step (the all-reduce gives all of them the same gradient).
 pub struct Replica<B: AutodiffBackend> {
     /// Its device.
     pub device: B::Device,
     /// The target head on this device (`None`: the shards' top-k teacher is used).
     pub head: Option<TargetHead<B::InnerBackend>>,
-    /// Its copy of the weights; `None` when it shares the main model's device.
+    /// Its weights (only taken out during the optimizer step).
     model: Option<Drafter<B>>,
+    optim: Adam<B>,
+}
+
+impl<B: AutodiffBackend> Replica<B> {
+    /// This replica's weights.
+    pub fn model(&self) -> &Drafter<B> {
+        self.model.as_ref().expect("the model is only taken inside step")
+    }
 }
 
 /// A micro-batch handed to [`Trainer::step`]: its samples and how to name them in errors.
@@ -82,11 +95,10 @@ pub struct StepReport {
     pub padded_tokens: f64,
 }
 
-/// The model, its optimizer, and the replicas.
+/// The replicas (each with its weights and optimizer) and how their gradients are summed.
 pub struct Trainer<B: AutodiffBackend> {
-    model: Option<Drafter<B>>,
-    optim: Adam<B>,
     replicas: Vec<Replica<B>>,
+    all_reduce: Arc<dyn AllReduce<B::InnerBackend>>,
     ttt: TttOptions,
     loss: LossKind,
     max_grad_norm: f64,
@@ -126,7 +138,9 @@ fn lift<B: AutodiffBackend>(b: TttBatch<B::InnerBackend>) -> TttBatch<B> {
 
 impl<B: AutodiffBackend> Trainer<B> {
     /// `model` must carry stable parameter ids ([`crate::grads::with_stable_ids`]) and live on
-    /// `heads[0].0`; one replica per `(device, head)`.
+    /// `heads[0].0`; one replica per `(device, head)`: the first holds `model`, the others a copy
+    /// made through host memory ([`copy_model`]). Gradients are summed by [`HostExchange`] unless
+    /// [`Self::with_all_reduce`] says otherwise.
     pub fn new(
         model: Drafter<B>,
         devices: Vec<DeviceHead<B>>,
@@ -138,18 +152,14 @@ impl<B: AutodiffBackend> Trainer<B> {
         if devices.is_empty() {
             return Err(Error::Options("no device to train on".into()));
         }
-        let main = devices[0].0.clone();
-        let replicas = devices
-            .into_iter()
-            .map(|(device, head)| {
-                let model = (device != main).then(|| autodiff::record(|| model.clone().fork(&device)));
-                Replica { device, head, model }
-            })
-            .collect();
+        let mut replicas = Vec::with_capacity(devices.len());
+        for (r, (device, head)) in devices.into_iter().enumerate() {
+            let copy = if r == 0 { model.clone() } else { copy_model(&model, &device)? };
+            replicas.push(Replica { device, head, model: Some(copy), optim: adamw(optim) });
+        }
         Ok(Self {
-            model: Some(model),
-            optim: adamw(optim),
             replicas,
+            all_reduce: Arc::new(HostExchange),
             ttt,
             loss,
             max_grad_norm: optim.max_grad_norm,
@@ -167,9 +177,20 @@ impl<B: AutodiffBackend> Trainer<B> {
         self
     }
 
-    /// The current weights (on the main device).
+    /// Sum the replicas' gradients with `all_reduce` (e.g. [`crate::collective::Nccl`] on CUDA).
+    pub fn with_all_reduce(mut self, all_reduce: Arc<dyn AllReduce<B::InnerBackend>>) -> Self {
+        self.all_reduce = all_reduce;
+        self
+    }
+
+    /// The name of the all-reduce in use (`host`, `nccl`).
+    pub fn all_reduce_name(&self) -> &'static str {
+        self.all_reduce.name()
+    }
+
+    /// The current weights (the main device's replica; every replica holds the same).
     pub fn model(&self) -> &Drafter<B> {
-        self.model.as_ref().expect("the model is only taken inside step")
+        self.replicas[0].model()
     }
 
     /// The replicas (the first is the main device).
@@ -177,19 +198,25 @@ impl<B: AutodiffBackend> Trainer<B> {
         &self.replicas
     }
 
-    /// The optimizer state, for checkpoints.
+    /// The optimizer state (the main device's replica; every replica holds the same), for
+    /// checkpoints.
     pub fn optimizer_record(&self) -> OptimRecord<B> {
-        self.optim.to_record()
+        self.replicas[0].optim.to_record()
     }
 
-    /// Restore optimizer state saved by [`Self::optimizer_record`] (on the main device).
+    /// Restore optimizer state saved by [`Self::optimizer_record`] (on the main device) into
+    /// every replica, the others getting a copy made through host memory ([`copy_record`]).
     pub fn load_optimizer_record(&mut self, record: OptimRecord<B>) {
-        let optim = std::mem::replace(&mut self.optim, adamw(&OptimConfig::default()));
-        self.optim = optim.load_record(record);
+        for (r, rep) in self.replicas.iter_mut().enumerate() {
+            let own = if r == 0 { record.clone() } else { copy_record::<B, _>(record.clone(), &rep.device) };
+            let optim = std::mem::replace(&mut rep.optim, adamw(&OptimConfig::default()));
+            rep.optim = optim.load_record(own);
+        }
     }
 
+    /// One thread per replica when they are on distinct devices.
     fn parallel(&self) -> bool {
-        self.replicas.iter().any(|r| r.model.is_some())
+        self.replicas.iter().any(|r| r.device != self.replicas[0].device)
     }
 
     /// Collate micro-batch j on replica j mod R.
@@ -238,7 +265,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         norm: &Normalisers,
         step: u64,
     ) -> Result<ReplicaOut> {
-        let model = rep.model.as_ref().unwrap_or_else(|| self.model());
+        let model = rep.model();
         let mut out = ReplicaOut { grads: None, sums: TttSums::default(), loss: 0.0 };
         for p in batches {
             let (fwd, loss) = autodiff::record(|| -> Result<_> {
@@ -262,10 +289,10 @@ impl<B: AutodiffBackend> Trainer<B> {
         Ok(out)
     }
 
-    /// Forward and backward the micro-batches of one step: the summed gradient of the step
-    /// objective on the main device, unclipped (`report.grad_norm` is left 0). `step` (1-based)
-    /// names the step in errors.
-    pub fn gradients(&self, micro: Vec<MicroInput<'_>>, step: u64) -> Result<(GradientsParams, StepReport)> {
+    /// Forward and backward the micro-batches of one step, then the all-reduce: every replica's
+    /// copy of the summed gradient of the step objective, unclipped (`report.grad_norm` is left
+    /// 0). `step` (1-based) names the step in errors.
+    fn summed_gradients(&self, micro: Vec<MicroInput<'_>>, step: u64) -> Result<(Vec<GradientsParams>, StepReport)> {
         if micro.is_empty() {
             return Err(Error::Options(format!("step {step}: no micro-batch")));
         }
@@ -287,30 +314,56 @@ impl<B: AutodiffBackend> Trainer<B> {
             jobs.into_iter().map(|(rep, b)| self.run_replica(rep, b, &norm, step)).collect()
         };
 
-        let main = &self.replicas[0].device;
-        let model = self.model();
+        // Every replica's error is known before the all-reduce starts: a collective that one rank
+        // never joins would wait for it forever.
         let mut report = StepReport { positions: norm.positions, padded_tokens: padded, ..StepReport::default() };
-        let mut grads: Option<GradientsParams> = None;
+        let mut local = Vec::with_capacity(outs.len());
         for out in outs {
             let o = out?;
             report.loss += o.loss;
             merge_sums(&mut report.sums, &o.sums);
-            if let Some(g) = o.grads {
-                match grads.as_mut() {
-                    None => grads = Some(g.to_device(main, model)),
-                    Some(acc) => accumulate(model, acc, g, main),
-                }
-            }
+            local.push(o.grads);
         }
-        Ok((grads.expect("at least one micro-batch ran"), report))
+        let devices: Vec<B::Device> = self.replicas.iter().map(|r| r.device.clone()).collect();
+        let summed = all_reduce_grads(self.all_reduce.as_ref(), self.model(), &devices, local)
+            .map_err(|message| Error::Collective { step, via: self.all_reduce.name(), message })?;
+        Ok((summed, report))
     }
 
-    /// One optimizer step over `micro` at learning rate `lr`: [`Self::gradients`], global-norm
-    /// clipping, AdamW, and fresh weights for the other devices' replicas.
+    /// The summed gradient of one step's micro-batches as the main device's replica receives it
+    /// from the all-reduce, unclipped (`report.grad_norm` is left 0). `step` (1-based) names the
+    /// step in errors.
+    pub fn gradients(&self, micro: Vec<MicroInput<'_>>, step: u64) -> Result<(GradientsParams, StepReport)> {
+        let (mut summed, report) = self.summed_gradients(micro, step)?;
+        Ok((summed.swap_remove(0), report))
+    }
+
+    /// One optimizer step over `micro` at learning rate `lr`: the summed gradients, then on every
+    /// replica global-norm clipping and AdamW (identical inputs, so identical weights after).
     pub fn step(&mut self, micro: Vec<MicroInput<'_>>, lr: f64, step: u64) -> Result<StepReport> {
         let all_labels: Vec<String> = micro.iter().flat_map(|m| m.labels.iter().cloned()).collect();
-        let (mut grads, mut report) = self.gradients(micro, step)?;
-        report.grad_norm = clip_global_norm(self.model(), &mut grads, self.max_grad_norm);
+        let (summed, mut report) = self.summed_gradients(micro, step)?;
+        let max_norm = self.max_grad_norm;
+        let update = |(rep, mut grads): (&mut Replica<B>, GradientsParams)| -> f64 {
+            let norm = clip_global_norm(rep.model(), &mut grads, max_norm);
+            // A non-finite norm leaves the weights as they were (every replica sees the same one).
+            if norm.is_finite() {
+                let model = rep.model.take().expect("model present between steps");
+                rep.model = Some(autodiff::record(|| rep.optim.step(lr, model, grads)));
+            }
+            norm
+        };
+        let update = &update;
+        let jobs: Vec<_> = self.replicas.iter_mut().zip(summed).collect();
+        let norms: Vec<f64> = if jobs.iter().any(|(r, _)| r.device != jobs[0].0.device) {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(move || update(j))).collect();
+                handles.into_iter().map(|h| h.join().expect("optimizer thread panicked")).collect()
+            })
+        } else {
+            jobs.into_iter().map(update).collect()
+        };
+        report.grad_norm = norms[0];
         if !report.grad_norm.is_finite() {
             return Err(Error::NonFinite {
                 step,
@@ -320,14 +373,6 @@ impl<B: AutodiffBackend> Trainer<B> {
                 last_checkpoint: None,
             });
         }
-        let model = self.model.take().expect("model present between steps");
-        let model = autodiff::record(|| self.optim.step(lr, model, grads));
-        for rep in &mut self.replicas {
-            if rep.model.is_some() {
-                rep.model = Some(autodiff::record(|| model.clone().fork(&rep.device)));
-            }
-        }
-        self.model = Some(model);
         Ok(report)
     }
 

@@ -52,7 +52,7 @@ pub struct CaptureArgs {
     /// Capture only the first N samples of the split.
     #[arg(long)]
     pub max_samples: Option<usize>,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
     /// Print the report as JSON.
@@ -147,6 +147,12 @@ fn capture_options(args: &CaptureArgs) -> CaptureOptions {
 /// The Python worker's options, from the native capture's flags (it writes every encoding the
 /// native writer does, byte for byte the same).
 fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
+    if let DeviceArg::Wgpu(_) = args.device {
+        bail!(
+            "--device {}: wgpu is burn's backend, for the native engine only; the Python engines take cpu or cuda:N",
+            args.device
+        );
+    }
     Ok(PythonCapture {
         python: aerie_engine::python::interpreter(args.python.as_deref()),
         engine: match args.engine {

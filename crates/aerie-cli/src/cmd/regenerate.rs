@@ -98,7 +98,7 @@ pub struct RegenerateArgs {
     /// Replace a finished --out, and start over when OUT.partial was made with other options.
     #[arg(long)]
     pub overwrite: bool,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
     /// Print the report as one JSON object on stdout.

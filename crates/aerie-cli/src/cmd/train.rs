@@ -28,11 +28,13 @@ pub struct TrainArgs {
     /// run's in every key that changes the result).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: DeviceArg,
-    /// Data-parallel devices: `cuda:0,cuda:1`, `cuda:0..7` (0 through 7, inclusive), or `cpu,cpu`
-    /// (replicas run one after the other on the CPU; the same arithmetic, no speed-up).
+    /// Data-parallel devices: `cuda:0,cuda:1`, `cuda:0..7` (0 through 7, inclusive; gradients
+    /// summed with NCCL), `wgpu:0,wgpu:1` (two logical devices on wgpu's default adapter; gradients
+    /// summed through host memory), or `cpu,cpu` (replicas run one after the other on the CPU,
+    /// gradients summed through host memory; the same arithmetic, no speed-up).
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
     /// Print summary.json on stdout at the end.
@@ -40,7 +42,8 @@ pub struct TrainArgs {
     pub json: bool,
 }
 
-/// Parse `--devices`: a comma list whose items are `cpu`, `cuda:N` or `cuda:A..B` (inclusive).
+/// Parse `--devices`: a comma list whose items are `cpu`, `cuda:N`, `wgpu:N` or `cuda:A..B`
+/// (inclusive).
 fn parse_devices(s: &str) -> Result<Vec<DeviceArg>> {
     let mut out = Vec::new();
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -87,18 +90,20 @@ pub fn run(args: TrainArgs) -> Result<()> {
         Some(list) => parse_devices(list)?,
         None => vec![args.device],
     };
-    let summary = if devices.iter().all(|d| *d == DeviceArg::Cpu) {
-        let devs = vec![burn::backend::flex::FlexDevice; devices.len()];
-        go::<burn::backend::Autodiff<burn::backend::Flex>>(&cfg, &args, devs)?
-    } else {
-        let ids: Vec<usize> = devices
-            .iter()
-            .map(|d| match d {
-                DeviceArg::Cuda(i) => Ok(*i),
-                DeviceArg::Cpu => bail!("--devices mixes cpu and cuda devices"),
-            })
-            .collect::<Result<_>>()?;
-        cuda(&cfg, &args, &ids)?
+    if let Some(other) = devices.iter().find(|d| d.kind() != devices[0].kind()) {
+        bail!("--devices mixes {} and {} devices", devices[0].kind(), other.kind());
+    }
+    let summary = match devices[0] {
+        DeviceArg::Cpu => {
+            let devs = vec![burn::backend::flex::FlexDevice; devices.len()];
+            go::<burn::backend::Autodiff<burn::backend::Flex>>(&cfg, &args, devs, None)?
+        }
+        DeviceArg::Cuda(_) => {
+            let ids: Vec<usize> =
+                devices.iter().filter_map(|d| if let DeviceArg::Cuda(i) = d { Some(*i) } else { None }).collect();
+            cuda(&cfg, &args, &ids)?
+        }
+        DeviceArg::Wgpu(_) => wgpu(&cfg, &args, &devices)?,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -111,7 +116,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn cuda(cfg: &TrainConfig, args: &TrainArgs, ids: &[usize]) -> Result<Summary> {
     let devs = ids.iter().map(|&i| burn::backend::cuda::CudaDevice::new(i)).collect();
-    go::<burn::backend::Autodiff<burn::backend::Cuda>>(cfg, args, devs)
+    // Replicas on distinct GPUs sum their gradients with NCCL (one GPU listed twice: host memory).
+    let nccl: std::sync::Arc<dyn aerie_train::collective::AllReduce<burn::backend::Cuda>> =
+        std::sync::Arc::new(aerie_train::collective::Nccl);
+    go::<burn::backend::Autodiff<burn::backend::Cuda>>(cfg, args, devs, Some(nccl))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -119,13 +127,36 @@ fn cuda(_: &TrainConfig, _: &TrainArgs, _: &[usize]) -> Result<Summary> {
     bail!("this aerie was built without CUDA: rebuild with `cargo build --release --features cuda`")
 }
 
-fn go<B: AutodiffBackend>(cfg: &TrainConfig, args: &TrainArgs, devices: Vec<B::Device>) -> Result<Summary> {
+#[cfg(feature = "wgpu")]
+fn wgpu(cfg: &TrainConfig, args: &TrainArgs, devices: &[DeviceArg]) -> Result<Summary> {
+    crate::device::refuse_bf16_on_wgpu(cfg.precision, devices[0])?;
+    let devs = devices
+        .iter()
+        .map(|d| match d {
+            DeviceArg::Wgpu(i) => crate::device::wgpu_device(*i),
+            _ => unreachable!("one kind of device"),
+        })
+        .collect::<Result<_>>()?;
+    go::<burn::backend::Autodiff<burn::backend::Wgpu>>(cfg, args, devs, None)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu(_: &TrainConfig, _: &TrainArgs, _: &[DeviceArg]) -> Result<Summary> {
+    bail!("this aerie was built without wgpu: rebuild with the default features")
+}
+
+fn go<B: AutodiffBackend>(
+    cfg: &TrainConfig,
+    args: &TrainArgs,
+    devices: Vec<B::Device>,
+    all_reduce: Option<std::sync::Arc<dyn aerie_train::collective::AllReduce<B::InnerBackend>>>,
+) -> Result<Summary> {
     let pb = ProgressBar::new(0);
     pb.set_style(
         ProgressStyle::with_template("train [{elapsed_precise}] {wide_bar} {pos}/{len} steps (ETA {eta}) {msg}")
             .expect("valid template"),
     );
-    let opts = RunOptions::<B> { devices, resume: args.resume.clone() };
+    let opts = RunOptions::<B> { devices, resume: args.resume.clone(), all_reduce };
     let mut observer = |e: &Event<'_>| {
         match e {
             Event::Started { start_step, total_steps, notes } => {
@@ -187,6 +218,7 @@ mod tests {
         assert_eq!(parse_devices("cuda:2,cuda:5").unwrap(), vec![DeviceArg::Cuda(2), DeviceArg::Cuda(5)]);
         assert!(parse_devices("cuda:3..1").is_err());
         assert!(parse_devices("gpu").is_err());
+        assert_eq!(parse_devices("wgpu:0,wgpu:1").unwrap(), vec![DeviceArg::Wgpu(0), DeviceArg::Wgpu(1)]);
         assert_eq!(parse_set(&["optim.lr=5e-5".into()]).unwrap(), vec![("optim.lr".into(), "5e-5".into())]);
         assert!(parse_set(&["optim.lr".into()]).is_err());
     }

@@ -413,8 +413,10 @@ pub struct TttMetrics {
     pub positions: f64,
 }
 
+/// The sums on the host in f64. Widened there, not by a device cast: wgpu has no f64 (its
+/// shaders cannot hold one), and the widening is exact either way.
 fn to_vec<B: Backend>(t: Tensor<B, 1>) -> Vec<f64> {
-    t.detach().cast(burn::tensor::DType::F64).into_data().into_vec::<f64>().expect("f64 data")
+    t.detach().into_data().convert::<f64>().into_vec::<f64>().expect("f64 data")
 }
 
 impl TttSums {

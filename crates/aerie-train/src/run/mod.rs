@@ -5,6 +5,7 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use aerie_model::checkpoint::SourceLayout;
@@ -12,6 +13,7 @@ use aerie_model::{TargetHead, TttSums};
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::checkpoint::{self, STATE_FORMAT, TrainingState};
+use crate::collective::AllReduce;
 use crate::config::TrainConfig;
 use crate::config::fingerprint::{fingerprint, hash};
 use crate::data::{Catalog, MicroBatch, epoch_seed, plan_epoch};
@@ -36,6 +38,9 @@ pub struct RunOptions<B: AutodiffBackend> {
     pub devices: Vec<B::Device>,
     /// A run directory to continue from its newest complete checkpoint.
     pub resume: Option<PathBuf>,
+    /// How the replicas sum their gradients; `None`: through host memory
+    /// ([`crate::collective::HostExchange`], every backend).
+    pub all_reduce: Option<Arc<dyn AllReduce<B::InnerBackend>>>,
 }
 
 /// Sums over the steps since the last `train` log record.
@@ -80,12 +85,22 @@ pub fn train<B: AutodiffBackend>(
     let run = st.run.clone();
     let config_toml = write_run_config(cfg, &run)?;
     check_data_fits(cfg, &catalog, &st)?;
-    let (trainer, eval_head) = build_trainer::<B>(cfg, &st, &catalog, &devices, &main)?;
+    let (mut trainer, eval_head) = build_trainer::<B>(cfg, &st, &catalog, &devices, &main)?;
+    if let Some(all_reduce) = &opts.all_reduce {
+        trainer = trainer.with_all_reduce(all_reduce.clone());
+    }
 
     let total = total_steps(cfg, &catalog, per_step);
     let config_hash = hash(&fingerprint(cfg));
     let pos = resume_position(cfg, &st)?;
-    let notes = run_notes(&st, &catalog, total, per_step);
+    let mut notes = run_notes(&st, &catalog, total, per_step);
+    if devices.len() > 1 {
+        notes.push(format!(
+            "{} replicas, gradients summed by the {} all-reduce",
+            devices.len(),
+            trainer.all_reduce_name()
+        ));
+    }
     let log = MetricsLog::open(&run, pos.step)?;
     let mut summary = initial_summary(&st, &catalog, &pos, total, &config_hash, notes);
     if observer(&Event::Started { start_step: pos.step, total_steps: total, notes: &summary.notes }).is_break() {

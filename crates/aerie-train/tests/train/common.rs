@@ -179,13 +179,19 @@ pub fn config(w: &World, out: &str, top: &str, extra: &str) -> TrainConfig {
 }
 
 pub fn run(cfg: &TrainConfig, devices: usize, resume: Option<&Path>) -> aerie_train::Result<Summary> {
-    let opts = RunOptions::<B> { devices: vec![cpu(); devices], resume: resume.map(Path::to_path_buf) };
+    let opts =
+        RunOptions::<B> { devices: vec![cpu(); devices], resume: resume.map(Path::to_path_buf), all_reduce: None };
     train(cfg, &opts, &mut |_| ControlFlow::Continue(()))
 }
 
 /// Run, stopping (as a kill would) right after step `stop_after`.
 pub fn run_until(cfg: &TrainConfig, stop_after: u64) -> Summary {
-    let opts = RunOptions::<B> { devices: vec![cpu()], resume: None };
+    run_until_on(cfg, 1, stop_after)
+}
+
+/// [`run_until`] on `devices` replicas.
+pub fn run_until_on(cfg: &TrainConfig, devices: usize, stop_after: u64) -> Summary {
+    let opts = RunOptions::<B> { devices: vec![cpu(); devices], resume: None, all_reduce: None };
     train(cfg, &opts, &mut |e| match e {
         Event::Step(p) if p.step >= stop_after => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),

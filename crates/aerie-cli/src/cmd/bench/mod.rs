@@ -146,7 +146,7 @@ pub struct RunArgs {
     /// CPU backend.
     #[arg(long, value_enum, default_value = "flex")]
     pub backend: CpuBackend,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
     /// Print one JSON object.
@@ -221,6 +221,13 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         #[cfg(not(feature = "cuda"))]
         (DeviceArg::Cuda(_), _) => bail!("built without CUDA: rebuild with `--features cuda`"),
+        #[cfg(feature = "wgpu")]
+        (DeviceArg::Wgpu(i), _) => {
+            crate::device::refuse_bf16_on_wgpu(spec.precision, run.device)?;
+            bench_ttt::<Autodiff<burn::backend::Wgpu>>(&spec, &opts, &crate::device::wgpu_device(i)?)?
+        }
+        #[cfg(not(feature = "wgpu"))]
+        (DeviceArg::Wgpu(_), _) => bail!("built without wgpu: rebuild with the default features"),
     };
     if run.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -106,7 +106,7 @@ pub struct ShardPassArgs {
     /// Rows of the target head per chunk of the full-vocabulary pass.
     #[arg(long, default_value_t = 8192)]
     pub head_chunk_rows: usize,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
 }

@@ -60,7 +60,7 @@ pub struct DecodeArgs {
     /// same machine. Greedy only.
     #[arg(long)]
     pub plain_batch: Option<usize>,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
     /// Print one JSON object on stdout.

@@ -55,7 +55,7 @@ pub struct ServeArgs {
     /// `--predict`: chat template (`auto`: the target's own, as the engine applies it).
     #[arg(long, default_value = "auto")]
     pub template: String,
-    /// `--predict`: `cpu` or `cuda:N`.
+    /// `--predict`: `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
     /// Write the engine's measured T_d and cycle costs as a costs TOML for `aerie project`.

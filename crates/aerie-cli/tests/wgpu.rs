@@ -1,0 +1,247 @@
+//! The GPU code path without a GPU: `train`, `eval loss`, `eval accept` and `eval decode` on
+//! burn's CubeCL backend (`--device wgpu:0`; in CI Mesa's software Vulkan driver, lavapipe)
+//! against the same commands on the CPU (burn-flex and aerie's host kernels), and checkpoints
+//! carried between the two. CubeCL's kernels, fusion, autotune and device-resident tensors are
+//! what the CUDA backend runs too, so a failure here is one a GPU run would hit.
+//!
+//! Tolerances (f32 on both backends; the sums are associated differently, nothing else differs):
+//! per-step training loss within 1e-4 relative over 6 AdamW steps, checkpoint weights within
+//! 1e-4 absolute (lr 1e-3: Adam's first updates turn rounding in gradients near zero into a
+//! fraction of lr), `eval loss` metrics within 1e-5 relative, τ of `eval accept` and `eval
+//! decode` equal (greedy acceptance is an argmax: equal unless two logits tie within rounding).
+//!
+//! Without a Vulkan driver the tests skip with a note, except under `CI=true` (`.ci/run`
+//! installs lavapipe), where they fail.
+
+mod common;
+#[path = "../../aerie-capture/tests/fixture/mod.rs"]
+mod fixture;
+#[path = "../../aerie-train/tests/train/common.rs"]
+mod world;
+
+use std::path::{Path, PathBuf};
+
+use common::s;
+use serde_json::Value;
+
+/// Cubecl settings of every wgpu run here: the fewest autotune candidates (cubecl has no run-time
+/// switch to turn autotune off; benchmarking on a software device is what made first calls 10-30x
+/// slower) and a kernel and autotune cache shared by the tests of one run.
+fn aerie_wgpu(args: &[&str], home: &Path) -> std::process::Output {
+    common::aerie_cmd()
+        .env("CUBECL_AUTOTUNE_LEVEL", "minimal")
+        .env("AERIE_HOME", home)
+        .args(args)
+        .output()
+        .expect("run aerie")
+}
+
+/// Whether wgpu finds an adapter: `false` (with a note) when it does not, outside CI.
+fn have_wgpu(test: &str, out: &std::process::Output) -> bool {
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !err.contains("no wgpu adapter found") {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: no wgpu adapter but CI=true: CI must run the CubeCL path (.ci/run installs lavapipe):\n{err}");
+    }
+    println!("note: {test} skipped: no wgpu adapter (install mesa-vulkan-drivers and libvulkan1): {err}");
+    false
+}
+
+/// Stdout as JSON after asserting success.
+fn json(out: std::process::Output, what: &str) -> Value {
+    assert!(out.status.success(), "{what} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
+}
+
+/// Training losses of metrics.jsonl by step.
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    world::metrics_lines(run)
+        .iter()
+        .filter(|l| l["kind"] == "train")
+        .map(|l| (l["step"].as_u64().unwrap(), l["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// The largest absolute difference between two checkpoints' f32 tensors, after checking they
+/// hold the same names.
+fn max_weight_diff(a: &Path, b: &Path) -> f32 {
+    let (ta, tb) = (world::tensors(a), world::tensors(b));
+    assert_eq!(ta.iter().map(|t| &t.0).collect::<Vec<_>>(), tb.iter().map(|t| &t.0).collect::<Vec<_>>());
+    let mut worst = 0f32;
+    for ((name, x), (_, y)) in ta.iter().zip(&tb) {
+        if name == "d2t" || name == "t2d" {
+            assert_eq!(x, y, "{name}");
+            continue;
+        }
+        for (p, q) in world::f32s(x).iter().zip(world::f32s(y)) {
+            worst = worst.max((p - q).abs());
+        }
+    }
+    worst
+}
+
+/// A copy of run `from` (its checkpoints and metrics) without its last checkpoint, to resume.
+fn cut_after_first_checkpoint(from: &Path, to: &Path, last: &str) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_name() == last {
+            continue;
+        }
+        if src.is_dir() {
+            cut_after_first_checkpoint(&src, &dst, "");
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
+    let w = world::world();
+    let home = w.path("aerie-home");
+    let cfg = w.path("train.toml");
+    let top = "save_every = 3\nkeep_last = 2\neval_every = 0";
+    std::fs::write(&cfg, world::config_text(&w, "unused", top, "max_steps = 6")).unwrap();
+    let train = |out: &str, device: &str, resume: Option<&Path>| {
+        let out_dir = format!("output_dir=\"{}\"", w.path(out).display());
+        let mut args = vec!["train", s(&cfg), "--set", &out_dir, "--set", "data.eval=[]", "--device", device, "--json"];
+        if let Some(r) = resume {
+            args.extend(["--resume", s(r)]);
+        }
+        aerie_wgpu(&args, &home)
+    };
+
+    // bf16 is refused up front on wgpu, naming the reason (burn-wgpu would panic at the first cast).
+    let bf16 = aerie_wgpu(&["train", s(&cfg), "--set", "precision=\"bf16\"", "--device", "wgpu:0"], &home);
+    assert!(!bf16.status.success());
+    assert!(String::from_utf8_lossy(&bf16.stderr).contains("wgpu has no bf16"), "{bf16:?}");
+
+    let t0 = std::time::Instant::now();
+    let on_wgpu = train("wgpu", "wgpu:0", None);
+    if !have_wgpu("train on wgpu", &on_wgpu) {
+        return;
+    }
+    let wgpu_s = t0.elapsed().as_secs_f64();
+    let on_wgpu = json(on_wgpu, "train on wgpu:0");
+    let t0 = std::time::Instant::now();
+    let on_cpu = json(train("cpu", "cpu", None), "train on cpu");
+    let cpu_s = t0.elapsed().as_secs_f64();
+    println!("train 6 steps: wgpu:0 {wgpu_s:.1} s, cpu {cpu_s:.1} s (processes, start-up included)");
+    assert_eq!((on_wgpu["steps"].as_u64(), on_cpu["steps"].as_u64()), (Some(6), Some(6)));
+    let (lw, lc) = (losses(&w.path("wgpu")), losses(&w.path("cpu")));
+    assert_eq!(lw.len(), 6);
+    for ((step, a), (_, b)) in lw.iter().zip(&lc) {
+        assert!(rel(*a, *b) < 1e-4, "step {step}: loss {a} on wgpu, {b} on the CPU");
+    }
+    let ck = |run: &str, step: u32| w.path(run).join(format!("checkpoint-{step}"));
+    let d = max_weight_diff(&ck("wgpu", 6), &ck("cpu", 6));
+    assert!(d < 1e-4, "weights after 6 steps differ by {d:e}");
+
+    // A checkpoint written on one device resumed on the other: steps 4-6 as the straight run's.
+    for (from, to, device) in [("cpu", "cpu-then-wgpu", "wgpu:0"), ("wgpu", "wgpu-then-cpu", "cpu")] {
+        cut_after_first_checkpoint(&w.path(from), &w.path(to), "checkpoint-6");
+        let resumed = json(train(to, device, Some(&w.path(to))), &format!("resume of {from} on {device}"));
+        assert_eq!(resumed["steps"].as_u64(), Some(6));
+        assert!(resumed["resumed_from"].as_str().unwrap().ends_with("checkpoint-3"), "{resumed}");
+        let d = max_weight_diff(&ck(to, 6), &ck(from, 6));
+        assert!(d < 1e-4, "{from} resumed on {device}: weights differ by {d:e}");
+        for ((step, a), (_, b)) in losses(&w.path(to)).iter().zip(&losses(&w.path(from))) {
+            assert!(rel(*a, *b) < 1e-4, "{from} resumed on {device}, step {step}: loss {a} vs {b}");
+        }
+    }
+
+    // eval loss and eval accept of the trained drafter on held-out shards, on both devices.
+    let drafter = ck("cpu", 6);
+    let pass = ["--drafter", s(&drafter), "--data", s(&w.eval), "--target-head", s(&w.target_file), "--json"];
+    let loss = |device: &str| {
+        json(
+            aerie_wgpu(&[&["eval", "loss"], &pass[..], &["--ttt-length", "3", "--device", device]].concat(), &home),
+            "eval loss",
+        )
+    };
+    let (lw, lc) = (loss("wgpu:0"), loss("cpu"));
+    assert_eq!(lw["tokens"], lc["tokens"]);
+    for key in ["loss", "simulated_accept_length"] {
+        let (a, b) = (lw[key].as_f64().unwrap(), lc[key].as_f64().unwrap());
+        assert!(rel(a, b) < 1e-5, "eval loss {key}: {a} on wgpu, {b} on the CPU");
+    }
+    for key in ["loss_per_step", "acc_per_step"] {
+        for (a, b) in lw[key].as_array().unwrap().iter().zip(lc[key].as_array().unwrap()) {
+            assert!(rel(a.as_f64().unwrap(), b.as_f64().unwrap()) < 1e-5, "eval loss {key}: {a} vs {b}");
+        }
+    }
+    let accept = |device: &str| {
+        json(
+            aerie_wgpu(&[&["eval", "accept"], &pass[..], &["--k", "3", "--device", device]].concat(), &home),
+            "eval accept",
+        )
+    };
+    let (aw, ac) = (accept("wgpu:0"), accept("cpu"));
+    assert_eq!(aw["tau"], ac["tau"], "τ on wgpu and on the CPU");
+    assert_eq!(aw["curve"], ac["curve"]);
+    assert!(ac["tau"].as_f64().unwrap() >= 1.0);
+}
+
+/// A drafter for the capture fixture's target (as crates/aerie-cli/tests/decode.rs writes it).
+fn write_drafter(dir: &Path) {
+    use aerie_model::checkpoint::synthetic::{random_drafter, tiny_config};
+    use aerie_model::checkpoint::{Dtype, SaveOptions, save_drafter};
+    use aerie_model::{AuxConvention, AuxLayers};
+    let mut cfg = tiny_config();
+    (cfg.hidden_size, cfg.target_hidden_size, cfg.intermediate_size, cfg.head_dim) = (32, 32, 48, 8);
+    cfg.vocab_size = fixture::VOCAB;
+    cfg.draft_vocab_size = 64;
+    cfg.aux_layers = AuxLayers { ids: vec![0, 1, 2], convention: AuxConvention::OutputOfLayer };
+    let opts = SaveOptions { include_embedding: false, ..SaveOptions::default() };
+    save_drafter(&random_drafter(&cfg, Dtype::F32, 3), dir, &opts).unwrap();
+}
+
+#[test]
+fn eval_decode_on_wgpu_matches_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let target: PathBuf = root.join("target");
+    fixture::write_target(&target, 32, 4, 21);
+    let drafter = root.join("drafter");
+    write_drafter(&drafter);
+    let prompts = root.join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"turns\": [\"Say hi.\", \"Again?\"]}\n{\"prompt\": \"Why?\"}\n").unwrap();
+    let decode = |device: &str| {
+        let args = [
+            "eval",
+            "decode",
+            "--target",
+            s(&target),
+            "--drafter",
+            s(&drafter),
+            "--prompts",
+            s(&prompts),
+            "--k",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            device,
+            "--json",
+        ];
+        aerie_wgpu(&args, &root.join("aerie-home"))
+    };
+    let on_wgpu = decode("wgpu:0");
+    if !have_wgpu("eval decode on wgpu", &on_wgpu) {
+        return;
+    }
+    let (vw, vc) = (json(on_wgpu, "eval decode on wgpu:0"), json(decode("cpu"), "eval decode on cpu"));
+    assert_eq!(vw["greedy_identical"], true, "{vw}");
+    assert_eq!(vw["answers"], 3);
+    assert_eq!(vw["tau"], vc["tau"], "τ on wgpu and on the CPU");
+    assert_eq!(vw["curve"], vc["curve"]);
+    assert_eq!(vw["plain"]["tokens"], vc["plain"]["tokens"]);
+}
