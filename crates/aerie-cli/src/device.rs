@@ -121,16 +121,19 @@ pub fn wgpu_device(n: usize) -> anyhow::Result<burn::backend::wgpu::WgpuDevice> 
     if let Some(d) = opened.get(&n) {
         return Ok(d.clone());
     }
-    // cubecl panics when no adapter is found; say what is missing instead.
-    let setup = std::panic::catch_unwind(|| init_setup::<AutoGraphicsApi>(&WgpuDevice::DefaultDevice, RuntimeOptions::default()))
-        .map_err(|_| anyhow::anyhow!("wgpu:{n}: no wgpu adapter found (a GPU driver, or a software one: on Debian `apt-get install mesa-vulkan-drivers libvulkan1`)"))?;
-    let device = if n == 0 {
-        // The setup was only a probe: burn opens its own default device on first use.
-        drop(setup);
-        WgpuDevice::DefaultDevice
-    } else {
-        init_device(setup, RuntimeOptions::default())
+    // cubecl panics when no adapter is found; say what is missing instead. The setup (adapter,
+    // device, queue) is made once: it registers `DefaultDevice` (wgpu:0), and a second setup of it
+    // panics ("already registered"), so wgpu:N (N ≥ 1) gets another server on that same setup.
+    static SETUP: OnceLock<burn::backend::wgpu::WgpuSetup> = OnceLock::new();
+    let setup = match SETUP.get() {
+        Some(s) => s.clone(),
+        None => {
+            let s = std::panic::catch_unwind(|| init_setup::<AutoGraphicsApi>(&WgpuDevice::DefaultDevice, RuntimeOptions::default()))
+                .map_err(|_| anyhow::anyhow!("wgpu:{n}: no wgpu adapter found (a GPU driver, or a software one: on Debian `apt-get install mesa-vulkan-drivers libvulkan1`)"))?;
+            SETUP.get_or_init(|| s).clone()
+        }
     };
+    let device = if n == 0 { WgpuDevice::DefaultDevice } else { init_device(setup, RuntimeOptions::default()) };
     opened.insert(n, device.clone());
     Ok(device)
 }

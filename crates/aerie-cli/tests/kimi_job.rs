@@ -31,12 +31,10 @@
 //! counts equalled the walk's (warm start 248 cycles / 0 accepted, fine-tuned 196 / 52).
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
 #[path = "common/proxy.rs"]
 mod proxy;
-#[path = "common/sglang.rs"]
-mod sglang;
-#[path = "common/vllm.rs"]
-mod vllm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,10 +42,9 @@ use std::time::Instant;
 
 use aerie_data::shard::ShardDataset;
 use common::{aerie, aerie_cmd, aerie_run, capture_parity, ok, ok_json, s};
+use engine::{Engine, EngineServer, engine_python, free_port, sglang_engine_args, sglang_env, vllm_env};
 use proxy::start_proxy;
 use serde_json::{Value, json};
-use sglang::{cpu_engine_args, sglang_env, sglang_python};
-use vllm::{VllmServer, vllm_env, vllm_python};
 
 /// New tokens per answer: the regenerated answers and the engine's in `eval serve` alike.
 const BUDGET: usize = 32;
@@ -94,9 +91,9 @@ fn lap(times: &mut Vec<(String, f64)>, step: &str, t0: Instant) {
 #[test]
 fn kimi_job_in_miniature_through_vllm() {
     let test = "kimi_job_in_miniature_through_vllm";
-    let Some(python) = vllm_python(test) else { return };
+    let Some(python) = engine_python(Engine::Vllm, test) else { return };
     let Some(fixtures) = kimi_fixtures(test) else { return };
-    let Some(sglang_py) = sglang_python(test) else { return };
+    let Some(sglang_py) = engine_python(Engine::Sglang, test) else { return };
     let start = Instant::now();
     let mut times = Vec::new();
     let dir = tempfile::tempdir().unwrap();
@@ -125,7 +122,14 @@ fn kimi_job_in_miniature_through_vllm() {
     let t0 = Instant::now();
     let regen = root.join("regen.jsonl");
     let log = {
-        let server = VllmServer::start(&python, &target, root, &["--served-model-name", "kimi-mini"]);
+        let server = EngineServer::start(
+            Engine::Vllm,
+            &python,
+            &target,
+            root,
+            "vllm-regenerate",
+            &["--served-model-name", "kimi-mini"],
+        );
         let (proxy, log) = start_proxy(server.port);
         let r = ok_json(
             aerie_cmd()
@@ -295,7 +299,7 @@ fn kimi_job_in_miniature_through_vllm() {
     let spec = json!({"method": "eagle3", "model": s(&warm), "num_speculative_tokens": K}).to_string();
     // `timeout`: a vLLM that starts after all is stopped, and the assertion below says why.
     let mut c = Command::new("timeout");
-    let port = vllm::free_port().to_string();
+    let port = free_port().to_string();
     vllm_env(&mut c)
         .args([
             "300",
@@ -310,7 +314,8 @@ fn kimi_job_in_miniature_through_vllm() {
             "--port",
             &port,
         ])
-        .args(["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", "--speculative-config", &spec]);
+        .args(["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", "--speculative-config", &spec])
+        .args(["--kv-cache-memory-bytes", "2147483648"]);
     let out = c.output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -333,7 +338,7 @@ fn kimi_job_in_miniature_through_vllm() {
         .args(["--prompts", s(&prompts_file), "--drafter", s(&warm), "--drafter", s(&sglang)])
         .args(["--names", "warm-start,fine-tuned", "--k", &K.to_string(), "--max-new-tokens", &BUDGET.to_string()])
         .args(["--predict-from", s(&shards), "--workdir", s(&work), "--json", "--engine-arg=--context-length=2048"])
-        .args(cpu_engine_args());
+        .args(sglang_engine_args());
     let v = ok_json(c.output().unwrap());
     lap(&mut times, "eval serve --engine sglang (plain + 2 drafters) --predict-from", t0);
     println!("eval serve in SGLang: {v}");

