@@ -20,15 +20,7 @@ use serde::Serialize;
 
 use crate::Result;
 
-/// How bad a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    /// The drafter would not serve as intended.
-    Error,
-    /// Suspicious; fails the check only in strict mode.
-    Warning,
-}
+pub use crate::severity::Severity;
 
 /// One lint result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -33,6 +33,7 @@ pub mod hf;
 pub mod inspect;
 pub mod published;
 pub mod served;
+mod severity;
 
 pub use error::{Error, Result};
 pub use export::{ExportOptions, ExportReport, ExportedTensor, export};

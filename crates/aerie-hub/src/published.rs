@@ -17,7 +17,7 @@
 
 use serde_json::Value;
 
-use crate::inspect::Severity;
+use crate::severity::Severity;
 
 /// Which trainer's layout a drafter `config.json` is in, with the published drafters written in
 /// it; `None` for a layout none of them uses (aerie's own speculators export, for one).

@@ -26,7 +26,7 @@
 //! renders a current-chain tool-call turn's reasoning is a reasoning template. K2.5 with
 //! `thinking=false`, K2-Instruct and ChatML render none and keep one sample per conversation.
 
-use super::exact::Exact;
+use super::Exact;
 use super::mask::{ChatEncoder, EncodedSample, Rejected};
 use crate::conversation::{Conversation, DropReason, Message, Role, ToolCall, TrimReason};
 use crate::{Error, Result};

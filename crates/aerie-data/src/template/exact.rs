@@ -18,21 +18,12 @@
 //! decode to a text holding the turn's stored content; otherwise the text is tokenised as for any
 //! other answer and the sample is counted in the report (`engine_ids_not_used`).
 
+use super::Exact;
 use super::mask::ChatEncoder;
 use crate::conversation::Message;
 
 /// The closing turn's stand-in content: a private-use character pair no template produces.
 const SENTINEL: &str = "\u{E000}aerie-answer\u{E001}";
-
-/// What became of a sample's closing answer.
-pub(super) enum Exact {
-    /// The closing turn has no engine ids.
-    NoIds,
-    /// It has some, but they cannot be used (the text is tokenised instead).
-    NotUsed,
-    /// The sample's ids and loss mask, with the engine's ids as the answer.
-    Used(Vec<u32>, Vec<u8>),
-}
 
 impl ChatEncoder<'_> {
     /// The sample of `text` (whose assistant byte `spans` end with the closing turn

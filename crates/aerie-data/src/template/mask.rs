@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ChatTemplate;
-use super::exact::Exact;
+use super::Exact;
 use crate::conversation::{Conversation, DropReason, Role, TrimReason};
 use crate::tokenizer::{Encoded, TextTokenizer};
 use crate::{Error, Result};

@@ -33,6 +33,16 @@ use crate::{Error, Result};
 pub use builtins::{BUILTINS, BuiltinTemplate};
 pub use mask::{ChatEncoder, EncodeOptions, EncodedSample, HeadPaths, Rejected};
 
+/// What became of a sample's closing answer ([`exact`], read by [`mask`]).
+enum Exact {
+    /// The closing turn has no engine ids.
+    NoIds,
+    /// It has some, but they cannot be used (the text is tokenised instead).
+    NotUsed,
+    /// The sample's ids and loss mask, with the engine's ids as the answer.
+    Used(Vec<u32>, Vec<u8>),
+}
+
 const TEMPLATE_NAME: &str = "chat";
 
 /// Which template to use.
