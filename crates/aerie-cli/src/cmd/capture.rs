@@ -148,7 +148,10 @@ fn capture_options(args: &CaptureArgs) -> CaptureOptions {
 /// native writer does, byte for byte the same).
 fn python_capture(args: &CaptureArgs) -> Result<PythonCapture> {
     if let DeviceArg::Wgpu(_) = args.device {
-        bail!("--device {}: wgpu is burn's backend, for the native engine only; the Python engines take cpu or cuda:N", args.device);
+        bail!(
+            "--device {}: wgpu is burn's backend, for the native engine only; the Python engines take cpu or cuda:N",
+            args.device
+        );
     }
     Ok(PythonCapture {
         python: aerie_engine::python::interpreter(args.python.as_deref()),

@@ -98,7 +98,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
             go::<burn::backend::Autodiff<burn::backend::Flex>>(&cfg, &args, devs)?
         }
         DeviceArg::Cuda(_) => {
-            let ids: Vec<usize> = devices.iter().filter_map(|d| if let DeviceArg::Cuda(i) = d { Some(*i) } else { None }).collect();
+            let ids: Vec<usize> =
+                devices.iter().filter_map(|d| if let DeviceArg::Cuda(i) = d { Some(*i) } else { None }).collect();
             cuda(&cfg, &args, &ids)?
         }
         DeviceArg::Wgpu(_) => wgpu(&cfg, &args, &devices)?,
