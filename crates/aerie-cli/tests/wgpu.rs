@@ -51,7 +51,7 @@ fn have_wgpu(test: &str, out: &std::process::Output) -> bool {
 
 /// Stdout as JSON after asserting success.
 fn json(out: std::process::Output, what: &str) -> Value {
-    assert!(out.status.success(), "{what} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{what} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
@@ -157,10 +157,18 @@ fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
             assert!(rel(*a, *b) < 1e-4, "{from} resumed on {device}, step {step}: loss {a} vs {b}");
         }
     }
+}
 
+#[test]
+fn eval_loss_and_accept_on_wgpu_match_the_cpu() {
+    let w = world::world();
+    let home = w.path("aerie-home");
+    let cfg = w.path("train.toml");
+    std::fs::write(&cfg, world::config_text(&w, "cpu", "save_every = 0\neval_every = 0", "max_steps = 6")).unwrap();
+    let trained = json(aerie_wgpu(&["train", s(&cfg), "--set", "data.eval=[]", "--json"], &home), "train on cpu");
+    let drafter = PathBuf::from(trained["final_checkpoint"].as_str().unwrap());
     // eval loss and eval accept of the trained drafter on held-out shards, on both devices.
-    let drafter = ck("cpu", 6);
-    let pass = ["--drafter", s(&drafter), "--data", s(&w.eval), "--target-head", s(&w.target_file), "--json"];
+    let pass = ["--drafter", s(&drafter), "--data", s(&w.eval), "--target-head", s(&w.target_dir), "--json"];
     let loss = |device: &str| {
         json(
             aerie_wgpu(&[&["eval", "loss"], &pass[..], &["--ttt-length", "3", "--device", device]].concat(), &home),
