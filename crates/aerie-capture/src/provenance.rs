@@ -46,15 +46,7 @@ pub struct Claim {
 /// capture takes this before it writes anything, whatever its engine.
 pub fn claim(out: &Path, target: &Path, data: &Path, split: &str) -> Result<Claim> {
     let lock = OutputLock::beside(out)?;
-    let mut warnings = Vec::new();
-    if !lock.is_held() {
-        warnings.push(format!(
-            "{}: the file system does not support locks (flock), so nothing stops a second capture into {} from \
-             mixing its samples with this one's; run one capture per output",
-            lock.path().display(),
-            out.display()
-        ));
-    }
+    let warnings = lock.unprotected_warning("capture", out).into_iter().collect();
     let dataset = if out.join(MANIFEST_FILE).exists() { Some(ShardDataset::open(out)?) } else { None };
     let samples_on_disk = dataset.as_ref().map_or(0, |d| d.len() as u64);
     let same_target = check_or_record(out, target, data, split, samples_on_disk)?;

@@ -75,6 +75,20 @@ impl OutputLock {
         self.held
     }
 
+    /// What to tell the user when the lock is not held ([`Self::is_held`]): that nothing stops
+    /// a second `command` writing into `output` at the same time, so that a run on such a file
+    /// system is never silently unprotected.
+    pub fn unprotected_warning(&self, command: &str, output: &Path) -> Option<String> {
+        (!self.held).then(|| {
+            format!(
+                "{}: the file system does not support locks (flock), so nothing stops a second {command} into {} \
+                 from mixing its writes with this one's; run one {command} per output",
+                self.path.display(),
+                output.display()
+            )
+        })
+    }
+
     fn take(output: &Path, path: PathBuf, remove: bool) -> Result<Self> {
         loop {
             let mut file = OpenOptions::new()
@@ -91,7 +105,7 @@ impl OutputLock {
                     return Err(Error::Locked { path: output.to_path_buf(), lock: path, holder: holder(&mut file) });
                 }
                 // File systems without locks: go on unprotected rather than refuse to work.
-                Err(fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => held = false,
+                Err(fs::TryLockError::Error(e)) if locks_unsupported(&e) => held = false,
                 Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
             }
             // A releasing holder may have removed (or a new taker re-created) the file between our
@@ -143,6 +157,13 @@ impl Drop for OutputLock {
             let _ = self.file.set_len(0);
         }
     }
+}
+
+/// Whether a failed `flock` means the file system has no locks: `EOPNOTSUPP` (std's
+/// `Unsupported`: FUSE and some network file systems) or `ENOLCK` (NFS without its lock
+/// daemon), as opposed to an error the run must stop on.
+fn locks_unsupported(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Unsupported || e.raw_os_error() == Some(libc::ENOLCK)
 }
 
 /// Whether `path` still names the open `file`.
@@ -245,6 +266,25 @@ mod tests {
         drop(lock);
         assert_eq!(fs::read(dir.path().join(NAME)).unwrap(), b"");
         drop(OutputLock::inside(dir.path(), NAME).unwrap());
+    }
+
+    #[test]
+    fn a_file_system_without_flock_is_told_not_an_error_and_never_silent() {
+        use std::io::Error as IoError;
+        // What `flock` returns where the file system has no locks, against real errors.
+        assert!(locks_unsupported(&IoError::from_raw_os_error(libc::EOPNOTSUPP)));
+        assert!(locks_unsupported(&IoError::from_raw_os_error(libc::ENOLCK)));
+        for real in [libc::EACCES, libc::EIO, libc::EBADF] {
+            assert!(!locks_unsupported(&IoError::from_raw_os_error(real)), "errno {real}");
+        }
+        // A held lock says nothing; the one such a file system leaves says what is unprotected.
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("shards");
+        let mut lock = OutputLock::beside(&out).unwrap();
+        assert!(lock.is_held() && lock.unprotected_warning("capture", &out).is_none());
+        lock.held = false;
+        let w = lock.unprotected_warning("capture", &out).expect("a warning");
+        assert!(w.contains("flock") && w.contains(".shards.aerie-lock") && w.contains("second capture into"), "{w}");
     }
 
     #[test]
