@@ -12,6 +12,13 @@
 //!
 //! Without a Vulkan driver the tests skip with a note, except under `CI=true` (`.ci/run`
 //! installs lavapipe), where they fail.
+//!
+//! Time (2026-12-04, the four tests of this binary, two at a time, on the shared 2-core machine
+//! under load 6-12, so upper bounds): 580 s wall and 637 CPU-s with an empty autotune cache,
+//! 520 CPU-s with the cache of an earlier run; 826 CPU-s before samples of few shapes and 4
+//! training steps instead of 6. Most of it is lavapipe compiling kernels (once per process and
+//! device, and per new shape), not arithmetic; `GALLIVM_PERF=nopt` (LLVM without optimisation)
+//! made eval loss and accept slower (141 against 82 CPU-s): the kernels then run slower.
 
 mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
@@ -113,6 +120,7 @@ fn cut_after_first_checkpoint(from: &Path, to: &Path, last: &str) {
     }
 }
 
+/// 394 s under load 6-12 (train 4 steps on wgpu:0 alone 251 s), 417 s with 6 steps before.
 #[test]
 fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
     let w = few_shapes_world();
@@ -168,6 +176,7 @@ fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
     }
 }
 
+/// 169 s under load 6-12 (260 s on samples of 8-24 tokens).
 #[test]
 fn eval_loss_and_accept_on_wgpu_match_the_cpu() {
     let w = few_shapes_world();
@@ -210,8 +219,9 @@ fn eval_loss_and_accept_on_wgpu_match_the_cpu() {
 /// same kernels on one adapter, so the weights came out bit for bit equal (measured 0 on lavapipe,
 /// 2026-12-04); the bound allowed is dp.rs's 1e-5 absolute (1% of lr 1e-3: Adam's first updates
 /// turn gradient rounding near zero into a fraction of lr), room for autotune picking another
-/// kernel on one device. Losses within 1e-5 relative. Measured 537 s beside the other tests under
-/// load 6-9 (both runs compile every kernel; the two-device run twice, once per device).
+/// kernel on one device. Losses within 1e-5 relative. 380 s beside the other tests under load
+/// 6-12 (537 s on samples of 8-24 tokens): both runs compile every kernel, the two-device run
+/// once per device.
 #[test]
 fn two_wgpu_devices_match_one_with_grad_accumulation() {
     let w = few_shapes_world();
@@ -258,6 +268,7 @@ fn write_drafter(dir: &Path) {
     save_drafter(&random_drafter(&cfg, Dtype::F32, 3), dir, &opts).unwrap();
 }
 
+/// 200 s under load 6-12 (284 s before; its world is the capture fixture's, unchanged).
 #[test]
 fn eval_decode_on_wgpu_matches_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
