@@ -5,13 +5,20 @@
 //! what the CUDA backend runs too, so a failure here is one a GPU run would hit.
 //!
 //! Tolerances (f32 on both backends; the sums are associated differently, nothing else differs):
-//! per-step training loss within 1e-4 relative over 6 AdamW steps, checkpoint weights within
+//! per-step training loss within 1e-4 relative over 4 AdamW steps, checkpoint weights within
 //! 1e-4 absolute (lr 1e-3: Adam's first updates turn rounding in gradients near zero into a
 //! fraction of lr), `eval loss` metrics within 1e-5 relative, τ of `eval accept` and `eval
 //! decode` equal (greedy acceptance is an argmax: equal unless two logits tie within rounding).
 //!
 //! Without a Vulkan driver the tests skip with a note, except under `CI=true` (`.ci/run`
 //! installs lavapipe), where they fail.
+//!
+//! Time (2026-12-04, the four tests of this binary, two at a time, on the shared 2-core machine
+//! under load 6-12, so upper bounds): 580 s wall and 637 CPU-s with an empty autotune cache,
+//! 520 CPU-s with the cache of an earlier run; 826 CPU-s before samples of few shapes and 4
+//! training steps instead of 6. Most of it is lavapipe compiling kernels (once per process and
+//! device, and per new shape), not arithmetic; `GALLIVM_PERF=nopt` (LLVM without optimisation)
+//! made eval loss and accept slower (141 against 82 CPU-s): the kernels then run slower.
 
 mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
@@ -26,11 +33,14 @@ use serde_json::Value;
 
 /// Cubecl settings of every wgpu run here: the fewest autotune candidates (cubecl has no run-time
 /// switch to turn autotune off; benchmarking on a software device is what made first calls 10-30x
-/// slower) and a kernel and autotune cache shared by the tests of one run.
-fn aerie_wgpu(args: &[&str], home: &Path) -> std::process::Output {
+/// slower) and one `$AERIE_HOME`, so one cubecl autotune cache (`$AERIE_HOME/cubecl`, an
+/// append-only file cubecl locks across processes) for every test of the binary and every later
+/// run of it: the tests' worlds share their shapes, so a shape tuned once is tuned for all. It
+/// lives in the target directory, which CI keeps between runs (`CARGO_TARGET_TMPDIR`).
+fn aerie_wgpu(args: &[&str]) -> std::process::Output {
     common::aerie_cmd()
         .env("CUBECL_AUTOTUNE_LEVEL", "minimal")
-        .env("AERIE_HOME", home)
+        .env("AERIE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("wgpu-aerie-home"))
         .args(args)
         .output()
         .expect("run aerie")
@@ -47,6 +57,13 @@ fn have_wgpu(test: &str, out: &std::process::Output) -> bool {
     }
     println!("note: {test} skipped: no wgpu adapter (install mesa-vulkan-drivers and libvulkan1): {err}");
     false
+}
+
+/// The training world of aerie-train's tests with samples of 14 or 16 tokens: two micro-batch
+/// shapes instead of a dozen. On lavapipe every new shape costs its kernels' compilation and
+/// autotune (20-100 s each under load), which is most of these tests' time, not arithmetic.
+fn few_shapes_world() -> world::World {
+    world::world_of(Default::default(), world::Lengths::FewShapes)
 }
 
 /// Stdout as JSON after asserting success.
@@ -103,24 +120,24 @@ fn cut_after_first_checkpoint(from: &Path, to: &Path, last: &str) {
     }
 }
 
+/// 394 s under load 6-12 (train 4 steps on wgpu:0 alone 251 s), 417 s with 6 steps before.
 #[test]
 fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
-    let w = world::world();
-    let home = w.path("aerie-home");
+    let w = few_shapes_world();
     let cfg = w.path("train.toml");
-    let top = "save_every = 3\nkeep_last = 2\neval_every = 0";
-    std::fs::write(&cfg, world::config_text(&w, "unused", top, "max_steps = 6")).unwrap();
+    let top = "save_every = 2\nkeep_last = 2\neval_every = 0";
+    std::fs::write(&cfg, world::config_text(&w, "unused", top, "max_steps = 4")).unwrap();
     let train = |out: &str, device: &str, resume: Option<&Path>| {
         let out_dir = format!("output_dir=\"{}\"", w.path(out).display());
         let mut args = vec!["train", s(&cfg), "--set", &out_dir, "--set", "data.eval=[]", "--device", device, "--json"];
         if let Some(r) = resume {
             args.extend(["--resume", s(r)]);
         }
-        aerie_wgpu(&args, &home)
+        aerie_wgpu(&args)
     };
 
     // bf16 is refused up front on wgpu, naming the reason (burn-wgpu would panic at the first cast).
-    let bf16 = aerie_wgpu(&["train", s(&cfg), "--set", "precision=\"bf16\"", "--device", "wgpu:0"], &home);
+    let bf16 = aerie_wgpu(&["train", s(&cfg), "--set", "precision=\"bf16\"", "--device", "wgpu:0"]);
     assert!(!bf16.status.success());
     assert!(String::from_utf8_lossy(&bf16.stderr).contains("wgpu has no bf16"), "{bf16:?}");
 
@@ -134,24 +151,24 @@ fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
     let t0 = std::time::Instant::now();
     let on_cpu = json(train("cpu", "cpu", None), "train on cpu");
     let cpu_s = t0.elapsed().as_secs_f64();
-    println!("train 6 steps: wgpu:0 {wgpu_s:.1} s, cpu {cpu_s:.1} s (processes, start-up included)");
-    assert_eq!((on_wgpu["steps"].as_u64(), on_cpu["steps"].as_u64()), (Some(6), Some(6)));
+    println!("train 4 steps: wgpu:0 {wgpu_s:.1} s, cpu {cpu_s:.1} s (processes, start-up included)");
+    assert_eq!((on_wgpu["steps"].as_u64(), on_cpu["steps"].as_u64()), (Some(4), Some(4)));
     let (lw, lc) = (losses(&w.path("wgpu")), losses(&w.path("cpu")));
-    assert_eq!(lw.len(), 6);
+    assert_eq!(lw.len(), 4);
     for ((step, a), (_, b)) in lw.iter().zip(&lc) {
         assert!(rel(*a, *b) < 1e-4, "step {step}: loss {a} on wgpu, {b} on the CPU");
     }
     let ck = |run: &str, step: u32| w.path(run).join(format!("checkpoint-{step}"));
-    let d = max_weight_diff(&ck("wgpu", 6), &ck("cpu", 6));
-    assert!(d < 1e-4, "weights after 6 steps differ by {d:e}");
+    let d = max_weight_diff(&ck("wgpu", 4), &ck("cpu", 4));
+    assert!(d < 1e-4, "weights after 4 steps differ by {d:e}");
 
-    // A checkpoint written on one device resumed on the other: steps 4-6 as the straight run's.
+    // A checkpoint written on one device resumed on the other: steps 3-4 as the straight run's.
     for (from, to, device) in [("cpu", "cpu-then-wgpu", "wgpu:0"), ("wgpu", "wgpu-then-cpu", "cpu")] {
-        cut_after_first_checkpoint(&w.path(from), &w.path(to), "checkpoint-6");
+        cut_after_first_checkpoint(&w.path(from), &w.path(to), "checkpoint-4");
         let resumed = json(train(to, device, Some(&w.path(to))), &format!("resume of {from} on {device}"));
-        assert_eq!(resumed["steps"].as_u64(), Some(6));
-        assert!(resumed["resumed_from"].as_str().unwrap().ends_with("checkpoint-3"), "{resumed}");
-        let d = max_weight_diff(&ck(to, 6), &ck(from, 6));
+        assert_eq!(resumed["steps"].as_u64(), Some(4));
+        assert!(resumed["resumed_from"].as_str().unwrap().ends_with("checkpoint-2"), "{resumed}");
+        let d = max_weight_diff(&ck(to, 4), &ck(from, 4));
         assert!(d < 1e-4, "{from} resumed on {device}: weights differ by {d:e}");
         for ((step, a), (_, b)) in losses(&w.path(to)).iter().zip(&losses(&w.path(from))) {
             assert!(rel(*a, *b) < 1e-4, "{from} resumed on {device}, step {step}: loss {a} vs {b}");
@@ -159,19 +176,19 @@ fn train_and_eval_on_wgpu_match_the_cpu_and_checkpoints_cross_devices() {
     }
 }
 
+/// 169 s under load 6-12 (260 s on samples of 8-24 tokens).
 #[test]
 fn eval_loss_and_accept_on_wgpu_match_the_cpu() {
-    let w = world::world();
-    let home = w.path("aerie-home");
+    let w = few_shapes_world();
     let cfg = w.path("train.toml");
     std::fs::write(&cfg, world::config_text(&w, "cpu", "save_every = 0\neval_every = 0", "max_steps = 6")).unwrap();
-    let trained = json(aerie_wgpu(&["train", s(&cfg), "--set", "data.eval=[]", "--json"], &home), "train on cpu");
+    let trained = json(aerie_wgpu(&["train", s(&cfg), "--set", "data.eval=[]", "--json"]), "train on cpu");
     let drafter = PathBuf::from(trained["final_checkpoint"].as_str().unwrap());
     // eval loss and eval accept of the trained drafter on held-out shards, on both devices.
     let pass = ["--drafter", s(&drafter), "--data", s(&w.eval), "--target-head", s(&w.target_dir), "--json"];
     let loss = |device: &str| {
         json(
-            aerie_wgpu(&[&["eval", "loss"], &pass[..], &["--ttt-length", "3", "--device", device]].concat(), &home),
+            aerie_wgpu(&[&["eval", "loss"], &pass[..], &["--ttt-length", "3", "--device", device]].concat()),
             "eval loss",
         )
     };
@@ -187,15 +204,54 @@ fn eval_loss_and_accept_on_wgpu_match_the_cpu() {
         }
     }
     let accept = |device: &str| {
-        json(
-            aerie_wgpu(&[&["eval", "accept"], &pass[..], &["--k", "3", "--device", device]].concat(), &home),
-            "eval accept",
-        )
+        json(aerie_wgpu(&[&["eval", "accept"], &pass[..], &["--k", "3", "--device", device]].concat()), "eval accept")
     };
     let (aw, ac) = (accept("wgpu:0"), accept("cpu"));
     assert_eq!(aw["tau"], ac["tau"], "τ on wgpu and on the CPU");
     assert_eq!(aw["curve"], ac["curve"]);
     assert!(ac["tau"].as_f64().unwrap() >= 1.0);
+}
+
+/// Data parallelism on the CubeCL path: two replicas on two wgpu devices (`wgpu:1` is a second
+/// device and queue on the adapter of `wgpu:0`, memory kept apart as on two GPUs), gradients summed
+/// through host memory, against one device accumulating the same two micro-batches per step.
+/// The exchange adds g₀ + g₁ in the order one device accumulates them, and both devices run the
+/// same kernels on one adapter, so the weights came out bit for bit equal (measured 0 on lavapipe,
+/// 2026-12-04); the bound allowed is dp.rs's 1e-5 absolute (1% of lr 1e-3: Adam's first updates
+/// turn gradient rounding near zero into a fraction of lr), room for autotune picking another
+/// kernel on one device. Losses within 1e-5 relative. 380 s beside the other tests under load
+/// 6-12 (537 s on samples of 8-24 tokens): both runs compile every kernel, the two-device run
+/// once per device.
+#[test]
+fn two_wgpu_devices_match_one_with_grad_accumulation() {
+    let w = few_shapes_world();
+    let cfg = w.path("train.toml");
+    std::fs::write(&cfg, world::config_text(&w, "unused", "save_every = 0\neval_every = 0", "max_steps = 3")).unwrap();
+    let train = |out: &str, devices: &[&str], accumulation: u32| {
+        let out_dir = format!("output_dir=\"{}\"", w.path(out).display());
+        let acc = format!("optim.grad_accumulation={accumulation}");
+        let mut args = vec!["train", s(&cfg), "--set", &out_dir, "--set", &acc, "--set", "data.eval=[]", "--json"];
+        args.extend(devices);
+        aerie_wgpu(&args)
+    };
+    let one = train("one", &["--device", "wgpu:0"], 2);
+    if !have_wgpu("train on wgpu:0", &one) {
+        return;
+    }
+    let one = json(one, "train on wgpu:0 accumulating 2");
+    let two = json(train("two", &["--devices", "wgpu:0,wgpu:1"], 1), "train on wgpu:0,wgpu:1");
+    assert_eq!((one["steps"].as_u64(), two["steps"].as_u64()), (Some(3), Some(3)));
+    let notes: Vec<&str> = two["notes"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(notes.contains(&"2 replicas, gradients summed by the host all-reduce"), "{notes:?}");
+    let (lo, lt) = (losses(&w.path("one")), losses(&w.path("two")));
+    assert_eq!(lo.len(), 3);
+    for ((step, a), (_, b)) in lo.iter().zip(&lt) {
+        assert!(rel(*a, *b) < 1e-5, "step {step}: loss {a} on one device, {b} on two");
+    }
+    let final_ck = |v: &Value| PathBuf::from(v["final_checkpoint"].as_str().unwrap());
+    let d = max_weight_diff(&final_ck(&one), &final_ck(&two));
+    println!("wgpu:0 x 2 micro-batches vs wgpu:0,wgpu:1 x 1: weights differ by up to {d:e} after 3 steps");
+    assert!(d < 1e-5, "weights after 3 steps differ by {d:e}");
 }
 
 /// A drafter for the capture fixture's target (as crates/aerie-cli/tests/decode.rs writes it).
@@ -212,6 +268,7 @@ fn write_drafter(dir: &Path) {
     save_drafter(&random_drafter(&cfg, Dtype::F32, 3), dir, &opts).unwrap();
 }
 
+/// 200 s under load 6-12 (284 s before; its world is the capture fixture's, unchanged).
 #[test]
 fn eval_decode_on_wgpu_matches_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,7 +297,7 @@ fn eval_decode_on_wgpu_matches_the_cpu() {
             device,
             "--json",
         ];
-        aerie_wgpu(&args, &root.join("aerie-home"))
+        aerie_wgpu(&args)
     };
     let on_wgpu = decode("wgpu:0");
     if !have_wgpu("eval decode on wgpu", &on_wgpu) {

@@ -64,10 +64,29 @@ pub fn metadata() -> ShardMetadata {
 
 /// Write `n` samples (lengths 8..=24) to `dir`, with a teacher the drafter can learn (see below).
 pub fn write_shards(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardWriterOptions) {
+    write_shards_of(dir, n, seed, embed, opts, Lengths::Any)
+}
+
+/// The sample lengths a world's shards take.
+#[derive(Debug, Clone, Copy)]
+pub enum Lengths {
+    /// 8..=24: micro-batches of many shapes.
+    Any,
+    /// 14 or 16: every micro-batch padded to 16 (padding still exercised), so a backend that
+    /// compiles and autotunes kernels per shape (CubeCL) meets few shapes.
+    FewShapes,
+}
+
+/// [`write_shards`] with the lengths chosen by `lengths`.
+pub fn write_shards_of(dir: &Path, n: usize, seed: u64, embed: &[f32], opts: ShardWriterOptions, lengths: Lengths) {
     let mut rng = Rng(seed);
     let mut w = ShardWriter::create(dir, metadata(), opts).unwrap();
     for i in 0..n {
-        let len = 8 + (rng.next_u64() % 17) as usize;
+        let draw = rng.next_u64();
+        let len = match lengths {
+            Lengths::Any => 8 + (draw % 17) as usize,
+            Lengths::FewShapes => 14 + 2 * (draw % 2) as usize,
+        };
         let ids: Vec<i32> = (0..len).map(|_| (rng.next_u64() % V as u64) as i32).collect();
         let mask: Vec<u8> = (0..len).map(|t| u8::from(t >= 2)).collect();
         let aux: Vec<f32> = (0..len * 3 * H).map(|_| rng.signed_unit()).collect();
@@ -96,6 +115,11 @@ pub fn world() -> World {
 }
 
 pub fn world_with(opts: ShardWriterOptions) -> World {
+    world_of(opts, Lengths::Any)
+}
+
+/// [`world`] whose samples take `lengths`.
+pub fn world_of(opts: ShardWriterOptions, lengths: Lengths) -> World {
     let root = tempfile::tempdir().unwrap();
     let target_dir = root.path().join("target");
     std::fs::create_dir_all(&target_dir).unwrap();
@@ -124,8 +148,8 @@ pub fn world_with(opts: ShardWriterOptions) -> World {
     write_vocab(&vocab, 3);
     let train = root.path().join("train");
     let eval = root.path().join("eval");
-    write_shards(&train, 24, 1, &embed, opts.clone());
-    write_shards(&eval, 6, 2, &embed, opts);
+    write_shards_of(&train, 24, 1, &embed, opts.clone(), lengths);
+    write_shards_of(&eval, 6, 2, &embed, opts, lengths);
     World { root, target_dir, target_file, vocab, train, eval, embed }
 }
 
