@@ -12,8 +12,8 @@ mod engine;
 
 use std::path::Path;
 
-use common::{aerie, ok_json, s};
-use engine::{greedy_answer_shards, target_and_prompts};
+use common::{aerie, ok, ok_json, s};
+use engine::{assets_dir, smollm2};
 use serde_json::Value;
 
 /// New tokens per answer: short enough for CI, long enough that most answers are cut by it (the
@@ -24,11 +24,32 @@ const BUDGET: &str = "48";
 fn eval_accept_counts_the_cycles_of_eval_decode() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    let target = smollm2(root);
     let drafter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m-eagle3");
-    // The first turns of four MT-Bench questions: as prompts for decoding, and the target's own
-    // greedy answers to them captured.
-    let (target, prompts_file) = target_and_prompts(root, 4);
-    let shards = greedy_answer_shards(root, &target, 4, BUDGET.parse().unwrap());
+    ok(aerie(&["assets", "fetch", "mtbench"]));
+    // The first turns of four MT-Bench questions: as prompts for decoding, and as conversations
+    // whose answers regenerate replaces with the target's own greedy ones.
+    let questions = std::fs::read_to_string(assets_dir().join("mtbench/question.jsonl")).unwrap();
+    let (mut prompts, mut convs) = (String::new(), String::new());
+    for line in questions.lines().take(4) {
+        let q: Value = serde_json::from_str(line).unwrap();
+        let (id, turn) = (q["question_id"].to_string(), q["turns"][0].clone());
+        prompts += &format!("{}\n", serde_json::json!({"id": id, "prompt": turn}));
+        let conv = serde_json::json!([{"from": "human", "value": turn}, {"from": "gpt", "value": "(regenerated)"}]);
+        convs += &format!("{}\n", serde_json::json!({"id": id, "conversations": conv}));
+    }
+    let (prompts_file, convs_file) = (root.join("prompts.jsonl"), root.join("conversations.jsonl"));
+    std::fs::write(&prompts_file, prompts).unwrap();
+    std::fs::write(&convs_file, convs).unwrap();
+
+    let own = root.join("own.jsonl");
+    let regen = ["regenerate", "--target", s(&target), "--data", s(&convs_file), "--out", s(&own)];
+    ok_json(aerie(&[&regen[..], &["--max-new-tokens", BUDGET, "--temperature", "0", "--json"]].concat()));
+    let prepared = root.join("prepared");
+    let prep = ["data", "prepare", "--data", s(&own), "--tokenizer", s(&target), "--out", s(&prepared)];
+    ok_json(aerie(&[&prep[..], &["--split", "eval=0", "--max-length", "4096", "--json"]].concat()));
+    let shards = root.join("shards");
+    ok(aerie(&["capture", "--target", s(&target), "--data", s(&prepared), "--out", s(&shards), "--dtype", "f32"]));
 
     let accept = |extra: &[&str]| -> Value {
         let base = ["eval", "accept", "--drafter", s(&drafter), "--data", s(&shards), "--target-head", s(&target)];

@@ -256,38 +256,6 @@ pub fn target_and_prompts(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
     (target, prompts)
 }
 
-/// Shards of the target's own greedy answers (aerie's native engine, f32) to the prompts of
-/// [`target_and_prompts`] (the first turns of the first `n` MT-Bench questions, the target's
-/// template), cut at `budget` new tokens: what an engine answers to those prompts at
-/// temperature 0, so `eval accept`'s cycle walk over them (and `eval serve --predict-from`)
-/// counts the cycles of decoding them. Regenerated, prepared and captured in f32 (about 1 min
-/// for SmolLM2 and 4 prompts).
-pub fn greedy_answer_shards(root: &Path, target: &Path, n: usize, budget: usize) -> PathBuf {
-    ok(aerie(&["assets", "fetch", "mtbench"]));
-    let questions = std::fs::read_to_string(assets_dir().join("mtbench/question.jsonl")).unwrap();
-    let convs: String = questions
-        .lines()
-        .take(n)
-        .map(|l| {
-            let q: serde_json::Value = serde_json::from_str(l).unwrap();
-            let turns = [("human", q["turns"][0].clone()), ("gpt", "(regenerated)".into())];
-            let conv: Vec<_> = turns.iter().map(|(from, v)| serde_json::json!({"from": from, "value": v})).collect();
-            format!("{}\n", serde_json::json!({"id": q["question_id"].to_string(), "conversations": conv}))
-        })
-        .collect();
-    let (convs_file, own) = (root.join("greedy-conversations.jsonl"), root.join("greedy-answers.jsonl"));
-    std::fs::write(&convs_file, convs).unwrap();
-    let budget = budget.to_string();
-    let regen = ["regenerate", "--target", s(target), "--data", s(&convs_file), "--out", s(&own)];
-    ok_json(aerie(&[&regen[..], &["--max-new-tokens", &budget, "--temperature", "0", "--json"]].concat()));
-    let prepared = root.join("greedy-prepared");
-    let prep = ["data", "prepare", "--data", s(&own), "--tokenizer", s(target), "--out", s(&prepared)];
-    ok_json(aerie(&[&prep[..], &["--split", "eval=0", "--max-length", "4096", "--json"]].concat()));
-    let shards = root.join("greedy-shards");
-    ok(aerie(&["capture", "--target", s(target), "--data", s(&prepared), "--out", s(&shards), "--dtype", "f32"]));
-    shards
-}
-
 /// SmolLM2's own greedy answers to the first `n` MT-Bench questions (aerie's native engine, both
 /// turns), prepared with its tokenizer: chat data the model predicts, in realistic lengths.
 pub fn smollm2_data(root: &Path, model: &Path, n: usize) -> PathBuf {
