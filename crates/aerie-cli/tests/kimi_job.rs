@@ -4,7 +4,7 @@
 //! shaped like AQ-MedAI's Kimi-K2 EAGLE-3 and an MLA one shaped like lightseek's
 //! kimi-k2.5-eagle3-mla), through the real vLLM (its CPU build through `$AERIE_PYTHON`; skipped
 //! with a note without it or without the Kimi fixtures, failing when `CI=true`). Run it under
-//! `flock /work/coord/engine.lock`: it starts vLLM five times and SGLang twice. Each step's
+//! `flock /work/coord/engine.lock`: it starts vLLM five times and SGLang three times. Each step's
 //! output is checked, not only its exit code:
 //!
 //! 1. `regenerate --api vllm` (K2.5 template, thinking on) through a logging pass-through: every
@@ -28,15 +28,16 @@
 //!    accepted more often in the engine, and vLLM's counters equal the cycle walk's (counts
 //!    printed side by side; `served_against_the_walk` says what may differ and by how much);
 //! 8. `eval serve --engine sglang` (`$AERIE_SGLANG_PYTHON`, the CPU stand-in kernels) of the
-//!    fine-tuned Llama drafter's SGLang export with `--predict-from` the vLLM shards: the same
-//!    checks, and its τ in SGLang above the warm start's walk.
+//!    fine-tuned Llama drafter's and the fine-tuned MLA drafter's SGLang exports (SGLang's
+//!    `Eagle3DeepseekV2ForCausalLM` for the MLA one) with `--predict-from` the vLLM shards: the
+//!    same checks, and their τ in SGLang above the warm starts'.
 //!
-//! Measured 2026-12-04 (CI=true, the 2-core machine shared with other builds, load average 6-7):
-//! 1223 s, of which vLLM's five starts and passes 547 s (eval serve 301 s), SGLang's two 301 s,
-//! the two trainings 141 s and 145 s. The counters equalled the walk's, count for count: vLLM, MLA
-//! warm start 248 cycles / 0 accepted, fine-tuned 225 / 23 (τ 1.1022); SGLang, fine-tuned Llama
-//! 196 / 52 (τ 1.2653). Before, this test (Llama drafter refused by vLLM, three SGLang starts)
-//! and `vllm_mla.rs` (a synthetic MLA drafter in vLLM, now folded in here) took 1068 s + 277 s.
+//! Measured 2026-12-04 (CI=true, nothing else running): 583 s, of which vLLM's starts and passes
+//! 236 s (eval serve 150 s), SGLang's three 206 s, the two trainings 64 s each. The counters
+//! equalled the walk's, count for count: vLLM, MLA warm start 248 cycles / 0 accepted, fine-tuned
+//! 225 / 23 (τ 1.1022); SGLang, fine-tuned Llama 196 / 52 (τ 1.2653), fine-tuned MLA 225 / 23
+//! (τ 1.1022, as in vLLM). In the suite beside other tests (2026-12-04, without SGLang's MLA run):
+//! 689 s.
 
 mod common;
 #[path = "common/engine.rs"]
@@ -271,6 +272,7 @@ fn kimi_job_in_miniature_through_vllm() {
     );
     let tuned_mla = train("run-mla", &init);
     lap(&mut times, "train MLA (warm start, vocabulary switched)", t0);
+    let t0 = Instant::now();
     let mla_vllm = root.join("tuned-mla-vllm");
     let r = ok_json(aerie(&["export", s(&tuned_mla), "--to", "vllm", "--out", s(&mla_vllm), "--json"]));
     // vLLM reads aux ids as the input of layer i: aerie's output-of-layer [1, 3, 4] one later.
@@ -283,6 +285,13 @@ fn kimi_job_in_miniature_through_vllm() {
     );
     let text = ok(aerie(&["inspect", s(&mla_vllm), "--target", s(&target), "--engine", "vllm", "--strict"]));
     assert!(text.contains("TorchSpec MLA EAGLE-3"), "{text}");
+    // And in SGLang's MLA layout (`Eagle3DeepseekV2ForCausalLM`, aux ids as aerie counts them).
+    let mla_sglang = root.join("tuned-mla-sglang");
+    let r = ok_json(aerie(&["export", s(&tuned_mla), "--to", "sglang", "--out", s(&mla_sglang), "--json"]));
+    assert_eq!(r["aux_layer_ids"], json!([1, 3, 4]), "{r}");
+    let text = ok(aerie(&["inspect", s(&mla_sglang), "--target", s(&target), "--engine", "sglang", "--strict"]));
+    assert!(text.contains("MLA"), "{text}");
+    lap(&mut times, "export MLA --to vllm, --to sglang", t0);
 
     // 6. Warm start against fine-tuned on the miniature's own answers: `eval accept`'s cycle walk
     //    over the engine's greedy answers (what `eval serve --predict-from` reports) and `compare`.
@@ -344,25 +353,31 @@ fn kimi_job_in_miniature_through_vllm() {
     assert!(mla_taus[1] > mla_taus[0], "fine-tuned MLA accepted more often in vLLM: {mla_taus:?}");
 
     // 8. In SGLang (0.5.23 on the CPU: its DeepSeek-V3 model and EAGLE-3 worker, the attention
-    //    kernels aerie's test-only stand-in): the fine-tuned Llama drafter (SGLang export), with
-    //    the cycle walk over vLLM's greedy answers beside the engine's own counts. SGLang's greedy
-    //    answers are vLLM's (both equal transformers' on the miniature), so the walk is over the
-    //    answers SGLang decodes. The warm start is not served: its walk accepts nothing (τ 1, the
-    //    least there is), the engine's τ of the fine-tuned drafter is checked above it, and the
-    //    warm start against fine-tuned in an engine is step 7's.
+    //    kernels aerie's test-only stand-in): the fine-tuned Llama and MLA drafters (SGLang
+    //    exports; the user's engine with both layouts), with the cycle walk over vLLM's greedy
+    //    answers beside the engine's own counts. SGLang's greedy answers are vLLM's (both equal
+    //    transformers' on the miniature), so the walk is over the answers SGLang decodes. The warm
+    //    starts are not served: their walks accept nothing (τ 1, the least there is), the engine's
+    //    τ of each fine-tuned drafter is checked above it, and the warm start against fine-tuned
+    //    in an engine is step 7's.
     let t0 = Instant::now();
     let work = root.join("serve-sglang");
     let mut c = aerie_cmd();
     sglang_env(&mut c)
         .args(["eval", "serve", "--engine", "sglang", "--python", s(&sglang_py), "--target", s(&target)])
-        .args(["--prompts", s(&prompts_file), "--drafter", s(&sglang), "--names", "fine-tuned"])
+        .args(["--prompts", s(&prompts_file), "--drafter", s(&sglang), "--drafter", s(&mla_sglang)])
+        .args(["--names", "fine-tuned,mla-fine-tuned"])
         .args(["--k", &K.to_string(), "--max-new-tokens", &BUDGET.to_string()])
         .args(["--predict-from", s(&shards), "--workdir", s(&work), "--json", "--engine-arg=--context-length=2048"])
         .args(sglang_engine_args());
     let v = ok_json(c.output().unwrap());
-    lap(&mut times, "eval serve --engine sglang (plain + fine-tuned) --predict-from", t0);
-    let sglang_taus = served_against_the_walk("SGLang", &v, &shards, 1);
+    lap(&mut times, "eval serve --engine sglang (plain + fine-tuned Llama and MLA) --predict-from", t0);
+    let sglang_taus = served_against_the_walk("SGLang", &v, &shards, 2);
     assert!(sglang_taus[0] > tau(&w), "fine-tuned accepted more often in SGLang than the warm start: {sglang_taus:?}");
+    assert!(
+        sglang_taus[1] > mla_taus[0],
+        "fine-tuned MLA accepted more often in SGLang than the MLA warm start in vLLM: {sglang_taus:?} {mla_taus:?}"
+    );
 
     let total = start.elapsed().as_secs_f64();
     println!("kimi job steps: {times:?}; total {total:.0} s");

@@ -30,6 +30,15 @@ __version__ = "0.0.0+aerie-test-standin"
 # Registered once per process under the `sgl_kernel` namespace, as the C++ extension does.
 ops.register()
 
+# Not a kernel, but the same kind of gap: SGLang 0.5.23's MLA EAGLE-3 drafter
+# (`sglang/srt/models/kimi_k25_eagle3.py`, `set_embed` and `set_embed_and_head`, which take the
+# target's embedding when the draft and target hidden sizes are equal) calls
+# `torch.cuda.synchronize()` unconditionally, which raises "Found no NVIDIA driver" on a machine
+# without CUDA. There is no device to wait for there, so in a process without CUDA the call does
+# nothing. (SGLang's own CPU build would hit the same call: docs/kimi-k25.md.)
+if not torch.cuda.is_available():
+    torch.cuda.synchronize = lambda device=None: None
+
 # The module-level names SGLang 0.5.23 imports on the CPU.
 copy_all_layer_kv_cache_cpu = ops.copy_all_layer_kv_cache_cpu
 assign_req_to_token_pool_cpu = ops.assign_req_to_token_pool_cpu
