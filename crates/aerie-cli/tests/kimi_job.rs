@@ -3,9 +3,9 @@
 //! `noaux_tc` MoE, Kimi's 163,840-id tiktoken layout and K2.5's template, a warm-start drafter
 //! shaped like AQ-MedAI's Kimi-K2 EAGLE-3 and an MLA one shaped like lightseek's
 //! kimi-k2.5-eagle3-mla), through the real vLLM (its CPU build through `$AERIE_PYTHON`; skipped
-//! with a note without it or without the Kimi fixtures, failing when `CI=true`). Run it under
-//! `flock /work/coord/engine.lock`: it starts vLLM five times and SGLang three times. Each step's
-//! output is checked, not only its exit code:
+//! with a note without it or without the Kimi fixtures, failing when `CI=true`). It starts vLLM
+//! five times and SGLang three times, one engine at a time. Each step's output is checked, not
+//! only its exit code:
 //!
 //! 1. `regenerate --api vllm` (K2.5 template, thinking on) through a logging pass-through: every
 //!    record's `token_ids` are the ids vLLM answered, stop token dropped;
