@@ -161,6 +161,16 @@ fn drop_stop(ids: &mut Vec<u32>, stop: TurnStop, matched: Option<u32>, stop_ids:
     }
 }
 
+/// The stop token id an engine names (`meta_info.finish_reason.matched`, `stop_reason`): absent
+/// or not a number (vLLM names a matched stop string) is `None`; a number beyond `u32` is an error,
+/// never a wrapped id that could drop the wrong token.
+fn matched_id(x: Option<&Value>, what: &str) -> Result<Option<u32>, String> {
+    match x.and_then(Value::as_u64) {
+        None => Ok(None),
+        Some(n) => u32::try_from(n).map(Some).map_err(|_| format!("`{what}` is {n}, beyond any token id (u32)")),
+    }
+}
+
 /// Read one successful answer of `engine` to a turn that stops at `stop_ids`.
 pub fn read(engine: Engine, stop_ids: &[u32], v: &Value) -> Result<TurnAnswer, String> {
     let u = |x: Option<&Value>| x.and_then(Value::as_u64);
@@ -187,7 +197,7 @@ pub fn read(engine: Engine, stop_ids: &[u32], v: &Value) -> Result<TurnAnswer, S
                 other => return Err(format!("unknown meta_info.finish_reason.type `{other}`")),
             };
             // SGLang keeps the matched stop token in output_ids.
-            let matched = u(reason.and_then(|r| r.get("matched"))).map(|n| n as u32);
+            let matched = matched_id(reason.and_then(|r| r.get("matched")), "meta_info.finish_reason.matched")?;
             a.completion_tokens = Some(u(meta.get("completion_tokens")).unwrap_or(ids.len() as u64));
             drop_stop(&mut ids, a.stop, matched, stop_ids);
             a.prompt_tokens = u(meta.get("prompt_tokens"));
@@ -205,7 +215,7 @@ pub fn read(engine: Engine, stop_ids: &[u32], v: &Value) -> Result<TurnAnswer, S
             };
             // vLLM keeps the stop token in token_ids (`stop_reason` names it when it was one of
             // stop_token_ids, null for the model's own eos).
-            let matched = u(choice.get("stop_reason")).map(|n| n as u32);
+            let matched = matched_id(choice.get("stop_reason"), "choices[0].stop_reason")?;
             let usage = v.get("usage");
             a.completion_tokens = Some(u(usage.and_then(|x| x.get("completion_tokens"))).unwrap_or(ids.len() as u64));
             drop_stop(&mut ids, a.stop, matched, stop_ids);
@@ -317,5 +327,20 @@ mod tests {
         assert!(read(Engine::Vllm, &[9], &no_ids).unwrap_err().contains("return_token_ids"));
         let abort = json!({"choices": [{"token_ids": [], "finish_reason": "abort"}]});
         assert!(read(Engine::Vllm, &[9], &abort).unwrap_err().contains("abort"));
+    }
+
+    #[test]
+    fn a_matched_id_beyond_u32_is_an_error_not_a_wrapped_token() {
+        // 2^32 + 9 wrapped to 9 would drop the answer's last token 9 as if it were the stop.
+        let huge = (1u64 << 32) + 9;
+        let sg = json!({"output_ids": [5, 9], "meta_info": {"finish_reason": {"type": "stop", "matched": huge}}});
+        let e = read(Engine::Sglang, &[], &sg).unwrap_err();
+        assert!(e.contains("matched") && e.contains(&huge.to_string()), "{e}");
+        let vl = json!({"choices": [{"token_ids": [5, 9], "finish_reason": "stop", "stop_reason": huge}]});
+        let e = read(Engine::Vllm, &[], &vl).unwrap_err();
+        assert!(e.contains("stop_reason") && e.contains(&huge.to_string()), "{e}");
+        // A stop string in stop_reason is no id: nothing matched by id, the ids stay.
+        let s = json!({"choices": [{"token_ids": [5, 9], "finish_reason": "stop", "stop_reason": "END"}]});
+        assert_eq!(read(Engine::Vllm, &[], &s).unwrap().ids.as_deref(), Some(&[5, 9][..]));
     }
 }
