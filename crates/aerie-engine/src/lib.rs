@@ -14,6 +14,8 @@
 //!   ([`detect`], one rule), the speculative statistics of responses ([`meta`]), a chat turn's
 //!   request and answer in each engine's dialect ([`turn`]) and vLLM's Prometheus counters
 //!   ([`counters`]);
+//! - what a running server says about its own configuration, checked against the known failures
+//!   of speculative serving ([`doctor`], `aerie doctor`);
 //! - where aerie's Python packages are and how an interpreter is chosen ([`python`]).
 //!
 //! It is burn-free and stage-free: it depends on aerie-data only, and no stage crate needs another
@@ -22,6 +24,7 @@
 
 pub mod counters;
 pub mod detect;
+pub mod doctor;
 mod error;
 #[cfg(test)]
 mod fake;
