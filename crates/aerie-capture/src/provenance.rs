@@ -46,7 +46,8 @@ pub struct Claim {
 /// capture takes this before it writes anything, whatever its engine.
 pub fn claim(out: &Path, target: &Path, data: &Path, split: &str) -> Result<Claim> {
     let lock = OutputLock::beside(out)?;
-    let warnings = lock.unprotected_warning("capture", out).into_iter().collect();
+    // A file system without `flock` is told on stderr by the lock itself, as for every writer.
+    let warnings = Vec::new();
     let dataset = if out.join(MANIFEST_FILE).exists() { Some(ShardDataset::open(out)?) } else { None };
     let samples_on_disk = dataset.as_ref().map_or(0, |d| d.len() as u64);
     let same_target = check_or_record(out, target, data, split, samples_on_disk)?;

@@ -14,7 +14,14 @@
 //! resolved (`canonicalize`: symlinks, `.`, `..`) and a symlink at the output's own name is
 //! followed, so `runA`, `./runA/`, `/abs/runA` and a symlink `runB -> runA` all take the one
 //! lock `.runA.aerie-lock` beside the directory actually written. A lock inside a directory is
-//! one file whatever the directory is called.
+//! one file whatever the directory is called. An output directory that already exists is also
+//! locked by its identity (device and inode: `flock` on the directory itself), so a bind mount of
+//! it, which no path resolution can tell from another directory, is the same output too.
+//!
+//! A lock file is never opened through a symbolic link (`O_NOFOLLOW`): a link planted at
+//! `.NAME.aerie-lock` or `.aerie-shard.lock` is refused, naming it, and its target is neither
+//! truncated nor written. On a file system without `flock` every writer says so on stderr (once
+//! per file system and process): the run goes on, unprotected, and is never silently so.
 //!
 //! Where the lock file lives:
 //! - beside the output ([`OutputLock::beside`]): `.<name>.aerie-lock` in the same parent, for
@@ -44,6 +51,8 @@ pub struct OutputLock {
     remove: bool,
     /// False on a file system without `flock`: the run goes on unprotected ([`Self::is_held`]).
     held: bool,
+    /// The output directory itself, locked by its identity ([`Self::beside`]), when it existed.
+    _identity: Option<File>,
 }
 
 impl OutputLock {
@@ -61,7 +70,9 @@ impl OutputLock {
         fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         let resolved = resolve_output(output)?;
         let name = resolved.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        Self::take(output, parent_dir(&resolved).join(format!(".{name}.aerie-lock")), true)
+        let mut lock = Self::take(output, parent_dir(&resolved).join(format!(".{name}.aerie-lock")), true)?;
+        lock._identity = lock_identity(output, &resolved)?;
+        Ok(lock)
     }
 
     /// The lock file.
@@ -91,13 +102,7 @@ impl OutputLock {
 
     fn take(output: &Path, path: PathBuf, remove: bool) -> Result<Self> {
         loop {
-            let mut file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| Error::io(&path, e))?;
+            let mut file = open_no_follow(&path)?;
             let mut held = true;
             match file.try_lock() {
                 Ok(()) => {}
@@ -105,7 +110,10 @@ impl OutputLock {
                     return Err(Error::Locked { path: output.to_path_buf(), lock: path, holder: holder(&mut file) });
                 }
                 // File systems without locks: go on unprotected rather than refuse to work.
-                Err(fs::TryLockError::Error(e)) if locks_unsupported(&e) => held = false,
+                Err(fs::TryLockError::Error(e)) if locks_unsupported(&e) => {
+                    held = false;
+                    warn_unprotected(&path, output);
+                }
                 Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
             }
             // A releasing holder may have removed (or a new taker re-created) the file between our
@@ -116,7 +124,7 @@ impl OutputLock {
             file.set_len(0).map_err(|e| Error::io(&path, e))?;
             file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&path, e))?;
             file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(|e| Error::io(&path, e))?;
-            return Ok(Self { file, path, remove, held });
+            return Ok(Self { file, path, remove, held, _identity: None });
         }
     }
 }
@@ -148,6 +156,79 @@ pub fn resolve_output(output: &Path) -> Result<PathBuf> {
     Err(Error::io(output, std::io::Error::other(format!("more than {MAX_LINKS} symbolic links in a chain"))))
 }
 
+/// Open (or create) the lock file `path` for reading and writing, never through a symbolic link
+/// at its name: a link planted there is an error naming it, and its target is left untouched.
+fn open_no_follow(path: &Path) -> Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.create(true).truncate(false).read(true).write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    opts.open(path).map_err(|e| match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Error::io(path, link_refused()),
+        _ => Error::io(path, e),
+    })
+}
+
+/// The error for a symbolic link where aerie creates a file of its own.
+pub(crate) fn link_refused() -> std::io::Error {
+    std::io::Error::other(
+        "is a symbolic link where aerie writes a file of its own; aerie never writes through a link \
+         (its target is left as it is): remove the link",
+    )
+}
+
+/// Lock the existing output directory `resolved` itself (`flock` on the directory: keyed on its
+/// device and inode), so that a second path to it that no resolution can see (a bind mount) is
+/// refused too. Nothing when `resolved` is not an existing directory, or where directories
+/// cannot be locked (the lock beside the output still holds).
+fn lock_identity(output: &Path, resolved: &Path) -> Result<Option<File>> {
+    if !fs::symlink_metadata(resolved).is_ok_and(|m| m.is_dir()) {
+        return Ok(None);
+    }
+    let Ok(dir) = File::open(resolved) else { return Ok(None) };
+    match dir.try_lock() {
+        Ok(()) => Ok(Some(dir)),
+        Err(fs::TryLockError::WouldBlock) => {
+            Err(Error::Locked { path: output.to_path_buf(), lock: resolved.to_path_buf(), holder: None })
+        }
+        Err(fs::TryLockError::Error(_)) => Ok(None),
+    }
+}
+
+/// Tell the user, on stderr and once per file system, that `lock` could not be taken because
+/// the file system has no `flock` ([`OutputLock::unprotected_warning`]'s words): every writer
+/// takes its lock here, so none of them runs unprotected silently.
+fn warn_unprotected(lock: &Path, output: &Path) {
+    use std::sync::Mutex;
+    static WARNED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    #[cfg(unix)]
+    let device = {
+        use std::os::unix::fs::MetadataExt;
+        fs::symlink_metadata(lock).map(|m| m.dev()).unwrap_or(0)
+    };
+    #[cfg(not(unix))]
+    let device = 0;
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if warned.contains(&device) {
+        return;
+    }
+    warned.push(device);
+    eprintln!("warning: {}", unprotected_message(lock, output));
+}
+
+/// What [`warn_unprotected`] says.
+fn unprotected_message(lock: &Path, output: &Path) -> String {
+    format!(
+        "{}: the file system does not support locks (flock), so nothing stops a second aerie run writing into {} \
+         from mixing its writes with this one's; run one writer per output",
+        lock.display(),
+        output.display()
+    )
+}
+
 impl Drop for OutputLock {
     fn drop(&mut self) {
         // Still holding the lock: the next taker sees no pid, or no file at all.
@@ -171,7 +252,7 @@ fn same_file(file: &File, path: &Path) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        match (file.metadata(), fs::metadata(path)) {
+        match (file.metadata(), fs::symlink_metadata(path)) {
             (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
             _ => false,
         }
@@ -285,6 +366,69 @@ mod tests {
         lock.held = false;
         let w = lock.unprotected_warning("capture", &out).expect("a warning");
         assert!(w.contains("flock") && w.contains(".shards.aerie-lock") && w.contains("second capture into"), "{w}");
+        // What every writer says on stderr when its lock cannot be taken (`take`).
+        let w = unprotected_message(lock.path(), &out);
+        assert!(w.contains("flock") && w.contains(".shards.aerie-lock") && w.contains("writing into"), "{w}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_planted_at_a_lock_file_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("precious.txt");
+        fs::write(&victim, "user data\n").unwrap();
+        let out = dir.path().join("run");
+        fs::create_dir(&out).unwrap();
+        // Beside (`.run.aerie-lock`) and inside (`.aerie-shard.lock`), dangling links too.
+        std::os::unix::fs::symlink(&victim, dir.path().join(".run.aerie-lock")).unwrap();
+        std::os::unix::fs::symlink(&victim, out.join(NAME)).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), dir.path().join(".fresh.aerie-lock")).unwrap();
+        for err in [
+            OutputLock::beside(&out).unwrap_err(),
+            OutputLock::inside(&out, NAME).unwrap_err(),
+            OutputLock::beside(&dir.path().join("fresh")).unwrap_err(),
+        ] {
+            let msg = err.to_string();
+            assert!(
+                msg.contains("symbolic link") && msg.contains("aerie-") && msg.contains("remove the link"),
+                "{msg}"
+            );
+        }
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "user data\n");
+        assert!(!dir.path().join("nowhere").exists(), "nothing is created through a dangling link");
+    }
+
+    /// A bind mount of an output directory: no path resolution sees that the two are one, the
+    /// identity lock (device and inode) does. Needs the right to mount (root); skipped otherwise.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_bind_mount_of_an_output_is_the_same_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let (run, mnt) = (dir.path().join("runA"), dir.path().join("elsewhere"));
+        fs::create_dir(&run).unwrap();
+        fs::create_dir_all(mnt.join("runB")).unwrap();
+        let bound = std::process::Command::new("mount")
+            .args(["--bind".as_ref(), run.as_os_str(), mnt.join("runB").as_os_str()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !bound {
+            eprintln!("skipped: cannot bind-mount here");
+            return;
+        }
+        let result = std::panic::catch_unwind(|| {
+            let lock = OutputLock::beside(&run).unwrap();
+            let err = OutputLock::beside(&mnt.join("runB")).unwrap_err();
+            assert!(matches!(err, Error::Locked { .. }), "{err}");
+            assert!(err.to_string().contains("another process"), "{err}");
+            drop(lock);
+            // Released: the other path takes it, and then the first path is refused.
+            let other = OutputLock::beside(&mnt.join("runB")).unwrap();
+            assert!(matches!(OutputLock::beside(&run).unwrap_err(), Error::Locked { .. }));
+            drop(other);
+        });
+        let _ = std::process::Command::new("umount").arg(mnt.join("runB")).status();
+        result.unwrap();
     }
 
     #[test]

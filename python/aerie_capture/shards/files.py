@@ -87,10 +87,21 @@ def commit(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
+def fresh_tmp(tmp: Path) -> None:
+    """Make way for aerie's temp file `tmp` (created next with O_EXCL, as `open(.., "xb")` does,
+    which never follows a link): a stale regular file of a killed run is removed; a symbolic link
+    planted there is refused, its target untouched (docs/reliability.md)."""
+    if tmp.is_symlink():
+        raise ShardError(f"{tmp}: is a symbolic link where aerie writes a file of its own; aerie never writes through a link (its target is left as it is): remove the link")
+    if tmp.is_file():
+        tmp.unlink()
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     tmp = path.parent / (TMP_PREFIX + path.name)
+    fresh_tmp(tmp)
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(data)
         commit(tmp, path)
     except BaseException:
@@ -104,7 +115,13 @@ class DirLock:
 
     def __init__(self, d: Path):
         self.path = d / LOCK_FILE
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        # Never through a link planted at the name (O_NOFOLLOW: ELOOP), as the Rust writer.
+        try:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ShardError(f"{self.path}: is a symbolic link where aerie writes a file of its own; aerie never writes through a link (its target is left as it is): remove the link") from None
+            raise
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -114,7 +131,7 @@ class DirLock:
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):
                 raise
             # File systems without locks: go on unprotected rather than refuse (as Rust does).
-            self.fd = os.open(self.path, os.O_WRONLY)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
 
     def release(self) -> None:
         if self.fd >= 0:

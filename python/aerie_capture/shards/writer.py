@@ -12,7 +12,7 @@ import torch
 
 from ..encodings import encode_finite
 from .metadata import AUX_HIDDEN, AUX_SCALES, FINAL_HIDDEN, FINAL_SCALES, INPUT_IDS, LOSS_MASK, MANIFEST_FILE, Metadata, SAMPLE_IDS, SAMPLE_OFFSETS, SCALES, ShardError, TMP_PREFIX, TOPK_IDS, TOPK_LOGPROBS, is_shard_file_name, sha256_file, shard_file_name
-from .files import DirLock, Manifest, ShardEntry, commit, fsync_dir, write_safetensors
+from .files import DirLock, Manifest, ShardEntry, commit, fresh_tmp, fsync_dir, write_safetensors
 from .reader import ShardDataset, check_logprobs
 
 @dataclass
@@ -227,6 +227,7 @@ class ShardWriter:
         tensors[SAMPLE_OFFSETS] = torch.tensor(self._offsets, dtype=torch.int64)
         if self._sample_ids:
             tensors[SAMPLE_IDS] = torch.tensor(self._sample_ids, dtype=torch.int64)
+        fresh_tmp(tmp)
         try:
             write_safetensors(tmp, tensors, self.metadata.to_map())
             commit(tmp, path)

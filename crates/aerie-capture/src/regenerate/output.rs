@@ -235,12 +235,15 @@ impl PartialOutput {
                     &meta_file,
                     serde_json::to_string_pretty(meta).expect("JSON").as_bytes(),
                 )?;
-                File::create(&partial).and_then(|f| f.sync_all()).map_err(|e| io(&partial, e))?;
+                // Created new: a link planted at the name is refused, its target untouched.
+                aerie_data::atomic::create_tmp(&partial)?.sync_all().map_err(|e| io(&partial, e))?;
                 sync_parent(&partial)?;
                 (0, None)
             }
         };
-        let mut file = OpenOptions::new().append(true).open(&partial).map_err(|e| io(&partial, e))?;
+        let mut file = aerie_data::atomic::no_follow(OpenOptions::new().append(true))
+            .open(&partial)
+            .map_err(|e| io(&partial, e))?;
         file.seek(SeekFrom::End(0)).map_err(|e| io(&partial, e))?;
         Ok(Self { partial, meta_file, file, resumed_records, skip_through })
     }

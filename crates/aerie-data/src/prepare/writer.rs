@@ -68,7 +68,7 @@ impl SplitWriter {
     /// parquet file's key/value metadata.
     pub(crate) fn create(path: &Path, metadata: &[(String, String)]) -> Result<Self> {
         let tmp = tmp_path(path);
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let file = crate::atomic::create_tmp(&tmp)?;
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))

@@ -42,12 +42,33 @@ pub(crate) fn is_plain_file_name(name: &str) -> bool {
         && name != MANIFEST_FILE
 }
 
+/// Open `path` for reading only when it is a regular file (a link to one is followed): a FIFO,
+/// a device or a socket where a shard or manifest should be is an error naming it, where a plain
+/// open would wait for ever for a FIFO's writer (`O_NONBLOCK` opens it at once, the file type
+/// is then checked on the open file).
+pub(crate) fn open_regular(path: &Path) -> Result<File> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(|e| Error::io(path, e))?;
+    let kind = file.metadata().map_err(|e| Error::io(path, e))?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() { "a directory" } else { "not a regular file (a FIFO, a device or a socket)" };
+        return Err(Error::io(path, std::io::Error::other(format!("is {what}; a dataset's files are regular files"))));
+    }
+    Ok(file)
+}
+
 /// sha256 of a file as lowercase hex: shard checksums in the manifest, and the
 /// `tokenizer_digest` a capture engine computes from `tokenizer.json` (tiktoken tokenizers:
 /// [`crate::tokenizer::tiktoken_digest`]).
 pub fn sha256_file(path: impl AsRef<Path>) -> Result<String> {
     let path = path.as_ref();
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut file = open_regular(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -3,7 +3,6 @@
 //! (0 first, T last, no empty sample). The result records where each tensor lies in the map.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -123,7 +122,7 @@ fn float_dtype(found: &Found) -> FloatDtype {
 
 /// Map and validate one shard.
 pub(crate) fn open_shard(path: &Path, entry: &ShardEntry, metadata: &ShardMetadata, reference: &Path) -> Result<Shard> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = super::fsutil::open_regular(path)?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len < 8 {
         return Err(Error::Safetensors {

@@ -64,16 +64,25 @@ impl Manifest {
     /// names, and that the totals are the sums of the entries. Shard files are not opened.
     pub fn read(dir: impl AsRef<Path>) -> Result<(Self, ShardMetadata)> {
         let path = dir.as_ref().join(MANIFEST_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::manifest(
-                &path,
-                format!(
-                    "not found: {} is not a capture shard directory (`aerie capture --out DIR` writes one)",
-                    dir.as_ref().display()
+        let bytes = super::fsutil::open_regular(&path)
+            .map_err(|e| match e {
+                Error::Io { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            })
+            .and_then(|mut f| {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
+            })
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::manifest(
+                    &path,
+                    format!(
+                        "not found: {} is not a capture shard directory (`aerie capture --out DIR` writes one)",
+                        dir.as_ref().display()
+                    ),
                 ),
-            ),
-            _ => Error::io(&path, e),
-        })?;
+                _ => Error::io(&path, e),
+            })?;
         let value: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|e| Error::manifest(&path, format!("not valid JSON: {e}")))?;
         // The format first, so a future major version says so instead of failing on a field.

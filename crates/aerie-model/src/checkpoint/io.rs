@@ -335,11 +335,19 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
+/// The mark aerie leaves in every drafter directory it writes ([`write_dir_atomic`]): what
+/// `export --force` recognises as its own, where a directory that merely holds `config.json`
+/// and `model.safetensors` (a small target model) is someone else's.
+pub const EXPORT_MARKER: &str = ".aerie-export.json";
+/// What [`EXPORT_MARKER`] holds.
+pub const EXPORT_MARKER_FORMAT: &str = "aerie-export/1";
+
 /// Build the directory `out` atomically: `fill` writes into a fresh temporary directory beside
-/// `out`, which is then renamed to `out`. An existing empty directory is replaced; a non-empty
-/// one only with `overwrite`, and only when it holds exactly what this writer writes
-/// (`config.json` and `model.safetensors`, nothing else): a Hugging Face model directory, a
-/// training checkpoint with its optimizer state or a directory of notes is never replaced.
+/// `out`, [`EXPORT_MARKER`] is added, and the directory is then renamed to `out`. An existing
+/// empty directory is replaced; a non-empty one only with `overwrite`, and only when it holds
+/// exactly what this writer writes (`config.json`, `model.safetensors` and the marker, nothing
+/// else): a Hugging Face model directory, a model of just those two files, a training
+/// checkpoint with its optimizer state or a directory of notes is never replaced.
 pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let exists_err = |m: &str| Error::OutputExists { path: out.to_path_buf(), message: m.into() };
     let name = out
@@ -355,8 +363,9 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
             if !overwrite {
                 return Err(exists_err("exists and is not empty (ask to overwrite to replace it)"));
             }
-            let files = ["config.json", SINGLE_FILE];
+            let files = ["config.json", SINGLE_FILE, EXPORT_MARKER];
             aerie_data::owned::check_dir_is_ours(out, "a drafter checkpoint", &files, &files)?;
+            check_marker(out)?;
         }
     }
     let parent = parent_dir(out);
@@ -366,11 +375,35 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
         .tempdir_in(parent)
         .map_err(|e| Error::io(parent, e))?;
     fill(tmp.path())?;
+    let marker = tmp.path().join(EXPORT_MARKER);
+    let text =
+        format!("{{\"format\": \"{EXPORT_MARKER_FORMAT}\", \"writer\": \"aerie {}\"}}\n", env!("CARGO_PKG_VERSION"));
+    std::fs::write(&marker, text).map_err(|e| Error::io(&marker, e))?;
     set_public_mode(tmp.path(), true)?;
     aerie_data::atomic::replace_dir(tmp.path(), out).map_err(|e| Error::io(out, e))?;
     // The temporary directory now lives at `out`; make sure its guard does not delete it.
     let _ = tmp.keep();
     Ok(())
+}
+
+/// Refuse `dir` unless its [`EXPORT_MARKER`] is aerie's (`format` [`EXPORT_MARKER_FORMAT`]).
+fn check_marker(dir: &Path) -> Result<()> {
+    let path = dir.join(EXPORT_MARKER);
+    let ok = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v["format"] == EXPORT_MARKER_FORMAT);
+    if ok {
+        return Ok(());
+    }
+    Err(aerie_data::Error::NotOurs {
+        path: dir.to_path_buf(),
+        message: format!(
+            "is not a drafter checkpoint that aerie wrote ({EXPORT_MARKER} is not aerie's); refusing to replace it: \
+             move it away or choose another output"
+        ),
+    }
+    .into())
 }
 
 #[cfg(test)]
@@ -473,5 +506,32 @@ mod tests {
         let e = write(true).unwrap_err().to_string();
         assert!(e.contains("tokenizer.json"), "{e}");
         assert!(out.join("tokenizer.json").is_file());
+    }
+
+    #[test]
+    fn force_replaces_only_a_directory_bearing_aeries_mark() {
+        let root = tempfile::tempdir().unwrap();
+        let fill = |d: &Path| {
+            std::fs::write(d.join("config.json"), "{}").map_err(|e| Error::io(d, e))?;
+            std::fs::write(d.join(SINGLE_FILE), "new").map_err(|e| Error::io(d, e))
+        };
+        // A model of exactly the two files an export holds (a 538 MB target was lost this way).
+        let model = root.path().join("model");
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(model.join("config.json"), "{\"model_type\": \"llama\"}").unwrap();
+        std::fs::write(model.join(SINGLE_FILE), "weights").unwrap();
+        let e = write_dir_atomic(&model, true, fill).unwrap_err().to_string();
+        assert!(e.contains("refusing to replace") && e.contains(EXPORT_MARKER), "{e}");
+        assert_eq!(std::fs::read(model.join(SINGLE_FILE)).unwrap(), b"weights");
+        // A marker that is not aerie's is no mark.
+        std::fs::write(model.join(EXPORT_MARKER), "{}").unwrap();
+        assert!(write_dir_atomic(&model, true, fill).is_err());
+        assert_eq!(std::fs::read(model.join(SINGLE_FILE)).unwrap(), b"weights");
+        // aerie's own export bears it, and is replaced.
+        let out = root.path().join("export");
+        write_dir_atomic(&out, false, fill).unwrap();
+        let mark: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(EXPORT_MARKER)).unwrap()).unwrap();
+        assert_eq!(mark["format"], EXPORT_MARKER_FORMAT);
+        write_dir_atomic(&out, true, fill).unwrap();
     }
 }
