@@ -38,6 +38,18 @@ pub const WHY_WIDTH: &str = "the widest models in use have hidden sizes of 16 38
 /// Why [`MAX_POSITIONS`] is what it is.
 pub const WHY_POSITIONS: &str = "the longest contexts in use are about 10 million tokens";
 
+/// Bytes of one record of an input file (a JSONL line, a JSON array element, a prompt line) at
+/// most: 256 MiB. The longest conversations in use are a few MB; a line without end (`/dev/zero`
+/// or a FIFO given as input, a binary file) would otherwise grow until the machine kills aerie.
+pub const MAX_RECORD_BYTES: u64 = 256 << 20;
+/// Why [`MAX_RECORD_BYTES`] is what it is.
+pub const WHY_RECORD: &str = "the longest conversations in use are a few MB; is this a JSON Lines file?";
+/// Devices of one run at most (`train --devices`): 1024, far above the 8 or 16 accelerators of
+/// a machine; a range is checked against it before it is expanded.
+pub const MAX_DEVICES: u64 = 1024;
+/// Why [`MAX_DEVICES`] is what it is.
+pub const WHY_DEVICES: &str = "a machine has at most a few dozen accelerators";
+
 /// A vocabulary size (target or draft) of `what`.
 pub fn vocab(what: impl Into<String>, value: impl TryInto<u128> + Copy) -> Result<()> {
     check(what, value, MAX_VOCAB, WHY_VOCAB)

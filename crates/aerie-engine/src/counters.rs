@@ -129,6 +129,13 @@ const DRAFT_TOKENS: &str = "vllm:spec_decode_num_draft_tokens_total";
 const ACCEPTED: &str = "vllm:spec_decode_num_accepted_tokens_total";
 const PER_POS: &str = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
 
+/// The largest counter value read: 2^53, past which an f64 no longer holds every integer (and a
+/// sum or a conversion to an integer would be wrong or overflow).
+const MAX_COUNT: f64 = 9_007_199_254_740_992.0;
+/// Draft positions at most in `accepted_per_pos` (drafts are at most 64 deep; a tree verifies at
+/// most 1024 tokens).
+const MAX_POSITIONS: usize = 1024;
+
 /// Whether a `/metrics` text comes from vLLM (its metrics carry the `vllm:` prefix).
 pub fn is_vllm(samples: &[Sample]) -> bool {
     samples.iter().any(|s| s.name.starts_with("vllm:"))
@@ -140,6 +147,13 @@ pub fn vllm_spec_counters(samples: &[Sample]) -> std::result::Result<SpecCounter
     let mut c = SpecCounters::default();
     let mut per_pos: BTreeMap<usize, f64> = BTreeMap::new();
     for s in samples {
+        let ours = [DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS].contains(&s.name.as_str());
+        if ours && !(s.value.is_finite() && (0.0..=MAX_COUNT).contains(&s.value)) {
+            return Err(format!(
+                "{} = {:?}: not a count (a counter lies between 0 and 2^53, where every integer is exact)",
+                s.name, s.value
+            ));
+        }
         match s.name.as_str() {
             DRAFTS => c.drafts += s.value,
             DRAFT_TOKENS => c.draft_tokens += s.value,
@@ -147,6 +161,12 @@ pub fn vllm_spec_counters(samples: &[Sample]) -> std::result::Result<SpecCounter
             PER_POS => {
                 let pos = s.label("position").ok_or_else(|| format!("{PER_POS} without a `position` label"))?;
                 let pos: usize = pos.parse().map_err(|_| format!("{PER_POS}: position `{pos}` is not an index"))?;
+                // Bounded before `accepted_per_pos` is sized by it (4e9 aborted on allocation).
+                if pos >= MAX_POSITIONS {
+                    return Err(format!(
+                        "{PER_POS}: position {pos} is past the limit of {MAX_POSITIONS} draft positions"
+                    ));
+                }
                 *per_pos.entry(pos).or_default() += s.value;
             }
             _ => {}
@@ -240,6 +260,21 @@ weird{a="x\"y,z}",b="2"} +Inf
         assert_eq!(c.accepted_per_pos, vec![187.0, 31.0, 8.0]);
         assert!(parse_prometheus("x{a=1} 2").unwrap_err().contains("line 1"));
         assert!(parse_prometheus("x 2 3\ny abc").unwrap_err().contains("line 2"));
+    }
+
+    #[test]
+    fn a_counter_that_is_no_count_is_refused_before_use() {
+        for (line, words) in [
+            ("vllm:spec_decode_num_drafts_total 1e300", "= 1e300: not a count"),
+            ("vllm:spec_decode_num_accepted_tokens_total -3", "not a count"),
+            ("vllm:spec_decode_num_draft_tokens_total NaN", "not a count"),
+            ("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"4000000000\"} 1", "limit of 1024"),
+        ] {
+            let e = vllm_spec_counters(&parse_prometheus(line).unwrap()).unwrap_err();
+            assert!(e.contains(words), "{line}: {e}");
+        }
+        // Other series are not counted, whatever their values.
+        assert!(vllm_spec_counters(&parse_prometheus("vllm:gpu_cache_usage_perc 1e300").unwrap()).is_ok());
     }
 
     #[test]

@@ -41,9 +41,12 @@ pub fn sse_data(line: &str) -> Option<&str> {
 pub const MAX_RESPONSE_BYTES: u64 = 64 << 20;
 
 /// The blocking agent every request goes through: a status is not an error (the body says why),
-/// `timeout` bounds the whole request, connecting takes at most 10 s of it.
+/// `timeout` bounds the whole request, connecting takes at most 10 s of it. A redirect is never
+/// followed (a serving engine does not redirect; one that does, or a proxy in its place, must
+/// not send the prompts to another host): it is a final failure naming where it pointed.
 pub fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
+        .max_redirects(0)
         .http_status_as_error(false)
         .timeout_global(Some(timeout))
         .timeout_connect(Some(timeout.min(Duration::from_secs(10))))
@@ -158,11 +161,29 @@ pub fn post(
         .send(body)
         .map_err(|e| Failure::transport(&e, timeout))?;
     let status = resp.status().as_u16();
+    if let Some(f) = redirect(&resp) {
+        return Err(f);
+    }
     let mut resp_body = resp.into_body();
     if !(200..300).contains(&status) {
         return Err(Failure::status(status, &read_text(&mut resp_body).unwrap_or_default()));
     }
     Ok((status, resp_body))
+}
+
+/// A redirect answer as a final failure naming where it pointed (never followed: [`agent`]).
+fn redirect(resp: &ureq::http::Response<ureq::Body>) -> Option<Failure> {
+    if !resp.status().is_redirection() {
+        return None;
+    }
+    let status = resp.status().as_u16();
+    let to = resp.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or("nowhere (no Location)");
+    Some(Failure::fatal(
+        Some(status),
+        format!(
+            "HTTP {status}: the server redirects to {to}; aerie does not follow redirects from a serving engine (give its own URL)"
+        ),
+    ))
 }
 
 /// One JSON POST answered with JSON: the parsed answer, or the [`Failure`]. An answer past
@@ -181,6 +202,9 @@ pub fn post_json(agent: &ureq::Agent, url: &str, body: &str, timeout: Duration) 
 /// `GET url` answered with (status, body), or the transport error's text.
 pub fn get(agent: &ureq::Agent, url: &str) -> Result<(u16, String), String> {
     let mut resp = agent.get(url).header("Accept", "application/json").call().map_err(|e| e.to_string())?;
+    if let Some(f) = redirect(&resp) {
+        return Err(f.message);
+    }
     let status = resp.status().as_u16();
     let body = read_text(resp.body_mut()).map_err(|e| e.to_string())?;
     Ok((status, body))
@@ -189,6 +213,56 @@ pub fn get(agent: &ureq::Agent, url: &str) -> Result<(u16, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-thread HTTP server on 127.0.0.1 answering every request with `answer(path)` (the
+    /// whole response); returns its base URL and a counter of the requests it got.
+    fn serve(
+        answer: impl Fn(&str) -> String + Send + 'static,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&hits);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut reader = BufReader::new(&stream);
+                let mut first = String::new();
+                let _ = reader.read_line(&mut first);
+                let mut line = String::new();
+                let mut length = 0usize;
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    line.clear();
+                }
+                let mut body = vec![0u8; length];
+                let _ = std::io::Read::read_exact(&mut reader, &mut body);
+                let path = first.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let _ = (&stream).write_all(answer(&path).as_bytes());
+            }
+        });
+        (base, hits)
+    }
+
+    #[test]
+    fn a_redirect_to_another_host_is_never_followed() {
+        let (elsewhere, hits) = serve(|_| "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}".into());
+        let target = format!("{elsewhere}/v1/completions");
+        let location = target.clone();
+        let (server, _) = serve(move |_| {
+            format!("HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        });
+        let agent = agent(Duration::from_secs(5));
+        let f = post_json(&agent, &format!("{server}/v1/completions"), "{}", Duration::from_secs(5)).unwrap_err();
+        assert!(f.retry_as.is_none() && f.status == Some(302), "{f:?}");
+        assert!(f.message.contains(&target) && f.message.contains("does not follow redirects"), "{}", f.message);
+        let e = get(&agent, &format!("{server}/metrics")).unwrap_err();
+        assert!(e.contains("does not follow redirects"), "{e}");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the other host was never asked");
+    }
 
     #[test]
     fn error_bodies_of_each_server_kind_and_events() {

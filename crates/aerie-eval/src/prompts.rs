@@ -73,7 +73,19 @@ fn bad(path: &Path, line: usize, message: impl std::fmt::Display) -> Error {
 
 /// Read a prompt file; every malformed line is an error naming the file and line.
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
+    // At most one byte past the limit: `/dev/zero` or a FIFO as the prompt file is an error, not
+    // a buffer growing until the machine kills the process.
+    let io = |e| Error::Io { path: path.to_owned(), source: e };
+    let cap = aerie_data::limits::MAX_RECORD_BYTES;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::open(path).map_err(io)?, cap + 1), &mut text)
+        .map_err(io)?;
+    if text.len() as u64 > cap {
+        return Err(Error::Input {
+            path: path.to_owned(),
+            message: format!("a prompt file is at most {cap} bytes; this one is longer (is it a JSON Lines file?)"),
+        });
+    }
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
@@ -137,6 +149,13 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_prompt_file_without_end_is_refused_not_read_for_ever() {
+        let e = read_prompts(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("at most 268435456 bytes"), "{e}");
+    }
 
     fn read(text: &str) -> Result<Vec<Prompt>> {
         let dir = tempfile::tempdir().unwrap();

@@ -89,6 +89,66 @@ pub struct RopeConfig {
     pub scaling: RopeScaling,
 }
 
+impl RopeConfig {
+    /// What is wrong with these parameters, one message per problem (the key and its value):
+    /// every RoPE number must be finite and positive (a YaRN `factor` of 0 gave NaN losses, a
+    /// τ of 1.0 and an export that served nothing; `rope_theta` 0 makes every frequency 0), and
+    /// an original context must be positive. The one check of the RoPE that `inspect`, `eval`,
+    /// `train` and `export` all make, through [`DrafterConfig::problems`].
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        let mut positive = |key: &str, v: f64| {
+            if !(v.is_finite() && v > 0.0) {
+                p.push(format!("{key} = {v} must be a finite number above 0"));
+            }
+        };
+        positive("rope_theta", self.theta);
+        let mut originals = Vec::new();
+        match &self.scaling {
+            RopeScaling::Default => {}
+            RopeScaling::Linear { factor } => positive("rope_scaling.factor", *factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                positive("rope_scaling.factor", *factor);
+                positive("rope_scaling.low_freq_factor", *low_freq_factor);
+                positive("rope_scaling.high_freq_factor", *high_freq_factor);
+                originals.push(*original_max_position_embeddings);
+                if high_freq_factor <= low_freq_factor {
+                    p.push(format!(
+                        "rope_scaling.high_freq_factor = {high_freq_factor} must be above low_freq_factor = {low_freq_factor}"
+                    ));
+                }
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+            } => {
+                positive("rope_scaling.factor", *factor);
+                positive("rope_scaling.beta_fast", *beta_fast);
+                positive("rope_scaling.beta_slow", *beta_slow);
+                originals.push(*original_max_position_embeddings);
+                if let Some(a) = attention_factor {
+                    positive("rope_scaling.attention_factor", *a);
+                }
+                // DeepSeek's mscale and mscale_all_dim may be 0 (no scaling), never NaN or below.
+                for (key, v) in [("rope_scaling.mscale", mscale), ("rope_scaling.mscale_all_dim", mscale_all_dim)] {
+                    if let Some(v) = v.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                        p.push(format!("{key} = {v} must be a finite number of at least 0"));
+                    }
+                }
+            }
+        }
+        if originals.contains(&0) {
+            p.push("rope_scaling.original_max_position_embeddings = 0 must be at least 1".into());
+        }
+        p
+    }
+}
+
 impl Default for RopeConfig {
     fn default() -> Self {
         Self { theta: 10000.0, scaling: RopeScaling::Default }
@@ -124,6 +184,10 @@ impl MlaConfig {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
 }
+
+/// Weights (elements) of one drafter at most: 2^36, about 69 billion, where the largest drafters
+/// in use (Kimi K2's) have about 2 billion.
+pub const MAX_PARAMETERS: u128 = 1 << 36;
 
 /// Everything that determines an EAGLE-3 drafter's shapes and math (eagle3.md §1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -220,13 +284,17 @@ impl DrafterConfig {
             Some(m) if !m.qk_rope_head_dim.is_multiple_of(2) || m.qk_rope_head_dim == 0 => {
                 p.push(format!("qk_rope_head_dim {} must be even and positive for RoPE", m.qk_rope_head_dim));
             }
-            Some(m) if m.q_lora_rank == 0 || m.kv_lora_rank == 0 || m.v_head_dim == 0 => {
+            Some(m) if m.q_lora_rank == 0 || m.kv_lora_rank == 0 || m.v_head_dim == 0 || m.qk_nope_head_dim == 0 => {
                 p.push(format!(
-                    "q_lora_rank {}, kv_lora_rank {} and v_head_dim {} must be positive",
-                    m.q_lora_rank, m.kv_lora_rank, m.v_head_dim
+                    "q_lora_rank {}, kv_lora_rank {}, qk_nope_head_dim {} and v_head_dim {} must be positive",
+                    m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim
                 ));
             }
             _ => {}
+        }
+        p.extend(self.rope.problems());
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 || self.rms_norm_eps.is_infinite() {
+            p.push(format!("rms_norm_eps = {} must be a finite number of at least 0", self.rms_norm_eps));
         }
         if self.draft_vocab_size > self.vocab_size {
             p.push(format!(
@@ -248,6 +316,7 @@ impl DrafterConfig {
             limits::check("intermediate_size", self.intermediate_size, MAX_WIDTH, WHY_WIDTH),
             limits::check("num_attention_heads", self.num_attention_heads, MAX_WIDTH, WHY_WIDTH),
             limits::check("head_dim", self.head_dim, MAX_WIDTH, WHY_WIDTH),
+            limits::check("num_key_value_heads", self.num_key_value_heads, MAX_WIDTH, WHY_WIDTH),
             limits::check("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS, WHY_POSITIONS),
             limits::check(
                 "an aux layer id",
@@ -257,7 +326,55 @@ impl DrafterConfig {
             ),
         ];
         p.extend(checks.into_iter().filter_map(|r| r.err()).map(|e| e.to_string()));
+        // MLA's widths, bounded like every other (a `v_head_dim` of 10^12 aborted on allocation).
+        if let Some(m) = self.mla {
+            for (key, v) in [
+                ("q_lora_rank", m.q_lora_rank),
+                ("kv_lora_rank", m.kv_lora_rank),
+                ("qk_nope_head_dim", m.qk_nope_head_dim),
+                ("qk_rope_head_dim", m.qk_rope_head_dim),
+                ("v_head_dim", m.v_head_dim),
+            ] {
+                if let Err(e) = limits::check(key, v, MAX_WIDTH, WHY_WIDTH) {
+                    p.push(e.to_string());
+                }
+            }
+        }
+        // Each width within its limit can still multiply into more weights than any machine
+        // holds; the total is bounded too, before anything is allocated by it.
+        if p.is_empty() && self.parameter_count() > MAX_PARAMETERS {
+            p.push(format!(
+                "the config describes {} weights, past the limit of {MAX_PARAMETERS} (the largest drafters in use \
+                 have a few billion): check its widths",
+                self.parameter_count()
+            ));
+        }
         p
+    }
+
+    /// How many weights (elements) the drafter this config describes has, about: the embedding,
+    /// the head, `fc`, one layer's attention and MLP. In `u128`, so any config's count fits.
+    pub fn parameter_count(&self) -> u128 {
+        let u = |x: usize| x as u128;
+        let (h, ht, v, vd) =
+            (u(self.hidden_size), u(self.target_hidden_size), u(self.vocab_size), u(self.draft_vocab_size));
+        let heads = u(self.num_attention_heads);
+        let attention = match self.mla {
+            None => {
+                let d = u(self.head_dim);
+                2 * h * heads * d + 2 * 2 * h * u(self.num_key_value_heads) * d
+            }
+            Some(m) => {
+                let (ql, kl) = (u(m.q_lora_rank), u(m.kv_lora_rank));
+                let (nope, rope, vh) = (u(m.qk_nope_head_dim), u(m.qk_rope_head_dim), u(m.v_head_dim));
+                2 * h * ql
+                    + ql * heads * (nope + rope)
+                    + 2 * h * (kl + rope)
+                    + kl * heads * (nope + vh)
+                    + heads * vh * h
+            }
+        };
+        v * h + vd * h + u(self.num_aux()) * ht * h + attention + 3 * h * u(self.intermediate_size)
     }
 
     /// A SmolLM2-135M-sized drafter (H 576, 9 heads / 3 KV of 64, I 1536, V 49152, Vd 8192,
@@ -306,5 +423,59 @@ impl DrafterConfig {
             target_name_or_path: Some("moonshotai/Kimi-K2-Instruct".into()),
             mla: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yarn(factor: f64) -> RopeScaling {
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: None,
+            mscale: Some(1.0),
+            mscale_all_dim: Some(0.0),
+        }
+    }
+
+    #[test]
+    fn a_rope_parameter_of_zero_or_not_finite_is_a_problem() {
+        let mut c = DrafterConfig::smollm2_135m(8192);
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        c.rope.scaling = yarn(32.0);
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            c.rope.scaling = yarn(bad);
+            let p = c.problems().join("; ");
+            assert!(p.contains("rope_scaling.factor") && p.contains("finite number above 0"), "{bad}: {p}");
+        }
+        c.rope.scaling = RopeScaling::Linear { factor: 0.0 };
+        assert!(c.problems().join("; ").contains("rope_scaling.factor = 0"));
+        c.rope = RopeConfig { theta: 0.0, scaling: RopeScaling::Default };
+        assert!(c.problems().join("; ").contains("rope_theta = 0"));
+    }
+
+    #[test]
+    fn mla_widths_are_positive_and_bounded() {
+        let mut c = DrafterConfig::smollm2_135m(8192);
+        let mla =
+            MlaConfig { q_lora_rank: 64, kv_lora_rank: 32, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16 };
+        c.mla = Some(mla);
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        c.mla = Some(MlaConfig { qk_nope_head_dim: 0, ..mla });
+        assert!(c.problems().join("; ").contains("qk_nope_head_dim 0"), "{:?}", c.problems());
+        c.mla = Some(MlaConfig { v_head_dim: 1_000_000_000_000, ..mla });
+        assert!(c.problems().join("; ").contains("v_head_dim = 1000000000000"), "{:?}", c.problems());
+        c.mla = Some(MlaConfig { q_lora_rank: 1 << 20, ..mla });
+        assert!(c.problems().join("; ").contains("q_lora_rank = 1048576"), "{:?}", c.problems());
+        // Each width within its limit, together past any machine.
+        c.mla = Some(MlaConfig { kv_lora_rank: 1 << 18, v_head_dim: 1 << 18, ..mla });
+        c.num_attention_heads = 1 << 18;
+        c.num_key_value_heads = 1 << 18;
+        assert!(c.problems().join("; ").contains("past the limit of"), "{:?}", c.problems());
     }
 }

@@ -32,9 +32,9 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: DeviceArg,
     /// Data-parallel devices: `cuda:0,cuda:1`, `cuda:0..7` (0 through 7, inclusive; gradients
-    /// summed with NCCL), `wgpu:0,wgpu:1` (two logical devices on wgpu's default adapter; gradients
-    /// summed through host memory), or `cpu,cpu` (replicas run one after the other on the CPU,
-    /// gradients summed through host memory; the same arithmetic, no speed-up).
+    /// summed with NCCL), `cpu,cpu` or `wgpu:0,wgpu:0` (replicas run one after the other on the one
+    /// device, gradients summed through host memory; the same arithmetic, no speed-up). Distinct
+    /// wgpu devices (`wgpu:0,wgpu:1`) are refused: they were measured to train wrongly.
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
     /// Print summary.json on stdout at the end.
@@ -56,9 +56,23 @@ fn parse_devices(s: &str) -> Result<Vec<DeviceArg>> {
             if b < a {
                 bail!("`{item}`: empty device range");
             }
+            // Counted before it is expanded: `cuda:0..4000000000` is a typo, not 4e9 devices.
+            let count = (b - a) as u128 + 1 + out.len() as u128;
+            aerie_data::limits::check(
+                format!("--devices `{item}`: the device count"),
+                count,
+                aerie_data::limits::MAX_DEVICES,
+                aerie_data::limits::WHY_DEVICES,
+            )?;
             out.extend((a..=b).map(DeviceArg::Cuda));
         } else {
             out.push(item.parse::<DeviceArg>().map_err(anyhow::Error::msg)?);
+            aerie_data::limits::check(
+                "--devices: the device count",
+                out.len(),
+                aerie_data::limits::MAX_DEVICES,
+                aerie_data::limits::WHY_DEVICES,
+            )?;
         }
     }
     if out.is_empty() {
@@ -129,6 +143,7 @@ fn cuda(_: &TrainConfig, _: &TrainArgs, _: &[usize]) -> Result<Summary> {
 
 #[cfg(feature = "wgpu")]
 fn wgpu(cfg: &TrainConfig, args: &TrainArgs, devices: &[DeviceArg]) -> Result<Summary> {
+    crate::device::refuse_distinct_wgpu(devices)?;
     crate::device::refuse_bf16_on_wgpu(cfg.precision, devices[0])?;
     let devs = devices
         .iter()
@@ -215,6 +230,12 @@ mod tests {
     fn parses_device_lists() {
         assert_eq!(parse_devices("cpu,cpu").unwrap(), vec![DeviceArg::Cpu, DeviceArg::Cpu]);
         assert_eq!(parse_devices("cuda:0..3").unwrap().len(), 4);
+        // Bounded before the range is expanded (u64::MAX panicked, 4e9 aborted on allocation).
+        for huge in ["cuda:0..18446744073709551615", "cuda:0..4000000000", "cuda:0..1023,cuda:5"] {
+            let e = parse_devices(huge).unwrap_err().to_string();
+            assert!(e.contains("limit of 1024"), "{huge}: {e}");
+        }
+        assert_eq!(parse_devices("cuda:0..1023").unwrap().len(), 1024);
         assert_eq!(parse_devices("cuda:2,cuda:5").unwrap(), vec![DeviceArg::Cuda(2), DeviceArg::Cuda(5)]);
         assert!(parse_devices("cuda:3..1").is_err());
         assert!(parse_devices("gpu").is_err());

@@ -157,6 +157,18 @@ impl JsonArraySource {
             if end.is_some() {
                 return Ok(true);
             }
+            // A value without end (a file of zeros) is an error, not a buffer growing for ever.
+            let cap = crate::limits::MAX_RECORD_BYTES;
+            if self.element.len() as u64 > cap {
+                return Err(Error::Input {
+                    path: self.path.clone(),
+                    at: format!("byte {} (record #{})", self.pos - self.element.len() as u64, self.index),
+                    message: format!(
+                        "the record is longer than the limit of {cap} bytes ({})",
+                        crate::limits::WHY_RECORD
+                    ),
+                });
+            }
         }
     }
 }

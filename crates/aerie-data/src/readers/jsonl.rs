@@ -3,7 +3,7 @@
 //! line is [`Event::Malformed`] and reading goes on.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use super::record::parse_record;
@@ -42,9 +42,25 @@ impl Source for JsonlSource {
         loop {
             self.line.clear();
             let start = self.pos;
-            let n = self.reader.read_until(b'\n', &mut self.line).map_err(|e| Error::io(&self.path, e))?;
+            // At most one byte past the limit: a line without end (`/dev/zero`) is an error, not
+            // a buffer growing until the machine kills the process.
+            let cap = crate::limits::MAX_RECORD_BYTES;
+            let n = (&mut self.reader)
+                .take(cap + 1)
+                .read_until(b'\n', &mut self.line)
+                .map_err(|e| Error::io(&self.path, e))?;
             if n == 0 {
                 return Ok(None);
+            }
+            if n as u64 > cap && !self.line.ends_with(b"\n") {
+                return Err(Error::Input {
+                    path: self.path.clone(),
+                    at: format!("line {} (byte {start})", self.line_no + 1),
+                    message: format!(
+                        "the line is longer than the limit of {cap} bytes ({})",
+                        crate::limits::WHY_RECORD
+                    ),
+                });
             }
             self.pos += n as u64;
             self.line_no += 1;

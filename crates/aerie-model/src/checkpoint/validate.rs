@@ -333,7 +333,14 @@ pub fn d2t_stats(d2t: &[i64]) -> Option<D2tStats> {
 
 /// Every problem of a loaded drafter: config relations, layout, and the vocab map.
 pub fn validate(cfg: &DrafterConfig, tensors: &TensorMap, target_hidden_explicit: bool) -> Vec<Problem> {
-    let mut p: Vec<Problem> = cfg.problems().into_iter().map(|m| Problem::new("config", m)).collect();
+    let mut p: Vec<Problem> =
+        cfg.problems().into_iter().map(|m| Problem::new("config", format!("config.json: {m}"))).collect();
+    if !p.is_empty() {
+        // The layout's expected shapes and the vocab map are sized by the config: a config past
+        // its limits is reported alone, before anything is computed or allocated by it.
+        p.extend(tensors.iter().filter_map(|(name, t)| check_finite(name, t)));
+        return p;
+    }
     let metas: BTreeMap<String, TensorMeta> = tensors.iter().map(|(k, t)| (k.clone(), t.into())).collect();
     p.extend(check_layout(cfg, &metas, target_hidden_explicit));
     let d2t = tensors.get(keys::D2T).filter(|t| t.dtype == Dtype::I64).and_then(|t| t.to_i64(keys::D2T).ok());

@@ -77,6 +77,13 @@ impl TttOptions {
                     .into(),
             ));
         }
+        let max_depth = crate::drafter::shape::MAX_DEPTH;
+        if self.ttt_length > max_depth {
+            return Err(Error::Incompatible(format!(
+                "ttt_length (--ttt-length) {} is above the limit of {max_depth} draft steps",
+                self.ttt_length
+            )));
+        }
         if self.step_weights.len() != self.ttt_length {
             return Err(Error::Shape(format!(
                 "ttt_length {} needs exactly that many step weights, got {}",

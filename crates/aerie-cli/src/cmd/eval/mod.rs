@@ -80,6 +80,15 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 
 fn loss<B: Backend>(args: &LossArgs, device: &B::Device) -> Result<()> {
     let target = args.target.clone().or_else(|| args.target_head.clone().filter(|p| p.is_dir()));
+    // Bounded before the per-step weights are allocated (a length of 10^12 grew without end).
+    let max_depth = aerie_model::drafter::shape::MAX_DEPTH;
+    if args.ttt_length > max_depth {
+        anyhow::bail!(
+            "--ttt-length {} is above the limit of {max_depth} draft steps (a drafter drafts at most that many; \
+             acceptance decays geometrically with depth)",
+            args.ttt_length
+        );
+    }
     let shards = ShardEval::<B>::open(&args.data, args.target_head.as_deref(), device)?;
     let opts = EvalLossOptions {
         ttt: TttOptions::geometric(args.ttt_length, args.step_decay),

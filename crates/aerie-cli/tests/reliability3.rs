@@ -1,0 +1,259 @@
+//! What a user feeds aerie never loses data, third round (issue 47, "every writer, every size,
+//! every server"; docs/reliability.md): one lock per output whatever path reaches it (a bind
+//! mount too), never a write through a link planted at a name aerie writes, `export --force`
+//! replacing only what bears aerie's mark, every size from a flag or a file bounded before use,
+//! one check of the RoPE numbers for every command, and no read that waits for ever on a FIFO.
+//! Each case runs the real `aerie` binary and asserts the refusal's exit code, its words and
+//! that the bytes it must not touch are the same afterwards.
+
+mod common;
+#[path = "../../aerie-capture/tests/fixture/mod.rs"]
+mod fixture;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::refusal::{Shards, kill, refused, snapshot, start_and_freeze};
+use common::{aerie, aerie_cmd, ok_json, s};
+
+/// A tokenizer in `dir/target` and `n` conversations in `dir/chat.jsonl`.
+fn tokenizer_and_chats(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
+    let target = dir.join("target");
+    fixture::write_tokenizer(&target, Some(fixture::CHATML));
+    let chats = dir.join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(n));
+    (target, chats)
+}
+
+fn prepare(chats: &Path, tokenizer: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let args = ["data", "prepare", "--data", s(chats), "--tokenizer", s(tokenizer), "--out", s(out), "--json"];
+    aerie(&[&args[..], extra].concat())
+}
+
+/// `dir` bind-mounted at `at` until dropped, where this process may mount (root); `None` else.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn new(dir: &Path, at: &Path) -> Option<Self> {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["--bind", s(dir), s(at)])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|st| st.success());
+        ok.then(|| Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_bind_mount_of_an_output_is_the_same_output_for_its_lock() {
+    let f = Shards::new();
+    let data = f.write("data", 8, 1 << 20, &"0".repeat(64));
+    let run_a = f.root().join("runA");
+    std::fs::create_dir(&run_a).unwrap();
+    let Some(mount) = BindMount::new(&run_a, &f.root().join("mnt/runB")) else {
+        eprintln!("skipped: this process cannot bind-mount");
+        return;
+    };
+    let run_b = mount.0.clone();
+    let slow = f.train_config("a.toml", &run_a, 1, 2000, &[&data], &[]);
+    let other = f.train_config("b.toml", &run_b, 2, 1, &[&data], &[]);
+    let mut train = aerie_cmd();
+    train.args(["train", s(&slow), "--json"]);
+    let first = start_and_freeze(train, &f.root().join(".runA.aerie-lock"));
+    let before = snapshot(&run_a);
+    // No path resolution sees that runB is runA; the directory's identity does.
+    refused(aerie(&["train", s(&other), "--json"]), &[s(&run_b), "another process"]);
+    assert_eq!(snapshot(&run_a), before, "the refused run changed files");
+    kill(first);
+    drop(mount);
+}
+
+#[test]
+fn a_link_planted_where_aerie_writes_its_own_file_never_writes_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, chats) = tokenizer_and_chats(dir.path(), 24);
+    let victim = dir.path().join("precious.txt");
+    std::fs::write(&victim, "the user's data\n").unwrap();
+    let unchanged = || assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the user's data\n");
+    let link_words = ["symbolic link", "never writes through a link"];
+
+    // The lock beside an output (`.OUT.aerie-lock`): it was truncated and written a pid.
+    let prepared = dir.path().join("prepared");
+    let lock = dir.path().join(".prepared.aerie-lock");
+    symlink(&victim, &lock).unwrap();
+    refused(prepare(&chats, &target, &prepared, &[]), &[&[s(&lock)][..], &link_words].concat());
+    unchanged();
+    std::fs::remove_file(&lock).unwrap();
+    ok_json(prepare(&chats, &target, &prepared, &[]));
+
+    // A temp file (`.tmp-NAME`) of an atomic write: it was truncated and filled.
+    let vocab = dir.path().join("vocab.safetensors");
+    let tmp = dir.path().join(".tmp-vocab.safetensors");
+    symlink(&victim, &tmp).unwrap();
+    let args = ["vocab", "build", s(&prepared), "--draft-vocab", "8", "--out", s(&vocab), "--json"];
+    refused(aerie(&args), &[&[s(&tmp)][..], &link_words].concat());
+    unchanged();
+    assert!(!vocab.exists());
+    std::fs::remove_file(&tmp).unwrap();
+    ok_json(aerie(&args));
+
+    // The shard lock inside a dataset (`.aerie-shard.lock`): it was opened through the link.
+    let f = Shards::new();
+    let src = f.write("src", 4, 1 << 20, &"0".repeat(64));
+    let dst = f.root().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let shard_lock = dst.join(".aerie-shard.lock");
+    symlink(&victim, &shard_lock).unwrap();
+    let convert = || aerie(&["shards", "convert", s(&src), "--dtype", "bf16", "--out", s(&dst), "--json"]);
+    refused(convert(), &[&[s(&shard_lock)][..], &link_words].concat());
+    unchanged();
+    std::fs::remove_file(&shard_lock).unwrap();
+    ok_json(convert());
+}
+
+#[test]
+fn export_force_never_replaces_a_model_of_just_config_and_weights() {
+    let f = Shards::new();
+    let export =
+        |out: &Path| aerie(&["export", s(&f.drafter), "--to", "speculators", "--out", s(out), "--force", "--json"]);
+    // A small target model: exactly config.json and model.safetensors (a 538 MB one was lost).
+    let model = f.root().join("target-model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::copy(f.drafter.join("model.safetensors"), model.join("model.safetensors")).unwrap();
+    std::fs::write(model.join("config.json"), "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"]}")
+        .unwrap();
+    let before = snapshot(&model);
+    refused(export(&model), &[s(&model), ".aerie-export.json", "refusing to replace"]);
+    assert_eq!(snapshot(&model), before);
+    // What aerie exported bears the mark, and is replaced.
+    let out = f.root().join("exported");
+    ok_json(export(&out));
+    assert!(out.join(".aerie-export.json").is_file());
+    ok_json(export(&out));
+}
+
+#[test]
+fn sizes_from_flags_and_files_are_refused_before_use() {
+    let start = Instant::now();
+    let f = Shards::new();
+    let data = f.write("data", 2, 1 << 20, &"0".repeat(64));
+    // `eval loss --ttt-length`: grew without end.
+    for k in ["65", "1000000000000"] {
+        refused(
+            f.eval("loss", &data, &f.drafter, &["--ttt-length", k]),
+            &[&format!("--ttt-length {k}"), "limit of 64"],
+        );
+    }
+    // `train --devices cuda:0..N`: u64::MAX panicked, 4e9 aborted, both before any check.
+    let config = f.train_config("t.toml", &f.root().join("run"), 1, 1, &[&data], &[]);
+    for n in [u64::MAX.to_string(), "4000000000".into()] {
+        let devices = format!("cuda:0..{n}");
+        refused(aerie(&["train", s(&config), "--devices", &devices, "--json"]), &[&devices, "limit of 1024"]);
+    }
+    assert!(!f.root().join("run").exists());
+
+    // MLA widths in a drafter config: past the limit, and 0 (which panicked in burn).
+    let mla = f.root().join("mla");
+    let cfg = aerie_model::checkpoint::synthetic::tiny_mla_config();
+    let opts = aerie_model::checkpoint::SaveOptions::default();
+    let weights = aerie_model::checkpoint::synthetic::random_drafter(&cfg, aerie_model::checkpoint::Dtype::F32, 1);
+    aerie_model::checkpoint::save_drafter(&weights, &mla, &opts).unwrap();
+    ok_json(aerie(&["inspect", s(&mla), "--json"]));
+    for (key, value, words) in [
+        ("v_head_dim", serde_json::json!(1_000_000_000_000u64), "v_head_dim = 1000000000000"),
+        ("q_lora_rank", serde_json::json!(1 << 20), "q_lora_rank = 1048576"),
+        ("qk_nope_head_dim", serde_json::json!(0), "qk_nope_head_dim 0"),
+    ] {
+        let broken = f.root().join(format!("mla-{key}"));
+        copy_dir(&mla, &broken);
+        set_config_key(&broken, key, value);
+        refused(f.eval("loss", &data, &broken, &[]), &[words, "config.json"]);
+        let out = aerie(&["inspect", s(&broken)]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(out.status.code(), Some(1 | 2)) && text.contains(words), "{text}");
+    }
+
+    // A JSONL line without end (`/dev/zero`): grew until the machine killed aerie.
+    let dir = tempfile::tempdir().unwrap();
+    let (target, _) = tokenizer_and_chats(dir.path(), 1);
+    let zero = dir.path().join("zero.jsonl");
+    symlink("/dev/zero", &zero).unwrap();
+    let out = dir.path().join("prepared");
+    refused(prepare(&zero, &target, &out, &[]), &[s(&zero), "line 1", "longer than the limit of 268435456 bytes"]);
+    assert!(start.elapsed() < Duration::from_secs(120), "{:?}", start.elapsed());
+}
+
+#[test]
+fn a_rope_factor_of_zero_is_refused_by_every_command() {
+    let f = Shards::new();
+    let data = f.write("data", 2, 1 << 20, &"0".repeat(64));
+    set_config_key(
+        &f.drafter,
+        "rope_scaling",
+        serde_json::json!({"rope_type": "yarn", "type": "yarn", "factor": 0.0, "original_max_position_embeddings": 64}),
+    );
+    let words = "rope_scaling.factor = 0 must be a finite number above 0";
+    // inspect: a lint error (exit 2), where it passed.
+    let out = aerie(&["inspect", s(&f.drafter)]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(matches!(out.status.code(), Some(1 | 2)) && text.contains(words), "{text}");
+    // eval: a NaN loss and τ 1.0 before.
+    refused(f.eval("loss", &data, &f.drafter, &[]), &[words]);
+    // train (warm start from it): NaN losses before.
+    let config = f.train_config("t.toml", &f.root().join("run"), 1, 1, &[&data], &[]);
+    refused(aerie(&["train", s(&config), "--json"]), &[words]);
+    // export: exported before.
+    let out = f.root().join("exported");
+    refused(aerie(&["export", s(&f.drafter), "--to", "sglang", "--out", s(&out), "--json"]), &[words]);
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_fifo_in_place_of_a_shard_is_an_error_not_a_hang() {
+    let f = Shards::new();
+    let data = f.write("data", 4, 1 << 20, &"0".repeat(64));
+    let shard = data.join(aerie_data::shard::shard_file_name(0));
+    std::fs::remove_file(&shard).unwrap();
+    let c = std::ffi::CString::new(s(&shard)).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    let mut cmd = aerie_cmd();
+    cmd.args(["shards", "verify", s(&data), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("shards verify hung on a FIFO");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    refused(child.wait_with_output().unwrap(), &[s(&shard), "not a regular file"]);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Set `key` of `dir/config.json` to `value` (behind aerie's back: what a hand edit does).
+fn set_config_key(dir: &Path, key: &str, value: serde_json::Value) {
+    let path = dir.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    c[key] = value;
+    std::fs::write(&path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+}
