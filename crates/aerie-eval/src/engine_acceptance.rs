@@ -4,6 +4,7 @@
 //! in aerie's acceptance terms).
 
 use aerie_engine::counters::SpecCounters;
+use aerie_engine::meta::SpecMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::accept::{AcceptCounter, conditional_from_unconditional};
@@ -112,6 +113,99 @@ impl RunAcceptance {
     }
 }
 
+/// SGLang's accepted-drafts histograms of one run's responses (`metas`, in request order),
+/// each checked against the same response's raw counts, then summed: h[a] over the responses,
+/// padded to k + 1 entries (SGLang's list ends at the most drafts any of its cycles accepted).
+/// `k` is the chain's draft steps when the caller started the engine; otherwise each response's
+/// `spec_num_proposed_drafts / spec_verify_ct` (SGLang's verified tokens − 1) bounds it.
+///
+/// Refused, naming `server`, the response and the field: a histogram whose counts do not sum to
+/// the response's `spec_verify_ct`, whose accepted drafts (Σ a·h[a]) differ from its
+/// `spec_num_correct_drafts`, or with cycles that accepted more than k drafts (an accept length
+/// above k + 1); a histogram without `spec_verify_ct`; and a speculative response (one with
+/// `spec_verify_ct`) without a histogram where one is expected: when `required` (an engine aerie
+/// started, whose version sends them) or when another response of the run carried one. Nothing is
+/// skipped or cut. `Ok(None)` when no response carried a histogram and none was required (an
+/// older SGLang: the caller falls back to the accepted-draft counts and says so).
+pub fn sglang_histogram(
+    metas: &[&SpecMeta],
+    k: Option<usize>,
+    server: &str,
+    required: bool,
+) -> Result<Option<Vec<u64>>> {
+    const FIELD: &str = "spec_correct_drafts_histogram";
+    let refuse = |i: usize, message: String| Error::Server {
+        url: server.to_string(),
+        status: None,
+        message: format!("response {} of {}: {message}", i + 1, metas.len()),
+    };
+    let expected = required || metas.iter().any(|m| m.histogram.is_some());
+    let mut sum: Option<Vec<u64>> = None;
+    for (i, m) in metas.iter().enumerate() {
+        let (verify, h) = match (m.verify_ct, m.histogram.as_deref()) {
+            (None, None) => continue,
+            (None, Some(h)) => {
+                return Err(refuse(
+                    i,
+                    format!("carries an accepted-drafts histogram ({FIELD} {h:?}) but no spec_verify_ct"),
+                ));
+            }
+            (Some(v), None) if expected => {
+                return Err(refuse(
+                    i,
+                    format!(
+                        "carries spec_verify_ct {v} but no accepted-drafts histogram ({FIELD} in meta_info or \
+                         sglext.spec_tokens_details){}: its cycles cannot be counted by accepted drafts",
+                        if required { "" } else { ", which other responses of the run carried" }
+                    ),
+                ));
+            }
+            (Some(_), None) => continue,
+            (Some(v), Some(h)) => (v, h),
+        };
+        let cycles: u64 = h.iter().sum();
+        if cycles != verify {
+            return Err(refuse(i, format!("{FIELD} {h:?} counts {cycles} cycles where spec_verify_ct is {verify}")));
+        }
+        let accepted: u64 = h.iter().enumerate().map(|(a, &n)| a as u64 * n).sum();
+        if let Some(raw) = m.accepted_drafts
+            && raw != accepted
+        {
+            return Err(refuse(
+                i,
+                format!("{FIELD} {h:?} accepts {accepted} drafts where spec_num_correct_drafts is {raw}"),
+            ));
+        }
+        let steps = k.or_else(|| m.proposed_drafts.map(|p| (p / verify) as usize));
+        if let Some(k) = steps
+            && let Some(a) = (k + 1..h.len()).find(|&a| h[a] > 0)
+        {
+            return Err(refuse(
+                i,
+                format!(
+                    "{FIELD} {h:?} counts {} cycle(s) that accepted {a} drafts: a chain of k = {k} drafts accepts at most \
+                     {k} (an accept length of at most k + 1 = {})",
+                    h[a],
+                    k + 1
+                ),
+            ));
+        }
+        // (entries past k + 1 are zeros, checked above)
+        let h = &h[..steps.map_or(h.len(), |k| h.len().min(k + 1))];
+        let acc = sum.get_or_insert_with(Vec::new);
+        if acc.len() < h.len() {
+            acc.resize(h.len(), 0);
+        }
+        acc.iter_mut().zip(h).for_each(|(a, b)| *a += b);
+    }
+    if let (Some(acc), Some(k)) = (sum.as_mut(), k)
+        && acc.len() < k + 1
+    {
+        acc.resize(k + 1, 0);
+    }
+    Ok(sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +252,39 @@ mod tests {
         let mut bad = later.clone();
         bad.accepted += 1.0;
         assert!(RunAcceptance::between(&after, &bad, 3).unwrap_err().to_string().contains("sum over its 3 positions"));
+    }
+
+    /// Issue 44 §2.1, `eval serve`'s side: the engine aerie started (k known, SGLang 0.5.23 sends
+    /// histograms) must send one per speculative answer; a histogram reaching past k + 1 is
+    /// refused, not cut to k + 1 (it used to be zipped into k + 1 entries).
+    #[test]
+    fn an_engine_aerie_started_must_send_each_histogram_within_k_plus_one() {
+        let meta = |v: u64, h: Option<Vec<u64>>, a: Option<u64>| SpecMeta {
+            completion_tokens: Some(v + 5),
+            verify_ct: Some(v),
+            histogram: h,
+            accepted_drafts: a,
+            ..SpecMeta::default()
+        };
+        let (x, y) = (meta(4, Some(vec![2, 1, 1]), Some(3)), meta(3, Some(vec![2, 1]), Some(1)));
+        let h = sglang_histogram(&[&x, &y], Some(3), "http://127.0.0.1:1", true).unwrap();
+        assert_eq!(h, Some(vec![4, 2, 1, 0]), "summed and padded to k + 1");
+        let alone = meta(3, None, Some(1));
+        let e = sglang_histogram(&[&x, &alone], Some(3), "http://127.0.0.1:1", true).unwrap_err().to_string();
+        assert!(
+            e.contains("http://127.0.0.1:1")
+                && e.contains("response 2 of 2")
+                && e.contains("spec_correct_drafts_histogram"),
+            "{e}"
+        );
+        // Without `required`, no histogram anywhere (an older SGLang) is no histogram: the caller's fallback.
+        assert_eq!(sglang_histogram(&[&alone], None, "u", false).unwrap(), None);
+        let long = meta(4, Some(vec![1, 1, 1, 0, 1]), Some(7));
+        let e = sglang_histogram(&[&long], Some(3), "u", true).unwrap_err().to_string();
+        assert!(e.contains("accepted 4 drafts") && e.contains("k = 3"), "{e}");
+        let plain = SpecMeta { completion_tokens: Some(9), ..SpecMeta::default() };
+        assert_eq!(sglang_histogram(&[&plain], Some(3), "u", true).unwrap(), None, "a plain answer has none");
+        let stray = SpecMeta { histogram: Some(vec![1]), ..SpecMeta::default() };
+        assert!(sglang_histogram(&[&stray], None, "u", false).unwrap_err().to_string().contains("no spec_verify_ct"));
     }
 }

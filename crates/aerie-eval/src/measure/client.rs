@@ -33,6 +33,11 @@ pub struct RequestResult {
     pub decode_s: Option<f64>,
     /// Tokens generated after the first chunk (streams).
     pub decode_tokens: Option<u64>,
+    /// Tokens the first generated chunk carried, where the stream counts tokens (the server's
+    /// cumulative count): 1 is the prefill's token alone; more means cycles ran before the decode
+    /// time started, so their cycles must not be set against it ([`super::timed_cycles`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_chunk_tokens: Option<u64>,
     /// Attempts made.
     pub attempts: usize,
     /// The answer's text (streamed deltas joined, or the response's text).
@@ -66,6 +71,8 @@ fn attempt(
     let mut last: Option<(Instant, u64)> = None;
     let mut final_meta = SpecMeta::default();
     let mut chat_tokens = 0u64;
+    // Whether the counts are the server's token counts (not chat chunks counted one each).
+    let mut counted_tokens = false;
     let mut answer = String::new();
     for line in reader.lines() {
         let line = line.map_err(|e| match over_cap(&e) {
@@ -92,7 +99,10 @@ fn attempt(
                 chat_tokens += 1;
                 Some(chat_tokens)
             }
-            ChunkProgress::Cumulative(n) => Some(n),
+            ChunkProgress::Cumulative(n) => {
+                counted_tokens = true;
+                Some(n)
+            }
         };
         if let Some(n) = count.filter(|&n| last.is_none_or(|(_, m)| n > m)) {
             first.get_or_insert((now, n));
@@ -103,6 +113,7 @@ fn attempt(
     if final_meta.completion_tokens.is_none() {
         final_meta.completion_tokens = last.map(|(_, n)| n);
     }
+    let first_chunk_tokens = first.filter(|_| counted_tokens).map(|(_, n)| n);
     let (ttft_s, decode_s, decode_tokens) = match (first, last) {
         (Some((t0, n0)), Some((t1, n1))) => {
             // Chat deltas are counted per chunk; rescale to the server's token count when known.
@@ -119,6 +130,7 @@ fn attempt(
         ttft_s,
         decode_s,
         decode_tokens,
+        first_chunk_tokens,
         attempts: 1,
         answer,
     })

@@ -33,11 +33,11 @@ pub use pool::run_pool;
 use aerie_engine::Engine;
 use aerie_engine::counters::{SETTLE_WAIT, settled_vllm_counters, vllm_counters};
 use aerie_engine::detect::detect;
-use aerie_engine::meta::{Endpoint, Request};
+use aerie_engine::meta::{Endpoint, Request, SpecMeta};
 
 use crate::accept::{CurvePoint, tau_curve};
 use crate::cost::{Costs, Provenance, VerifyCost};
-use crate::engine_acceptance::RunAcceptance;
+use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
 use crate::{Error, Result};
 
 /// What to measure and how.
@@ -121,8 +121,18 @@ pub struct MeasureReport {
     pub itl_ms: Option<f64>,
     /// Whether the server speculated (`spec_verify_ct` present).
     pub speculative: bool,
-    /// Σ spec_verify_ct.
+    /// Σ spec_verify_ct (vLLM: its cycle counter over the run).
     pub spec_verify_ct: u64,
+    /// Σ accepted drafts as the server counts them, raw: SGLang's `spec_num_correct_drafts` of
+    /// each response (checked equal to its histogram's), vLLM's accepted-tokens counter over the
+    /// run. With `spec_verify_ct`, τ = 1 + this / spec_verify_ct.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_drafts: Option<u64>,
+    /// Where the acceptance figures come from, and that they are this run's alone: each
+    /// response's own `meta_info` (SGLang; never its server-lifetime `avg_spec_accept_length`), or
+    /// vLLM's cumulative counters read before and after the run (their difference).
+    #[serde(default)]
+    pub counted: String,
     /// τ = 1 + Σ accepted drafts / Σ verify cycles: from the histogram (or vLLM's counters), else
     /// from the accepted-draft counts; completion / verify only when neither came back (warned).
     pub tau: Option<f64>,
@@ -143,8 +153,14 @@ pub struct MeasureReport {
     pub verify_tokens: Option<usize>,
     /// τ(k') for k' ≤ k from the histogram (a chain whose first k' drafts are the same drafts).
     pub curve: Vec<CurvePoint>,
-    /// One draft+verify cycle implied by the timings: ITL × τ_hist (streams) or e2e / verify.
+    /// One draft+verify cycle, ms, measured on a stream: Σ decode time / Σ verify cycles of the
+    /// same responses ([`timed_cycles`]: a response whose time or cycles are missing, or whose
+    /// first chunk already held cycles' tokens, is left out of both); without a stream e2e /
+    /// verify (prefill included, warned).
     pub implied_cycle_ms: Option<f64>,
+    /// Responses whose decode time and cycles the cycle sets against each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycle_responses: Option<usize>,
     /// Plain decode step (no speculation): the ITL, or e2e / tokens without a stream.
     pub t_d_ms: Option<f64>,
     /// Caveats.
@@ -172,7 +188,7 @@ pub fn measure(
     let agent = agent(opts);
     let start = Instant::now();
     let results = run_pool(prompts, opts.concurrency, &|p| send(&agent, p, opts), &|n| progress(n, prompts.len()))?;
-    let mut report = summarize(&results, start.elapsed().as_secs_f64(), opts);
+    let mut report = summarize(&results, start.elapsed().as_secs_f64(), opts)?;
     report.api = api;
     if let Some(before) = before {
         let settled = settled_vllm_counters(&opts.server, SETTLE_WAIT)?;
@@ -185,7 +201,7 @@ pub fn measure(
                 status: None,
                 message: e.to_string(),
             })?;
-            apply_counters(&mut report, &acceptance);
+            apply_counters(&mut report, &acceptance, &results);
         }
     }
     if report.completion_tokens == 0 {
@@ -217,8 +233,86 @@ pub fn measure(
     Ok(report)
 }
 
-/// Reduce per-request results (pure; `wall_s` is the run's wall time).
-pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) -> MeasureReport {
+/// What [`MeasureReport::counted`] says of SGLang's per-response statistics.
+pub const COUNTED_PER_RESPONSE: &str = "each response's own meta_info (spec_verify_ct, accepted-drafts histogram, \
+spec_num_correct_drafts) summed over this run's responses; never the server-lifetime avg_spec_accept_length";
+/// What [`MeasureReport::counted`] says of vLLM's counters.
+pub const COUNTED_BY_DIFFERENCE: &str = "vLLM's /metrics counters (cumulative since the server started) read \
+before and after this run: their difference";
+
+/// The decode time and the verify cycles of the same responses, set against each other for the
+/// cycle time (issue 44 §2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimedCycles {
+    /// Σ decode time (first to last generated chunk) of the responses counted, s.
+    pub decode_s: f64,
+    /// Σ verify cycles of the same responses.
+    pub cycles: u64,
+    /// Responses counted.
+    pub responses: usize,
+    /// Responses left out of both: their decode time or cycles are missing, or their first chunk
+    /// held more than the prefill's token (cycles that ran before the decode time started).
+    pub left_out: usize,
+}
+
+impl TimedCycles {
+    /// One cycle, ms; `None` when no cycle or no time was counted.
+    pub fn cycle_ms(&self) -> Option<f64> {
+        (self.cycles > 0 && self.decode_s > 0.0).then(|| 1000.0 * self.decode_s / self.cycles as f64)
+    }
+}
+
+/// The decode time of `results` and the verify cycles of the same responses. With each
+/// response's own count (`run_cycles` `None`: SGLang's `spec_verify_ct`) a response is counted
+/// when it has both a decode time and a cycle count and its first chunk carried the prefill's
+/// token alone (the decode time starts at the first chunk: cycles before it would count without
+/// their time); others are left out of both. With one count for the whole run (`Some(D)`: vLLM's
+/// counters, which cannot leave a response out) every response must qualify: `Err` says which
+/// does not. Responses without tokens after their first carry no cycle and no time either way.
+pub fn timed_cycles(results: &[&RequestResult], run_cycles: Option<u64>) -> std::result::Result<TimedCycles, String> {
+    let mut t = TimedCycles { decode_s: 0.0, cycles: 0, responses: 0, left_out: 0 };
+    let later_tokens = |r: &RequestResult| r.meta.completion_tokens.is_none_or(|n| n > 1);
+    for (i, r) in results.iter().enumerate() {
+        let early = r.first_chunk_tokens.is_some_and(|n| n > 1);
+        match (run_cycles, r.decode_s, r.meta.verify_ct) {
+            (None, Some(d), Some(v)) if !early => {
+                t.decode_s += d;
+                t.cycles += v;
+                t.responses += 1;
+            }
+            (None, _, _) => t.left_out += usize::from(later_tokens(r) || r.meta.verify_ct.is_some()),
+            (Some(_), Some(d), _) if !early => {
+                t.decode_s += d;
+                t.responses += 1;
+            }
+            (Some(_), _, _) if !later_tokens(r) && !early => {}
+            (Some(_), d, _) => {
+                return Err(format!(
+                    "response {} of {} {}: the engine's one cycle count for the run cannot leave its cycles out",
+                    i + 1,
+                    results.len(),
+                    if d.is_none() {
+                        "has no decode time (not streamed)".to_string()
+                    } else {
+                        format!(
+                            "carried {} tokens in its first chunk (cycles ran before its decode time started)",
+                            r.first_chunk_tokens.unwrap_or(0)
+                        )
+                    }
+                ));
+            }
+        }
+    }
+    if let Some(d) = run_cycles {
+        t.cycles = d;
+    }
+    Ok(t)
+}
+
+/// Reduce per-request results (pure; `wall_s` is the run's wall time). SGLang's per-response
+/// histograms are checked against the same responses' raw counts ([`sglang_histogram`]): an
+/// inconsistent or missing one is an error naming the server and the field.
+pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) -> Result<MeasureReport> {
     let mut warnings = Vec::new();
     let completion: u64 = results.iter().filter_map(|r| r.meta.completion_tokens).sum();
     let verify: u64 = results.iter().filter_map(|r| r.meta.verify_ct).sum();
@@ -231,14 +325,8 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
             results.len()
         ));
     }
-    let mut hist: Option<Vec<u64>> = None;
-    for h in results.iter().filter_map(|r| r.meta.histogram.as_ref()) {
-        let acc = hist.get_or_insert_with(Vec::new);
-        if acc.len() < h.len() {
-            acc.resize(h.len(), 0);
-        }
-        acc.iter_mut().zip(h).for_each(|(a, b)| *a += b);
-    }
+    let metas: Vec<&SpecMeta> = results.iter().map(|r| &r.meta).collect();
+    let mut hist = sglang_histogram(&metas, None, &opts.server, false)?;
     let proposed: u64 = results.iter().filter_map(|r| r.meta.proposed_drafts).sum();
     let spec_verify_with_drafts: u64 =
         results.iter().filter(|r| r.meta.proposed_drafts.is_some()).filter_map(|r| r.meta.verify_ct).sum();
@@ -311,13 +399,25 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
             opts.concurrency, opts.concurrency
         ));
     }
+    let mut cycle_responses = None;
     let (implied_cycle_ms, t_d_ms) = if speculative {
-        let cycle = match (itl_ms, tau) {
-            (Some(itl), Some(t)) => Some(itl * t),
-            _ => {
-                warnings.push("implied cycle from e2e / verify passes: includes prefill and queueing".into());
-                (verify > 0).then(|| 1000.0 * e2e / verify as f64)
+        let cycle = if opts.stream {
+            let all: Vec<&RequestResult> = results.iter().collect();
+            let timed = timed_cycles(&all, None).expect("per-response cycles leave responses out, never fail");
+            if timed.left_out > 0 {
+                warnings.push(format!(
+                    "cycle time over {} of {} responses: {} left out of both its time and its cycles (no decode time \
+                     or spec_verify_ct, or cycles before the first chunk)",
+                    timed.responses,
+                    results.len(),
+                    timed.left_out
+                ));
             }
+            cycle_responses = Some(timed.responses);
+            timed.cycle_ms()
+        } else {
+            warnings.push("cycle from e2e / verify passes: includes prefill and queueing".into());
+            (verify > 0).then(|| 1000.0 * e2e / verify as f64)
         };
         (cycle, None)
     } else {
@@ -330,7 +430,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         });
         (None, td)
     };
-    MeasureReport {
+    Ok(MeasureReport {
         label: opts.label.clone(),
         server: opts.server.clone(),
         api: opts.api.unwrap_or(Engine::Sglang),
@@ -349,6 +449,8 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         itl_ms,
         speculative,
         spec_verify_ct: verify,
+        accepted_drafts: speculative.then_some(accepted_counts).flatten(),
+        counted: COUNTED_PER_RESPONSE.into(),
         tau,
         tokens_per_verify: (verify > 0).then(|| completion as f64 / verify as f64),
         tau_from_histogram: tau_hist,
@@ -359,17 +461,21 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         verify_tokens,
         curve,
         implied_cycle_ms,
+        cycle_responses,
         t_d_ms,
         warnings,
-    }
+    })
 }
 
 /// A vLLM run's acceptance read from the engine's counters (responses carry none): τ, the rates
-/// by position, and the cycle implied by the streamed inter-token time.
-fn apply_counters(report: &mut MeasureReport, acc: &RunAcceptance) {
+/// by position, and the cycle: the run's decode time over the counters' cycles, when every
+/// response's decode time is timed ([`timed_cycles`]; the counters cannot leave one out).
+fn apply_counters(report: &mut MeasureReport, acc: &RunAcceptance, results: &[RequestResult]) {
     let k = acc.accepted_per_pos.len();
     report.speculative = true;
     report.spec_verify_ct = acc.drafts;
+    report.accepted_drafts = Some(acc.accepted);
+    report.counted = COUNTED_BY_DIFFERENCE.into();
     report.tau = Some(acc.tau);
     report.tau_from_histogram = Some(acc.tau);
     report.accept_histogram = Some(acc.counter().histogram.iter().map(|&h| h.round() as u64).collect());
@@ -382,7 +488,22 @@ fn apply_counters(report: &mut MeasureReport, acc: &RunAcceptance) {
         .enumerate()
         .map(|(i, tau)| CurvePoint { k: i + 1, verify_tokens: i + 2, tau })
         .collect();
-    report.implied_cycle_ms = report.itl_ms.map(|itl| itl * acc.tau);
+    report.implied_cycle_ms = None;
+    report.cycle_responses = None;
+    if report.stream {
+        let all: Vec<&RequestResult> = results.iter().collect();
+        match timed_cycles(&all, Some(acc.drafts)) {
+            Ok(t) => {
+                report.implied_cycle_ms = t.cycle_ms();
+                report.cycle_responses = Some(t.responses);
+            }
+            Err(why) => report.warnings.push(format!("no cycle time: {why}")),
+        }
+    } else {
+        report.implied_cycle_ms =
+            (acc.drafts > 0).then(|| 1000.0 * results.iter().map(|r| r.e2e_s).sum::<f64>() / acc.drafts as f64);
+        report.warnings.push("cycle from e2e / verify passes: includes prefill and queueing".into());
+    }
     report.t_d_ms = None;
 }
 
@@ -420,8 +541,8 @@ pub fn costs_from_report(report: &MeasureReport, existing: Option<Costs>, proven
         return Err(err("tree drafting: cycle_ms holds chain cycles (k drafts, k+1 verified tokens) only"));
     }
     costs.cycle_ms.insert(k.to_string(), cycle);
-    costs.provenance.derived.push(format!(
-        "cycle_ms.{k} (the inter-token time × τ of a run {}: {})",
+    costs.provenance.measured.push(format!(
+        "cycle_ms.{k} (the decode time over the server's verify cycles, of the same responses, of a run {}: {})",
         provenance.when, provenance.measured_where
     ));
     Ok(costs)
@@ -430,7 +551,7 @@ pub fn costs_from_report(report: &MeasureReport, existing: Option<Costs>, proven
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aerie_engine::meta::SpecMeta;
+    use serde_json::json;
 
     fn spec(completion: u64, verify: u64, hist: Vec<u64>, decode_s: f64, decode_tokens: u64) -> RequestResult {
         RequestResult {
@@ -445,6 +566,7 @@ mod tests {
             ttft_s: Some(0.1),
             decode_s: Some(decode_s),
             decode_tokens: Some(decode_tokens),
+            first_chunk_tokens: Some(1),
             attempts: 1,
             answer: String::new(),
         }
@@ -456,7 +578,7 @@ mod tests {
         // r_1 = 5/6, r_2 = 2/6, τ = τ_hist = 1 + 7/6. Completion 9 + 5 over 4 + 2 passes: 14/6
         // tokens per verify (SGLang's accept length), which is not τ.
         let rs = [spec(9, 4, vec![1, 1, 2], 0.16, 8), spec(5, 2, vec![0, 2, 0], 0.08, 4)];
-        let rep = summarize(&rs, 2.0, &MeasureOptions::default());
+        let rep = summarize(&rs, 2.0, &MeasureOptions::default()).unwrap();
         assert!(rep.speculative);
         assert_eq!(rep.accept_histogram, Some(vec![1, 3, 2]));
         assert!((rep.tau.unwrap() - (1.0 + 7.0 / 6.0)).abs() < 1e-12);
@@ -467,9 +589,12 @@ mod tests {
         assert!((rep.accept_rate_conditional.as_ref().unwrap()[1] - 0.4).abs() < 1e-12);
         assert_eq!((rep.steps, rep.verify_tokens), (Some(2), Some(3)));
         assert_eq!(rep.curve.len(), 2);
-        // ITL = 0.24 s / 12 tokens = 20 ms; cycle = 20 ms × τ_hist.
+        // ITL = 0.24 s / 12 tokens = 20 ms; cycle = the same responses' 0.24 s over their 6 cycles.
         assert!((rep.itl_ms.unwrap() - 20.0).abs() < 1e-9);
-        assert!((rep.implied_cycle_ms.unwrap() - 20.0 * (13.0 / 6.0)).abs() < 1e-9);
+        assert!((rep.implied_cycle_ms.unwrap() - 40.0).abs() < 1e-9);
+        assert_eq!(rep.cycle_responses, Some(2));
+        assert_eq!(rep.accepted_drafts, None, "no raw count came back");
+        assert_eq!(rep.counted, COUNTED_PER_RESPONSE);
         assert_eq!(rep.output_tokens_per_s, 7.0);
     }
 
@@ -480,12 +605,12 @@ mod tests {
         let mut r = spec(256, 185, vec![0, 0], 1.0, 255);
         r.meta.histogram = None;
         r.meta.accepted_drafts = Some(68);
-        let rep = summarize(std::slice::from_ref(&r), 1.0, &MeasureOptions::default());
+        let rep = summarize(std::slice::from_ref(&r), 1.0, &MeasureOptions::default()).unwrap();
         assert!((rep.tau.unwrap() - (1.0 + 68.0 / 185.0)).abs() < 1e-12, "{:?}", rep.tau);
         assert!((rep.tokens_per_verify.unwrap() - 256.0 / 185.0).abs() < 1e-12);
         // Neither a histogram nor counts: the only figure left, named as such.
         r.meta.accepted_drafts = None;
-        let rep = summarize(&[r], 1.0, &MeasureOptions::default());
+        let rep = summarize(&[r], 1.0, &MeasureOptions::default()).unwrap();
         assert!((rep.tau.unwrap() - 256.0 / 185.0).abs() < 1e-12);
         assert!(rep.warnings.iter().any(|w| w.contains("first token counts too")), "{:?}", rep.warnings);
     }
@@ -496,7 +621,7 @@ mod tests {
         // cycles proposed. The steps are 3, not 1, and r_2 = r_3 = 0.
         let mut r = spec(26, 23, vec![20, 3], 1.0, 25);
         r.meta.proposed_drafts = Some(69);
-        let rep = summarize(&[r], 1.0, &MeasureOptions::default());
+        let rep = summarize(&[r], 1.0, &MeasureOptions::default()).unwrap();
         assert_eq!((rep.steps, rep.verify_tokens), (Some(3), Some(4)));
         assert_eq!(rep.accept_histogram, Some(vec![20, 3, 0, 0]));
         assert_eq!(rep.accept_rate_unconditional.unwrap()[1..], [0.0, 0.0]);
@@ -511,10 +636,11 @@ mod tests {
             ttft_s: Some(0.05),
             decode_s: Some(0.121),
             decode_tokens: Some(10),
+            first_chunk_tokens: Some(1),
             attempts: 1,
             answer: String::new(),
         };
-        let rep = summarize(&[plain], 0.2, &MeasureOptions::default());
+        let rep = summarize(&[plain], 0.2, &MeasureOptions::default()).unwrap();
         assert!(!rep.speculative);
         assert!((rep.t_d_ms.unwrap() - 12.1).abs() < 1e-9);
         let prov =
@@ -522,10 +648,211 @@ mod tests {
         let costs = costs_from_report(&rep, None, prov.clone()).unwrap();
         assert!(costs.validate().is_ok());
         assert_eq!(costs.verify_ms(1), Some(costs.t_d_ms));
-        let srep = summarize(&[spec(9, 4, vec![1, 1, 2], 0.16, 8)], 1.0, &MeasureOptions::default());
+        let srep = summarize(&[spec(9, 4, vec![1, 1, 2], 0.16, 8)], 1.0, &MeasureOptions::default()).unwrap();
         assert!(costs_from_report(&srep, None, prov.clone()).unwrap_err().to_string().contains("plain server first"));
         let both = costs_from_report(&srep, Some(costs), prov).unwrap();
         assert!(both.cycle_ms.contains_key("2"));
         assert!(both.validate().is_ok());
+    }
+
+    /// One SGLang 0.5.23 chat response as `aerie measure` reads it: the `sglext` chunk of a stream
+    /// (the shape SGLang's tokenizer manager writes: `spec_num_proposed_drafts` = verify passes ×
+    /// (num_draft_tokens − 1)) merged with its usage chunk, and its timings.
+    fn recorded(details: serde_json::Value, completion: u64, decode_s: f64, first: u64) -> RequestResult {
+        let mut meta = aerie_engine::meta::parse_meta(
+            &serde_json::json!({"choices": [], "sglext": {"spec_tokens_details": details}}),
+        );
+        meta.update(aerie_engine::meta::parse_meta(
+            &serde_json::json!({"choices": [], "usage": {"completion_tokens": completion}}),
+        ));
+        RequestResult {
+            meta,
+            e2e_s: decode_s + 0.1,
+            ttft_s: Some(0.1),
+            decode_s: Some(decode_s),
+            decode_tokens: Some(completion - first),
+            first_chunk_tokens: Some(first),
+            attempts: 1,
+            answer: String::new(),
+        }
+    }
+
+    /// Issue 44 §2.1: τ is SGLang's raw counts' (1 + Σ spec_num_correct_drafts / Σ
+    /// spec_verify_ct), and a histogram that disagrees with them, is missing where the run's other
+    /// responses carry one, or counts a cycle accepting more than k drafts is refused, naming the
+    /// server and the field (it used to be summed as is, skipped, or cut).
+    #[test]
+    fn sglang_histograms_are_checked_against_the_raw_counts() {
+        let opts = MeasureOptions { server: "http://node:30000".into(), ..MeasureOptions::default() };
+        // k = 2 (3 draft tokens): 21 cycles accepting 5·1 + 2·2 = 9 drafts; 11 cycles accepting 4.
+        let a = json!({"spec_accept_length": 1.5, "spec_num_correct_drafts": 9, "spec_num_proposed_drafts": 42,
+            "spec_verify_ct": 21, "spec_correct_drafts_histogram": [14, 5, 2]});
+        let b = json!({"spec_accept_length": 1.4545, "spec_num_correct_drafts": 4, "spec_num_proposed_drafts": 22,
+            "spec_verify_ct": 11, "spec_correct_drafts_histogram": [7, 4]});
+        let ok = [recorded(a.clone(), 31, 2.1, 1), recorded(b.clone(), 16, 1.1, 1)];
+        let rep = summarize(&ok, 4.0, &opts).unwrap();
+        assert_eq!((rep.spec_verify_ct, rep.accepted_drafts), (32, Some(13)));
+        assert_eq!(rep.accept_histogram, Some(vec![21, 9, 2]));
+        let raw = 1.0 + 13.0 / 32.0;
+        assert!((rep.tau.unwrap() - raw).abs() < 1e-12, "{:?} vs the raw counts' {raw}", rep.tau);
+        // The cycle: the same two responses' 3.2 s over their 32 cycles.
+        assert!((rep.implied_cycle_ms.unwrap() - 100.0).abs() < 1e-9);
+
+        let refused = |bodies: &[RequestResult]| summarize(bodies, 4.0, &opts).unwrap_err().to_string();
+        // A response without the histogram the others carry.
+        let mut no_hist = b.clone();
+        no_hist.as_object_mut().unwrap().remove("spec_correct_drafts_histogram");
+        let e = refused(&[recorded(a.clone(), 31, 2.1, 1), recorded(no_hist, 16, 1.1, 1)]);
+        assert!(e.contains("http://node:30000") && e.contains("response 2 of 2"), "{e}");
+        assert!(e.contains("spec_correct_drafts_histogram") && e.contains("spec_verify_ct 11"), "{e}");
+        // An entry past k + 1: a cycle that accepted 3 of k = 2 drafts.
+        let mut long = a.clone();
+        long["spec_correct_drafts_histogram"] = json!([14, 5, 1, 1]);
+        long["spec_num_correct_drafts"] = json!(10);
+        let e = refused(&[recorded(long, 31, 2.1, 1)]);
+        assert!(e.contains("http://node:30000") && e.contains("spec_correct_drafts_histogram"), "{e}");
+        assert!(e.contains("accepted 3 drafts") && e.contains("k = 2"), "{e}");
+        // Counts that disagree with spec_verify_ct or spec_num_correct_drafts.
+        let mut cycles = a.clone();
+        cycles["spec_verify_ct"] = json!(22);
+        let e = refused(&[recorded(cycles, 31, 2.1, 1)]);
+        assert!(e.contains("counts 21 cycles where spec_verify_ct is 22"), "{e}");
+        let mut drafts = a.clone();
+        drafts["spec_num_correct_drafts"] = json!(8);
+        let e = refused(&[recorded(drafts, 31, 2.1, 1)]);
+        assert!(e.contains("accepts 9 drafts where spec_num_correct_drafts is 8"), "{e}");
+        // Trailing zeros past k + 1 count nothing and pass.
+        let mut zeros = a.clone();
+        zeros["spec_correct_drafts_histogram"] = json!([14, 5, 2, 0]);
+        assert_eq!(
+            summarize(&[recorded(zeros, 31, 2.1, 1)], 1.0, &opts).unwrap().accept_histogram,
+            Some(vec![14, 5, 2])
+        );
+    }
+
+    /// Issue 44 §2.2: the cycle's time and its cycles count the same responses. A response whose
+    /// first chunk already held a cycle's tokens (its decode time starts after them) or that carried
+    /// no cycle count is left out of both; with vLLM's one count for the run none can be, so such a
+    /// run gives no cycle time rather than a wrong one.
+    #[test]
+    fn the_cycle_sets_each_responses_time_against_its_own_cycles() {
+        let d = |v: u64, h: serde_json::Value, a: u64| {
+            json!({"spec_verify_ct": v, "spec_correct_drafts_histogram": h, "spec_num_correct_drafts": a,
+                "spec_num_proposed_drafts": 2 * v})
+        };
+        let clean = recorded(d(10, json!([6, 2, 2]), 6), 17, 1.0, 1);
+        // 3 tokens in the first chunk: one cycle ran before the decode time started.
+        let early = recorded(d(10, json!([6, 2, 2]), 6), 17, 0.9, 3);
+        // Time but no cycle count (a response the server sent without its statistics).
+        let mut bare = recorded(d(10, json!([6, 2, 2]), 6), 17, 5.0, 1);
+        bare.meta = SpecMeta { completion_tokens: Some(17), ..SpecMeta::default() };
+        let rep = summarize(&[clean.clone(), early.clone(), bare.clone()], 9.0, &MeasureOptions::default()).unwrap();
+        // 1.0 s over 10 cycles: not (1.0 + 0.9 + 5.0) s over 20 cycles, nor over 30.
+        assert!((rep.implied_cycle_ms.unwrap() - 100.0).abs() < 1e-9, "{:?}", rep.implied_cycle_ms);
+        assert_eq!(rep.cycle_responses, Some(1));
+        assert!(rep.warnings.iter().any(|w| w.contains("over 1 of 3 responses: 2 left out")), "{:?}", rep.warnings);
+        // One count for the run (vLLM): every response counts, or there is no cycle time.
+        let t = timed_cycles(&[&clean, &clean], Some(20)).unwrap();
+        assert_eq!((t.responses, t.cycles, t.cycle_ms()), (2, 20, Some(100.0)));
+        let e = timed_cycles(&[&clean, &early], Some(20)).unwrap_err();
+        assert!(e.contains("response 2 of 2") && e.contains("3 tokens in its first chunk"), "{e}");
+        let mut one_token = bare.clone();
+        one_token.meta.completion_tokens = Some(1);
+        one_token.decode_s = None;
+        assert_eq!(
+            timed_cycles(&[&clean, &one_token], Some(10)).unwrap().responses,
+            1,
+            "a one-token answer has no cycle"
+        );
+    }
+
+    /// A vLLM server for [`measure`]: its counters cumulative over its life (1000 cycles before
+    /// the test), each chat answer 7 tokens in 4 cycles accepting 2 drafts (k = 2), streamed with
+    /// the cumulative usage in every chunk.
+    fn fake_vllm() -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut drafts, mut accepted) = (1000u64, 500u64);
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { break };
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut tmp).unwrap_or(0);
+                    buf.extend_from_slice(&tmp[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(end) = text.find("\r\n\r\n") else { if n == 0 { break } else { continue } };
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if n == 0 || buf.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+                let text = String::from_utf8_lossy(&buf).to_string();
+                let body = if text.split_whitespace().nth(1) == Some("/metrics") {
+                    format!(
+                        "vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {drafts}.0\n\
+                         vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {}.0\n\
+                         vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {accepted}.0\n\
+                         vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"0\"}} {accepted}.0\n\
+                         vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"1\"}} 0.0\n",
+                        2 * drafts
+                    )
+                } else {
+                    drafts += 4;
+                    accepted += 2;
+                    let mut sse = String::from(
+                        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}],\"usage\":{\"completion_tokens\":0}}\n\n",
+                    );
+                    for n in [1, 3, 5, 6, 7] {
+                        sse += &format!(
+                            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{n}\"}}}}],\"usage\":{{\"completion_tokens\":{n}}}}}\n\n"
+                        );
+                    }
+                    sse + "data: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n\n"
+                };
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes());
+                let _ = s.write_all(body.as_bytes());
+            }
+        });
+        url
+    }
+
+    /// Issue 44 §2.5: counters scoped to each run. vLLM's counters accumulate over the server's
+    /// life (1000 cycles before the first run here): two consecutive runs against the same server
+    /// each report their own difference (8 cycles, 4 accepted drafts, τ 1.5), not the server's
+    /// totals, and say so; SGLang's figures are each response's own (`counted`).
+    #[test]
+    fn consecutive_runs_against_one_server_each_count_their_own() {
+        let url = fake_vllm();
+        let opts = MeasureOptions {
+            server: url.clone(),
+            api: Some(Engine::Vllm),
+            max_new_tokens: 7,
+            timeout: Duration::from_secs(30),
+            ..MeasureOptions::default()
+        };
+        let prompts = [Request::Text("a".into()), Request::Text("b".into())];
+        for run in 0..2 {
+            let rep = measure(&prompts, &opts, &|_, _| {}).unwrap();
+            assert_eq!((rep.spec_verify_ct, rep.accepted_drafts), (8, Some(4)), "run {run}: {rep:?}");
+            assert!((rep.tau.unwrap() - 1.5).abs() < 1e-12, "run {run}: {:?}", rep.tau);
+            assert_eq!(rep.counted, COUNTED_BY_DIFFERENCE);
+            assert_eq!((rep.completion_tokens, rep.cycle_responses), (14, Some(2)), "run {run}");
+        }
+        let sglang = summarize(&[spec(9, 4, vec![1, 1, 2], 0.16, 8)], 1.0, &MeasureOptions::default()).unwrap();
+        assert!(
+            sglang.counted.contains("each response's own") && sglang.counted.contains("never"),
+            "{}",
+            sglang.counted
+        );
     }
 }

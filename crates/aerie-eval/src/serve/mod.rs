@@ -32,8 +32,8 @@ use aerie_engine::meta::Endpoint;
 
 use crate::accept::{AcceptReport, AcceptRule};
 use crate::cost::{Costs, Provenance, VerifyCost, break_even_tau, speedup};
-use crate::engine_acceptance::RunAcceptance;
-use crate::measure::MeasureOptions;
+use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
+use crate::measure::{MeasureOptions, RequestResult, TimedCycles, timed_cycles};
 use crate::prompts::Prompt;
 use crate::{Error, Result};
 
@@ -42,7 +42,7 @@ use crate::{Error, Result};
 pub const HOW: [&str; 5] = [
     "t_d_ms (measured): the plain pass's decode time over its decode tokens (after each answer's first chunk)",
     "speedup (measured): the speculative pass's decode rate over the plain pass's, same prompts and answers length",
-    "cycle_ms (measured): the speculative pass's decode time over the engine's own count of draft+verify cycles",
+    "cycle_ms (measured): the speculative pass's decode time over the engine's own count of draft+verify cycles, of the same answers (SGLang: each answer's own count; an answer whose first chunk held a cycle's tokens is left out of both)",
     "break_even_tau (derived): cycle_ms / t_d_ms, the τ at which that cycle pays",
     "projected_speedup (derived): aerie's τ × t_d_ms / cycle_ms",
 ];
@@ -104,10 +104,24 @@ pub struct Prediction {
     /// The walk's verify cycles, to set against the engine's count (`drafts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cycles: Option<u64>,
-    /// The walk's accepted drafts, to set against the engine's (`accepted_per_pos` summed).
+    /// The walk's accepted drafts, to set against the engine's accepted drafts within the answers
+    /// ([`ServeRun::accepted_within_answers`]), count for count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_drafts: Option<u64>,
+    /// Which accepted drafts the prediction's τ counts, and so which of the engine's τ
+    /// `tau_difference` sets it against: [`COUNTED_ALL`] (aerie's decoder, like the engine, counts
+    /// every draft its verifier accepts: against the engine's `tau`) or [`COUNTED_WITHIN_ANSWERS`]
+    /// (the cycle walk sees only drafts that are answer tokens: against the engine's τ counted
+    /// alike, 1 + `accepted_within_answers` / `drafts`).
+    #[serde(default)]
+    pub counted: String,
 }
+
+/// [`Prediction::counted`] of aerie's decoder (`--predict`).
+pub const COUNTED_ALL: &str = "all accepted drafts, as the engine counts them";
+/// [`Prediction::counted`] of the cycle walk (`--predict-from`).
+pub const COUNTED_WITHIN_ANSWERS: &str = "accepted drafts within the answers (the walk sees no draft past an \
+answer's stop token or budget); the engine's τ counted alike: 1 + accepted_within_answers / drafts";
 
 /// One drafter at one k, measured in the engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,6 +148,14 @@ pub struct ServeRun {
     pub drafts: u64,
     /// Accepted drafts at each position.
     pub accepted_per_pos: Vec<u64>,
+    /// The accepted drafts that became answer tokens, from the engine's own counts: Σ (each
+    /// answer's completion tokens − its first, the prefill's) − cycles, since every cycle emits
+    /// its accepted drafts and one more token up to the answer's end. The engine's
+    /// `accepted_per_pos` also counts drafts it accepted past an answer's stop token or budget,
+    /// which no answer holds; this counts what `eval accept`'s cycle walk counts (`--predict-from`
+    /// compares the two count for count). `None` when an answer carried no token count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_within_answers: Option<u64>,
     /// Plain decode tokens/s (the shared plain run).
     pub plain_tokens_per_s: f64,
     /// Speculative decode tokens/s.
@@ -153,7 +175,7 @@ pub struct ServeRun {
     /// The engine's plain decode step, ms (measured, the plain run's).
     pub t_d_ms: f64,
     /// One draft+verify cycle, ms, measured: the pass's decode time over the engine's count of
-    /// cycles.
+    /// cycles, both of the same answers ([`timed_cycles`]).
     pub cycle_ms: f64,
     /// Derived: the τ at which this cycle breaks even with plain decoding, cycle_ms / t_d_ms.
     pub break_even_tau: f64,
@@ -195,6 +217,7 @@ impl ServeRun {
             shards: None,
             cycles: None,
             accepted_drafts: None,
+            counted: COUNTED_ALL.into(),
         });
     }
 }
@@ -302,6 +325,8 @@ struct RunResult {
     answers: Vec<Answer>,
     timings: PassTimings,
     acceptance: Option<RunAcceptance>,
+    /// The decode time and the cycles of the same answers (speculative runs).
+    cycle: Option<TimedCycles>,
     startup_s: f64,
     warnings: Vec<String>,
 }
@@ -335,24 +360,43 @@ fn one_run(
     let (answers, timings) = run_pass(&opts.prompts, &m, &|n| progress.answered(n), &check)?;
     let engine = engine_lock.into_inner().expect("no poisoned lock");
     let mut warnings = Vec::new();
+    let results: Vec<&RequestResult> = answers.iter().map(|a| &a.result).collect();
     let acceptance = match (k, before) {
         (Some(k), Some(before)) => {
             let settled = settled_vllm_counters(engine.base_url(), SETTLE_WAIT)?;
             warnings.extend(settled.warning.map(|w| format!("{label}: {w}")));
             Some(RunAcceptance::between(&before, &settled.counters, k)?)
         }
-        // SGLang reports each response's accepted-drafts histogram instead of counters.
+        // SGLang reports each response's accepted-drafts histogram instead of counters: every
+        // speculative answer's, checked against its raw counts (refused, never skipped or cut).
         (Some(k), None) => {
-            let mut hist = vec![0u64; k + 1];
-            for h in answers.iter().filter_map(|a| a.result.meta.histogram.as_ref()) {
-                hist.iter_mut().zip(h).for_each(|(a, b)| *a += b);
-            }
+            let metas: Vec<&aerie_engine::meta::SpecMeta> = results.iter().map(|r| &r.meta).collect();
+            let hist = sglang_histogram(&metas, Some(k), engine.base_url(), true)?.unwrap_or_else(|| vec![0; k + 1]);
             Some(RunAcceptance::from_histogram(&hist)?)
         }
         _ => None,
     };
+    // The cycle's time and cycles over the same answers: SGLang's own count per answer; vLLM's
+    // one count for the run, which needs every answer timed from its prefill token.
+    let cycle = match &acceptance {
+        Some(acc) => {
+            let run_cycles = (opts.launch.engine == Engine::Vllm).then_some(acc.drafts);
+            let t = timed_cycles(&results, run_cycles)
+                .map_err(|why| Error::Incompatible(format!("{label}: no cycle time can be measured: {why}")))?;
+            if t.left_out > 0 {
+                warnings.push(format!(
+                    "{label}: cycle time over {} of {} answers: {} left out of both its time and its cycles",
+                    t.responses,
+                    results.len(),
+                    t.left_out
+                ));
+            }
+            Some(t)
+        }
+        None => None,
+    };
     engine.stop(Duration::from_secs(20));
-    Ok(RunResult { answers, timings, acceptance, startup_s, warnings })
+    Ok(RunResult { answers, timings, acceptance, cycle, startup_s, warnings })
 }
 
 /// The plain run's figures; an error when it timed no decode step.
@@ -391,7 +435,13 @@ fn speculative_run(
         )));
     }
     let (identical, first_difference) = compare_answers(plain_answers, &run.answers);
-    let cycle_ms = 1000.0 * t.decode_s / acc.drafts as f64;
+    let cycle_ms = run.cycle.as_ref().and_then(TimedCycles::cycle_ms).ok_or_else(|| {
+        Error::Incompatible(format!(
+            "{}@k{k}: no answer's decode time could be set against its cycles ({:?}): no cycle can be measured",
+            d.name, run.cycle
+        ))
+    })?;
+    let accepted_within_answers = within_answers(&run.answers, acc.drafts);
     Ok(ServeRun {
         drafter: d.name.clone(),
         drafter_dir: d.dir.clone(),
@@ -404,6 +454,7 @@ fn speculative_run(
         accept_rate_unconditional: acc.accept_rate_unconditional.clone(),
         drafts: acc.drafts,
         accepted_per_pos: acc.accepted_per_pos.clone(),
+        accepted_within_answers,
         plain_tokens_per_s: plain.tokens_per_s,
         speculative_tokens_per_s: t.decode_tokens_per_s,
         speedup: t.decode_tokens_per_s / plain.tokens_per_s,
@@ -418,6 +469,16 @@ fn speculative_run(
         startup_s: run.startup_s,
         prediction: None,
     })
+}
+
+/// The accepted drafts that became answer tokens ([`ServeRun::accepted_within_answers`]): every
+/// answer's tokens but its first (the prefill's) come from the `cycles`, each emitting its
+/// accepted drafts and one more token; `None` when an answer carried no token count, or the
+/// counts are inconsistent (fewer tokens than cycles).
+fn within_answers(answers: &[Answer], cycles: u64) -> Option<u64> {
+    let tokens: Option<u64> =
+        answers.iter().map(|a| a.result.meta.completion_tokens.map(|n| n.saturating_sub(1))).sum();
+    tokens?.checked_sub(cycles)
 }
 
 /// Evaluate `drafters` in the engine against one plain run of the same prompts.
@@ -503,7 +564,8 @@ mod tests {
     }
 
     fn run(t: PassTimings) -> RunResult {
-        RunResult { answers: Vec::new(), timings: t, acceptance: None, startup_s: 1.0, warnings: Vec::new() }
+        let cycle = Some(TimedCycles { decode_s: t.decode_s, cycles: 40, responses: 1, left_out: 0 });
+        RunResult { answers: Vec::new(), timings: t, acceptance: None, cycle, startup_s: 1.0, warnings: Vec::new() }
     }
 
     /// Issue 34 §2: a speculative run with no timed decode used to report speedup 0 and a NaN
@@ -550,5 +612,25 @@ mod tests {
         let mut nan = costs.clone();
         nan.t_d_ms = f64::NAN;
         assert!(nan.to_toml().unwrap_err().to_string().contains("refusing"));
+    }
+
+    /// Issue 44 §2.3: the engine's accepted drafts within the answers (what the cycle walk counts)
+    /// from its own counts: each answer's tokens but the prefill's, less the cycles. Two answers of
+    /// 17 and 5 tokens over 10 cycles: 20 − 10 = 10 accepted drafts became answer tokens, however
+    /// many more the engine counted past the answers' ends.
+    #[test]
+    fn the_engines_accepted_drafts_within_the_answers() {
+        let answer = |completion: Option<u64>| Answer {
+            prompt: "p".into(),
+            turn: 0,
+            result: RequestResult {
+                meta: aerie_engine::meta::SpecMeta { completion_tokens: completion, ..Default::default() },
+                ..Default::default()
+            },
+        };
+        assert_eq!(within_answers(&[answer(Some(17)), answer(Some(5))], 10), Some(10));
+        assert_eq!(within_answers(&[answer(Some(17)), answer(None)], 10), None, "a count missing");
+        assert_eq!(within_answers(&[answer(Some(3))], 5), None, "fewer tokens than cycles: inconsistent");
+        assert_eq!(within_answers(&[answer(Some(1)), answer(Some(0))], 0), Some(0));
     }
 }

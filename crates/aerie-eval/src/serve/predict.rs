@@ -101,6 +101,12 @@ pub fn predict_from_shards<B: Backend>(
             p.shards = Some(shards.to_owned());
             p.cycles = Some(walk.cycles);
             p.accepted_drafts = Some(walk.accepted_drafts);
+            // Counted alike: the walk's accepted drafts are answer tokens; so are the engine's
+            // `accepted_within_answers` (the engine's `tau` also counts drafts past the ends).
+            p.counted = super::COUNTED_WITHIN_ANSWERS.into();
+            if let Some(within) = run.accepted_within_answers {
+                p.tau_difference = 1.0 + within as f64 / run.drafts as f64 - r.tau;
+            }
         }
     }
     Ok(())
