@@ -1,15 +1,20 @@
 //! `aerie doctor` end to end against loopback servers that answer with SGLang 0.5.23's recorded
 //! bodies (`crates/aerie-engine/tests/fixtures/doctor`) or as vLLM does: the engine detected, the
 //! human and JSON reports, the exit code (2 on an error finding), what could not be read, and the
-//! local command line found through `/proc` by the listening port.
+//! local command line found through `/proc` by the listening port. And once against the real
+//! SGLang (0.5.23 on the CPU, `$AERIE_SGLANG_PYTHON`, skipped with a note when unset): started
+//! with `--speculative-algorithm EAGLE` and the EAGLE-3 fixture drafter, it is flagged.
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 
 use common::{aerie, s};
+use engine::{Engine, EngineServer, engine_python, fixture_drafter};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {
@@ -104,4 +109,75 @@ fn doctor_reads_vllm_and_says_what_it_could_not() {
     // The development /server_info is not served, and the report says so.
     let unread = server["unread"].as_array().unwrap();
     assert!(unread.iter().any(|u| u["what"].as_str().unwrap().contains("VLLM_SERVER_DEV_MODE")), "{unread:?}");
+}
+
+/// A 30-layer Llama target with the fixture drafter's shapes, config only: SGLang serves it with
+/// random weights (`--load-format dummy`) and no tokenizer, enough for a server whose
+/// configuration is under test (no assets to fetch).
+fn dummy_target(dir: &std::path::Path) -> PathBuf {
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_drafter().join("config.json")).unwrap()).unwrap();
+    let o = cfg.as_object_mut().unwrap();
+    for key in
+        ["eagle_config", "draft_vocab_size", "target_hidden_size", "norm_before_residual", "fc_norm", "norm_output"]
+    {
+        o.remove(key);
+    }
+    o.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+    o.insert("num_hidden_layers".into(), 30.into());
+    o.insert("torch_dtype".into(), "float32".into());
+    let out = dir.join("target");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    out
+}
+
+#[test]
+fn doctor_flags_a_real_sglang_started_with_eagle_for_an_eagle3_drafter() {
+    let test = "doctor_flags_a_real_sglang_started_with_eagle_for_an_eagle3_drafter";
+    let Some(python) = engine_python(Engine::Sglang, test) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let target = dummy_target(dir.path());
+    let drafter = fixture_drafter();
+    let server = EngineServer::start(
+        Engine::Sglang,
+        &python,
+        &target,
+        dir.path(),
+        "sglang-eagle",
+        &[
+            "--load-format",
+            "dummy",
+            "--skip-tokenizer-init",
+            "--speculative-algorithm",
+            "EAGLE",
+            "--speculative-draft-model-path",
+            s(&drafter),
+            "--speculative-draft-load-format",
+            "auto",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+        ],
+    );
+    // No --drafter: the server's own drafter is a directory here, and the doctor reads it.
+    let out = aerie(&["doctor", "--server", &server.url, "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors: Vec<&str> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["severity"] == "error")
+        .map(|f| f["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(errors, ["eagle-not-eagle3"], "{:#}", v["findings"]);
+    let srv = &v["server"];
+    assert_eq!((srv["version"].as_str(), srv["algorithm"].as_str()), (Some("0.5.23"), Some("EAGLE")));
+    assert_eq!(srv["read"], serde_json::json!(["GET /server_info", "GET /model_info"]));
+    assert_eq!(v["drafter"]["path"].as_str(), Some(s(&drafter)));
+    println!("{}", String::from_utf8_lossy(&aerie(&["doctor", "--server", &server.url]).stdout));
 }
