@@ -97,17 +97,24 @@ pub fn eagle_not_eagle3(s: &ServerConfig, d: Option<&Drafter>, _: Options) -> Re
         None if flat => (Severity::Error, "the server's accept length is exactly 1.00".to_string()),
         None => (Severity::Warning, "give --drafter to confirm the drafter is EAGLE-3".to_string()),
     };
-    let (flag, want) = match s.engine {
-        Engine::Vllm => ("\"method\" of --speculative-config", "\"eagle3\""),
-        _ => ("--speculative-algorithm", "EAGLE3"),
+    let (flag, want, capture) = match s.engine {
+        Engine::Vllm => (
+            "\"method\" of --speculative-config",
+            "\"eagle3\"",
+            "vLLM asks the target for aux hidden states only under eagle3, v1/worker/gpu_model_runner.py",
+        ),
+        _ => (
+            "--speculative-algorithm",
+            "EAGLE3",
+            "SGLang enables the capture only for EAGLE3, model_runner_components/spec_aux_hidden_state.py",
+        ),
     };
     Ok(vec![finding(
         EAGLE_NOT_EAGLE3,
         severity,
         format!(
-            "the server runs {flag} {algorithm} and {whose}: with EAGLE the target captures no aux hidden states \
-             (SGLang enables the capture only for EAGLE3, model_runner_components/spec_aux_hidden_state.py), the \
-             drafter's fc never sees the three layers it was trained on, and every draft is rejected: accept \
+            "the server runs {flag} {algorithm} and {whose}: the target then captures no aux hidden states \
+             ({capture}), the drafter's fc never sees the three layers it was trained on, and every draft is rejected: accept \
              length 1.00, no error, no warning"
         ),
         format!("restart the server with {flag} {want}"),
