@@ -65,6 +65,14 @@ pub fn sglang_engine_args() -> Vec<String> {
     SGLANG_CPU_ARGS.iter().map(|a| format!("--engine-arg={a}")).collect()
 }
 
+/// [`sglang_engine_args`] without the test's `--max-total-tokens`: the engine runs on the KV
+/// cache aerie sizes for the run (`aerie_engine::kv::KvCache::for_run`), as a user's does.
+pub fn sglang_engine_args_sized_by_aerie() -> Vec<String> {
+    let (cpu, test_kv) = SGLANG_CPU_ARGS.split_at(6);
+    assert_eq!(test_kv[0], "--max-total-tokens");
+    cpu.iter().map(|a| format!("--engine-arg={a}")).collect()
+}
+
 /// SGLang's environment on these CPUs, for any command that starts it (directly or through aerie).
 /// `AERIE_CAPTURE_PYTHONPATH` names this checkout's `python/` to aerie itself, whose own default
 /// is the checkout it was built from.

@@ -855,4 +855,49 @@ mod tests {
             sglang.counted
         );
     }
+
+    /// SGLang 0.5.23's `choices[0].meta_info` for the four MT-Bench first turns of
+    /// `serve_sglang.rs` (SmolLM2-135M and the fixture drafter, k = 2, 32 new tokens, f32; recorded
+    /// 2026-12-05 from the test's own unstreamed requests; ids, timings and cache details left out).
+    const RECORDED_SGLANG_META: [&str; 4] = [
+        r#"{"finish_reason": {"type": "length", "length": 32}, "prompt_tokens": 53, "completion_tokens": 32, "spec_accept_rate": 0.11538461538461539, "spec_accept_length": 1.2307692307692308, "spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 52, "spec_verify_ct": 26, "spec_correct_drafts_histogram": [21, 4, 1]}"#,
+        r#"{"finish_reason": {"type": "length", "length": 32}, "prompt_tokens": 78, "completion_tokens": 32, "spec_accept_rate": 0.17391304347826086, "spec_accept_length": 1.391304347826087, "spec_num_correct_drafts": 8, "spec_num_proposed_drafts": 46, "spec_verify_ct": 23, "spec_correct_drafts_histogram": [16, 6, 1]}"#,
+        r#"{"finish_reason": {"type": "length", "length": 32}, "prompt_tokens": 87, "completion_tokens": 32, "spec_accept_rate": 0.14, "spec_accept_length": 1.28, "spec_num_correct_drafts": 7, "spec_num_proposed_drafts": 50, "spec_verify_ct": 25, "spec_correct_drafts_histogram": [19, 5, 1]}"#,
+        r#"{"finish_reason": {"type": "length", "length": 32}, "prompt_tokens": 70, "completion_tokens": 32, "spec_accept_rate": 0.275, "spec_accept_length": 1.6, "spec_num_correct_drafts": 11, "spec_num_proposed_drafts": 40, "spec_verify_ct": 20, "spec_correct_drafts_histogram": [11, 7, 2]}"#,
+    ];
+
+    /// Issue 44 §2.1 on SGLang's own bodies: τ is 1 + Σ spec_num_correct_drafts / Σ
+    /// spec_verify_ct = 1 + 32 / 94 (eval serve's τ 1.3404 on the same prompts), the histogram
+    /// counts the same cycles, and SGLang's accept length (completion / cycles) is not τ.
+    #[test]
+    fn recorded_sglang_bodies_give_tau_from_their_raw_counts() {
+        let results: Vec<RequestResult> = RECORDED_SGLANG_META
+            .iter()
+            .map(|m| {
+                let meta: serde_json::Value = serde_json::from_str(m).unwrap();
+                let body = json!({"choices": [{"message": {"content": "..."}, "meta_info": meta}],
+                    "usage": {"completion_tokens": meta["completion_tokens"]}});
+                RequestResult {
+                    meta: aerie_engine::meta::parse_meta(&body),
+                    e2e_s: 3.0,
+                    attempts: 1,
+                    ..RequestResult::default()
+                }
+            })
+            .collect();
+        let opts = MeasureOptions { stream: false, ..MeasureOptions::default() };
+        let rep = summarize(&results, 12.0, &opts).unwrap();
+        assert_eq!((rep.spec_verify_ct, rep.accepted_drafts, rep.completion_tokens), (94, Some(32), 128));
+        assert_eq!(rep.accept_histogram, Some(vec![67, 22, 5]));
+        assert_eq!((rep.steps, rep.verify_tokens), (Some(2), Some(3)));
+        assert!((rep.tau.unwrap() - (1.0 + 32.0 / 94.0)).abs() < 1e-12, "{:?}", rep.tau);
+        assert!((rep.tau.unwrap() - 1.3404).abs() < 1e-4);
+        assert!((rep.tokens_per_verify.unwrap() - 128.0 / 94.0).abs() < 1e-12);
+        // One body altered past k + 1 (a cycle accepting 3 of 2 drafts) is refused, not cut.
+        let mut bad = results.clone();
+        bad[1].meta.histogram = Some(vec![16, 5, 1, 1]);
+        bad[1].meta.accepted_drafts = Some(10);
+        let e = summarize(&bad, 12.0, &opts).unwrap_err().to_string();
+        assert!(e.contains("response 2 of 4") && e.contains("accepted 3 drafts"), "{e}");
+    }
 }
