@@ -263,10 +263,15 @@ pub fn write_parquet(rows: &[CompareRow], path: &Path) -> Result<()> {
     let fail = |e: &dyn std::fmt::Display| Error::Report(format!("{}: {e}", path.display()));
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(Arc::clone(&schema), cols).map_err(|e| fail(&e))?;
-    let file = std::fs::File::create(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(|e| fail(&e))?;
-    w.write(&batch).map_err(|e| fail(&e))?;
-    w.close().map_err(|e| fail(&e))?;
+    // Atomically, through a temp file created new (never through a link at either name).
+    aerie_data::atomic::write_file(path, |tmp| {
+        let file = std::fs::OpenOptions::new().write(true).open(tmp).map_err(|e| aerie_data::Error::io(tmp, e))?;
+        let fail = |e: &dyn std::fmt::Display| aerie_data::Error::io(tmp, std::io::Error::other(e.to_string()));
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(|e| fail(&e))?;
+        w.write(&batch).map_err(|e| fail(&e))?;
+        w.close().map_err(|e| fail(&e))?;
+        Ok(())
+    })?;
     Ok(())
 }
 

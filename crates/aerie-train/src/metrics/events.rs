@@ -251,7 +251,9 @@ impl EventsFile {
         for other in existing.iter().skip(1) {
             std::fs::remove_file(other).map_err(|e| Error::io(other, e))?;
         }
-        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = aerie_data::atomic::no_follow(std::fs::OpenOptions::new().append(true))
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
         Ok(Self { path, file })
     }
 

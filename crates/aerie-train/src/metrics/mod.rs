@@ -345,8 +345,10 @@ impl MetricsLog {
                 .collect();
         }
         let events = events::EventsFile::create(run, &kept_events)?;
-        let file =
-            std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+        // Never through a link planted at `metrics.jsonl` (docs/reliability.md).
+        let file = aerie_data::atomic::no_follow(std::fs::OpenOptions::new().create(true).append(true))
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
         Ok(Self { path, file, events })
     }
 
