@@ -189,6 +189,19 @@ fn sizes_from_flags_and_files_are_refused_before_use() {
     symlink("/dev/zero", &zero).unwrap();
     let out = dir.path().join("prepared");
     refused(prepare(&zero, &target, &out, &[]), &[s(&zero), "line 1", "longer than the limit of 268435456 bytes"]);
+
+    // `regenerate --server`: a timeout of 1e300 s panicked making it a Duration, 10^8 requests in
+    // flight panicked spawning their threads.
+    let chats = dir.path().join("chat.jsonl");
+    let regen = dir.path().join("regen.jsonl");
+    for (flag, value, words) in [
+        ("--timeout", "1e300", "limit of 604800 seconds"),
+        ("--concurrency", "100000000", "limit of 1024 requests in flight"),
+    ] {
+        let args = ["regenerate", "--data", s(&chats), "--out", s(&regen), "--server", "http://127.0.0.1:9"];
+        refused(aerie(&[&args[..], &["--tokenizer", s(&target), flag, value]].concat()), &[flag, words]);
+    }
+    assert!(!regen.exists());
     assert!(start.elapsed() < Duration::from_secs(120), "{:?}", start.elapsed());
 }
 

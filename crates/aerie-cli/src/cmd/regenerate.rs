@@ -132,6 +132,11 @@ impl RegenerateArgs {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             anyhow::bail!("--timeout {} must be a positive number of seconds", self.timeout);
         }
+        // Bounded before it becomes a Duration (1e300 s panicked there).
+        const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+        if self.timeout > MAX_TIMEOUT_S {
+            anyhow::bail!("--timeout {} is past the limit of {MAX_TIMEOUT_S} seconds (a week)", self.timeout);
+        }
         let mut s = ServerOptions::new(url);
         s.api = aerie_engine::parse_api(&self.api).map_err(|e| anyhow::anyhow!("--api: {e}"))?;
         s.model = self.model.clone();

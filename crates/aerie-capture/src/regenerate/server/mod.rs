@@ -72,6 +72,14 @@ impl ServerOptions {
         if self.concurrency == 0 {
             return Err(Error::Invalid("--concurrency must be at least 1".into()));
         }
+        // One thread per request in flight: bounded before they are spawned (10^8 panicked).
+        if self.concurrency > MAX_CONCURRENCY {
+            return Err(Error::Invalid(format!(
+                "--concurrency {} is past the limit of {MAX_CONCURRENCY} requests in flight (one thread each; \
+                 a serving engine batches a few hundred at most)",
+                self.concurrency
+            )));
+        }
         if self.timeout.is_zero() {
             return Err(Error::Invalid("--timeout must be more than 0 seconds".into()));
         }
@@ -82,6 +90,9 @@ impl ServerOptions {
         self.url.trim_end_matches('/')
     }
 }
+
+/// Requests in flight at most (`--concurrency`), each a thread.
+const MAX_CONCURRENCY: usize = 1024;
 
 /// The server as resolved at the start of a run: dialect and chat model (OpenAI).
 #[derive(Debug, Clone, PartialEq, Eq)]
