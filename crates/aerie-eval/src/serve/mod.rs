@@ -122,6 +122,12 @@ pub const COUNTED_ALL: &str = "all accepted drafts, as the engine counts them";
 /// [`Prediction::counted`] of the cycle walk (`--predict-from`).
 pub const COUNTED_WITHIN_ANSWERS: &str = "accepted drafts within the answers (the walk sees no draft past an \
 answer's stop token or budget); the engine's τ counted alike: 1 + accepted_within_answers / drafts";
+/// [`Prediction::counted`] of the cycle walk where the engine's count within the answers could not
+/// be told (one count for the run, with tokens cut at the answers' ends).
+pub const COUNTED_WITHIN_ANSWERS_AGAINST_ALL: &str = "accepted drafts within the answers (the walk sees no draft \
+past an answer's stop token or budget); the engine's count within the answers could not be told (one count for \
+the run, tokens cut at the ends), so tau_difference is against its τ of all accepted drafts, which also counts \
+drafts past the answers' ends (at most k − 1 per answer)";
 
 /// One drafter at one k, measured in the engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -148,12 +154,14 @@ pub struct ServeRun {
     pub drafts: u64,
     /// Accepted drafts at each position.
     pub accepted_per_pos: Vec<u64>,
-    /// The accepted drafts that became answer tokens, from the engine's own counts: Σ (each
-    /// answer's completion tokens − its first, the prefill's) − cycles, since every cycle emits
-    /// its accepted drafts and one more token up to the answer's end. The engine's
+    /// The accepted drafts that are answer tokens, from the engine's own counts. The engine's
     /// `accepted_per_pos` also counts drafts it accepted past an answer's stop token or budget,
     /// which no answer holds; this counts what `eval accept`'s cycle walk counts (`--predict-from`
-    /// compares the two count for count). `None` when an answer carried no token count.
+    /// compares the two count for count). Each cycle emits its accepted drafts and a bonus token,
+    /// cut at the answer's end, so an answer of n tokens (its first the prefill's) over c cycles
+    /// that accepted a drafts holds min(a, n − c) of them: exact per answer where the engine
+    /// counts per answer (SGLang); from one count for the run (vLLM) only when no token was cut
+    /// (Σ n − answers − c = a), else `None`, as when an answer carried no count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_within_answers: Option<u64>,
     /// Plain decode tokens/s (the shared plain run).
@@ -441,7 +449,7 @@ fn speculative_run(
             d.name, run.cycle
         ))
     })?;
-    let accepted_within_answers = within_answers(&run.answers, acc.drafts);
+    let accepted_within_answers = within_answers(&run.answers, acc.drafts, acc.accepted);
     Ok(ServeRun {
         drafter: d.name.clone(),
         drafter_dir: d.dir.clone(),
@@ -471,14 +479,25 @@ fn speculative_run(
     })
 }
 
-/// The accepted drafts that became answer tokens ([`ServeRun::accepted_within_answers`]): every
-/// answer's tokens but its first (the prefill's) come from the `cycles`, each emitting its
-/// accepted drafts and one more token; `None` when an answer carried no token count, or the
-/// counts are inconsistent (fewer tokens than cycles).
-fn within_answers(answers: &[Answer], cycles: u64) -> Option<u64> {
-    let tokens: Option<u64> =
-        answers.iter().map(|a| a.result.meta.completion_tokens.map(|n| n.saturating_sub(1))).sum();
-    tokens?.checked_sub(cycles)
+/// The accepted drafts that are answer tokens ([`ServeRun::accepted_within_answers`]): per answer
+/// min(accepted, tokens − cycles) where every speculative answer carries its own counts (SGLang),
+/// else from the run's `cycles` and `accepted` (vLLM) when nothing was cut (Σ tokens − answers −
+/// cycles = accepted). `None` when a count is missing or that cannot be told.
+fn within_answers(answers: &[Answer], cycles: u64, accepted: u64) -> Option<u64> {
+    let metas = answers.iter().map(|a| &a.result.meta);
+    let own = |m: &aerie_engine::meta::SpecMeta| {
+        let n = m.completion_tokens?;
+        match (m.verify_ct, m.accepted_drafts) {
+            (Some(c), Some(a)) => Some(a.min(n.checked_sub(c)?)),
+            (None, _) if n <= 1 => Some(0),
+            _ => None,
+        }
+    };
+    if let Some(per_answer) = metas.clone().map(own).sum::<Option<u64>>() {
+        return Some(per_answer);
+    }
+    let tokens: u64 = metas.map(|m| m.completion_tokens.map(|n| n.saturating_sub(1))).sum::<Option<u64>>()?;
+    (tokens.checked_sub(cycles)? == accepted).then_some(accepted)
 }
 
 /// Evaluate `drafters` in the engine against one plain run of the same prompts.
@@ -615,22 +634,42 @@ mod tests {
     }
 
     /// Issue 44 §2.3: the engine's accepted drafts within the answers (what the cycle walk counts)
-    /// from its own counts: each answer's tokens but the prefill's, less the cycles. Two answers of
-    /// 17 and 5 tokens over 10 cycles: 20 − 10 = 10 accepted drafts became answer tokens, however
-    /// many more the engine counted past the answers' ends.
+    /// from its own counts, against what it counts in all.
     #[test]
     fn the_engines_accepted_drafts_within_the_answers() {
-        let answer = |completion: Option<u64>| Answer {
+        let answer = |completion: Option<u64>, cycles: Option<u64>, accepted: Option<u64>| Answer {
             prompt: "p".into(),
             turn: 0,
             result: RequestResult {
-                meta: aerie_engine::meta::SpecMeta { completion_tokens: completion, ..Default::default() },
+                meta: aerie_engine::meta::SpecMeta {
+                    completion_tokens: completion,
+                    verify_ct: cycles,
+                    accepted_drafts: accepted,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         };
-        assert_eq!(within_answers(&[answer(Some(17)), answer(Some(5))], 10), Some(10));
-        assert_eq!(within_answers(&[answer(Some(17)), answer(None)], 10), None, "a count missing");
-        assert_eq!(within_answers(&[answer(Some(3))], 5), None, "fewer tokens than cycles: inconsistent");
-        assert_eq!(within_answers(&[answer(Some(1)), answer(Some(0))], 0), Some(0));
+        // SGLang, per answer. 16 tokens, 6 cycles accepting 9: 1 + 6 + 9 = 16, nothing cut: 9.
+        // 5 tokens, 2 cycles accepting 5 (k = 3: the last cycle accepted 3 drafts where 2 tokens
+        // were left): the answer holds 5 − 2 = 3 of them; the engine counts 5.
+        let per_answer = [answer(Some(16), Some(6), Some(9)), answer(Some(5), Some(2), Some(5))];
+        assert_eq!(within_answers(&per_answer, 8, 14), Some(12));
+        // A one-token answer has no cycle and no count.
+        let one = [per_answer[0].clone(), answer(Some(1), None, None)];
+        assert_eq!(within_answers(&one, 6, 9), Some(9));
+        // vLLM, one count for the run: exact when nothing was cut (22 − 2 − 10 = 10 = accepted),
+        // unknown otherwise (which answers' last cycles were cut is not counted).
+        let run = [answer(Some(16), None, None), answer(Some(6), None, None)];
+        assert_eq!(within_answers(&run, 10, 10), Some(10));
+        assert_eq!(within_answers(&run, 8, 14), None);
+        assert_eq!(within_answers(&[answer(None, None, None)], 8, 10), None, "a count missing");
+        // SGLang 0.5.23's four answers of serve_sglang.rs (32 tokens each; cycles / accepted 26 / 6,
+        // 23 / 8, 25 / 7, 20 / 11, recorded 2026-12-05): every accepted draft is an answer token,
+        // 32. Two answers had only their bonus token cut (1 + 26 + 6 = 33), so tokens − prefill −
+        // cycles (128 − 4 − 94 = 30, the first version of this count) says 2 too few.
+        let recorded: Vec<Answer> =
+            [(26, 6), (23, 8), (25, 7), (20, 11)].iter().map(|&(c, a)| answer(Some(32), Some(c), Some(a))).collect();
+        assert_eq!(within_answers(&recorded, 94, 32), Some(32));
     }
 }

@@ -103,9 +103,67 @@ pub fn predict_from_shards<B: Backend>(
             p.accepted_drafts = Some(walk.accepted_drafts);
             // Counted alike: the walk's accepted drafts are answer tokens; so are the engine's
             // `accepted_within_answers` (the engine's `tau` also counts drafts past the ends).
-            p.counted = super::COUNTED_WITHIN_ANSWERS.into();
-            if let Some(within) = run.accepted_within_answers {
-                p.tau_difference = 1.0 + within as f64 / run.drafts as f64 - r.tau;
+            p.counted = match run.accepted_within_answers {
+                Some(within) => {
+                    p.tau_difference = 1.0 + within as f64 / run.drafts as f64 - r.tau;
+                    super::COUNTED_WITHIN_ANSWERS.into()
+                }
+                None => super::COUNTED_WITHIN_ANSWERS_AGAINST_ALL.into(),
+            };
+        }
+    }
+    Ok(())
+}
+
+/// Each sample's trained token ids (its `loss_mask` = 1 positions), in dataset order.
+fn trained_spans(data: &ShardDataset) -> Vec<Vec<u32>> {
+    data.iter()
+        .map(|v| v.input_ids().iter().zip(v.loss_mask()).filter(|(_, m)| **m == 1).map(|(id, _)| *id as u32).collect())
+        .collect()
+}
+
+/// An answer's text as compared: outer whitespace off, and a trailing incomplete character
+/// (U+FFFD from a token cut in the middle of a UTF-8 sequence, which a streaming detokenizer holds
+/// back) dropped.
+fn normalized(text: &str) -> &str {
+    text.trim().trim_end_matches('\u{FFFD}').trim_end()
+}
+
+/// Whether every one of the engine's `answers` is the text of a distinct trained span of the
+/// shards (`spans`, one per sample; order free: `data prepare` may reorder). The engine's chat
+/// endpoint returns text, not ids, so the span is decoded by the target's tokenizer
+/// (`decode(ids, skip_special)`) with special tokens skipped, as the engine's detokenizer does, or
+/// kept, for a special token the engine shows; the two must name the same tokens for equal text.
+/// `Err` names the first answer no span matches.
+pub(crate) fn shards_hold_the_answers(
+    spans: &[Vec<u32>],
+    answers: &[AnswerText],
+    decode: &dyn Fn(&[u32], bool) -> std::result::Result<String, String>,
+) -> std::result::Result<(), String> {
+    if answers.is_empty() {
+        return Err("the report keeps no engine answers to compare the shards with".into());
+    }
+    if spans.len() != answers.len() {
+        return Err(format!("{} samples against {} answers", spans.len(), answers.len()));
+    }
+    let mut texts: Vec<Option<[String; 2]>> = Vec::with_capacity(spans.len());
+    for span in spans {
+        let skipped = decode(span, true)?;
+        let kept = decode(span, false)?;
+        texts.push(Some([normalized(&skipped).to_string(), normalized(&kept).to_string()]));
+    }
+    for a in answers {
+        let want = normalized(&a.text);
+        let found = texts.iter().position(|t| t.as_ref().is_some_and(|t| t.iter().any(|s| s == want)));
+        match found {
+            Some(i) => texts[i] = None,
+            None => {
+                let excerpt: String = want.chars().take(80).collect();
+                return Err(format!(
+                    "no sample's trained tokens are the engine's answer to prompt {} turn {} ({excerpt:?}...)",
+                    a.prompt,
+                    a.turn + 1
+                ));
             }
         }
     }
