@@ -10,7 +10,7 @@ mod kernel_cache;
 mod model_ref;
 mod progress;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Fine-tune EAGLE-3 draft models and measure, honestly, whether they make serving faster.
 #[derive(Debug, Parser)]
@@ -118,10 +118,33 @@ fn exit_quietly_on_broken_pipe() {
     }));
 }
 
+/// Test-only: with this variable set, `aerie` stops right after parsing its arguments (value
+/// parsers included, so model flags still resolve Hub ids) and prints the subcommand path, e.g.
+/// `eval serve`, exiting 0; a usage error still exits 2 with clap's message.
+/// `tests/docs_commands.rs` checks every command the docs print this way without running it.
+const PARSE_ONLY_ENV: &str = "AERIE_PARSE_ONLY";
+
+/// The subcommand names of `matches`, outermost first, joined by spaces.
+fn subcommand_path(matches: &clap::ArgMatches) -> String {
+    let mut names = Vec::new();
+    let mut m = matches;
+    while let Some((name, sub)) = m.subcommand() {
+        names.push(name);
+        m = sub;
+    }
+    names.join(" ")
+}
+
 fn main() {
     exit_quietly_on_broken_pipe();
     kernel_cache::configure();
-    let code = match run(Cli::parse()) {
+    let matches = Cli::command().get_matches();
+    if std::env::var_os(PARSE_ONLY_ENV).is_some() {
+        println!("{}", subcommand_path(&matches));
+        std::process::exit(0);
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let code = match run(cli) {
         Ok(code) => code,
         // `writeln!(stdout)?` to a closed stdout: the same quiet end as `println!`'s (above).
         // Only a bare I/O error: the crates' own errors name their file or request.
