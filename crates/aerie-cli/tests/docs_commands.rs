@@ -713,7 +713,7 @@ fn arguments(variant: &str, dir: &Path) -> Vec<String> {
 /// What parsing a variant gave.
 enum Parsed {
     /// The subcommand path `aerie` printed.
-    Complete(#[allow(dead_code)] String),
+    Complete(String),
     /// Only required arguments were missing.
     Fragment,
     /// It ends in a flag without its value: prose naming the flag (`aerie project --costs`).
@@ -1079,4 +1079,25 @@ fn extraction_joins_continuations_and_reads_tables() {
         variants("aerie x A (--a B | --c D) [--e F] --to s|t"),
         ["aerie x A --a B --to s", "aerie x A --a B --to t", "aerie x A --c D --to s", "aerie x A --c D --to t"]
     );
+}
+
+/// The parse check tells the three outcomes apart: a stale flag is an error, a span without its
+/// required arguments a fragment, a full command complete (with its Hub id resolved offline).
+#[test]
+fn a_stale_flag_is_an_error_and_a_partial_span_a_fragment() {
+    let mut world = World::new();
+    let mut cli = Cli::new();
+    let mut parse_text = |text: &str| {
+        let dir = world.workdir();
+        let args = arguments(&substitute(text), &dir);
+        parse(&world, &mut cli, &args, &dir)
+    };
+    let stale = parse_text("aerie eval decode --target DIR --drafter DIR --prompts p.jsonl --no-such-flag");
+    assert!(matches!(&stale, Parsed::Error(e) if e.contains("--no-such-flag")));
+    assert!(matches!(parse_text("aerie data show"), Parsed::Fragment));
+    assert!(matches!(parse_text("aerie project --costs"), Parsed::FlagNamed));
+    let hub = parse_text("aerie inspect AQ-MedAI/Kimi-K2-Instruct-eagle3 --target moonshotai/Kimi-K2.5");
+    assert!(matches!(&hub, Parsed::Complete(path) if path == "inspect"));
+    let bad_value = parse_text("aerie export DIR --to nowhere --out o");
+    assert!(matches!(&bad_value, Parsed::Error(e) if e.contains("nowhere")));
 }
