@@ -8,13 +8,14 @@
 //! a table read as `|`).
 //!
 //! How each is checked (docs/commands.md, "The docs are tests", says the same for users):
-//! - A **synopsis** (it has `[optional]` parts, `...`/`…` or `(a | b)` groups) is a reference
-//!   form: its required part must parse (one variant per `a|b` alternative), missing arguments
-//!   allowed, and every `--flag` it names, optional ones included, must be in
-//!   `aerie <command> --help`.
+//! - A **synopsis** (it has `[optional]` parts, `...`/`…`, `(a | b)` groups or `a|b`
+//!   alternatives) is a reference form: its required part must parse (one variant per
+//!   alternative), missing arguments allowed, and every `--flag` it names, optional ones
+//!   included, must be in `aerie <command> --help`.
 //! - An inline span may be a **fragment** (`aerie capture --engine sglang --tp 8`): it must parse
 //!   except for the required arguments it leaves out (clap checks every flag name and value it
-//!   meets before it reports missing arguments).
+//!   meets before it reports missing arguments), or end in a flag that prose names without its
+//!   value (`aerie project --costs`).
 //! - Any other line of a fenced block is a **command** a user copies: it must parse in full.
 //!   Every complete command (a fenced one, or an inline span that happens to be complete) is
 //!   either run here for real ([`RUNS`], tier 2) or listed in [`CANNOT_RUN`] with the reason;
@@ -27,8 +28,8 @@
 //! `$VAR` values ([`VARS`]), `<placeholder>` → a file name, `~` → a scratch `$HOME`, absolute
 //! paths re-rooted in the scratch directory. Inputs the command names are then made to exist
 //! ([`Role`]): each path a flag reads is created from a tiny fixture when it is missing, and
-//! each Hub id is put in an offline Hugging Face cache (`HF_HUB_OFFLINE=1`) holding the same
-//! fixture, so `--target moonshotai/Kimi-K2.5` resolves as printed.
+//! each Hub id of [`HUB_IDS`] is put in an offline Hugging Face cache (`HF_HUB_OFFLINE=1`)
+//! holding the same fixture, so `--target moonshotai/Kimi-K2.5` resolves as printed.
 
 mod common;
 #[path = "../../aerie-capture/tests/fixture/mod.rs"]
