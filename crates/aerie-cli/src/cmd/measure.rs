@@ -25,8 +25,9 @@ pub struct MeasureArgs {
     #[arg(long, default_value = "auto")]
     pub api: String,
     /// JSONL prompts: MT-Bench (`turns`: each conversation's first turn is sent), `{"prompt": ...}`
-    /// or `{"messages": [...]}`.
-    #[arg(long)]
+    /// or `{"messages": [...]}`; or a named set (`mtbench`), fetched into `$AERIE_HOME` when
+    /// missing.
+    #[arg(long, value_parser = crate::cmd::assets::parse_prompts)]
     pub prompts: PathBuf,
     /// Use only the first N prompts.
     #[arg(long)]

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use aerie_engine::meta::{Message, Request};
 
-use crate::measure::{MeasureOptions, RequestResult, agent, run_pool, send};
+use crate::measure::{MeasureOptions, RequestResult, TimedCycles, agent, run_pool, send, timed_cycles};
 use crate::prompts::Prompt;
 use crate::{Error, Result};
 
@@ -99,6 +99,63 @@ pub fn timings(answers: &[Answer], wall_s: f64) -> PassTimings {
     }
 }
 
+/// [`super::Prediction::counted`] of aerie's decoder (`--predict`).
+pub const COUNTED_ALL: &str = "all accepted drafts, as the engine counts them";
+/// [`super::Prediction::counted`] of the cycle walk (`--predict-from`).
+pub const COUNTED_WITHIN_ANSWERS: &str = "accepted drafts within the answers (the walk sees no draft past an \
+answer's stop token or budget); the engine's τ counted alike: 1 + accepted_within_answers / drafts";
+/// [`super::Prediction::counted`] of the cycle walk where the engine's count within the answers could not
+/// be told (one count for the run, with tokens cut at the answers' ends).
+pub const COUNTED_WITHIN_ANSWERS_AGAINST_ALL: &str = "accepted drafts within the answers (the walk sees no draft \
+past an answer's stop token or budget); the engine's count within the answers could not be told (one count for \
+the run, tokens cut at the ends), so tau_difference is against its τ of all accepted drafts, which also counts \
+drafts past the answers' ends (at most k − 1 per answer)";
+
+/// The accepted drafts that are answer tokens ([`super::ServeRun::accepted_within_answers`]): per answer
+/// min(accepted, tokens − cycles) where every speculative answer carries its own counts (SGLang),
+/// else from the run's `cycles` and `accepted` (vLLM) when nothing was cut (Σ tokens − answers −
+/// cycles = accepted). `None` when a count is missing or that cannot be told.
+pub fn accepted_within_answers(answers: &[Answer], cycles: u64, accepted: u64) -> Option<u64> {
+    let metas = answers.iter().map(|a| &a.result.meta);
+    let own = |m: &aerie_engine::meta::SpecMeta| {
+        let n = m.completion_tokens?;
+        match (m.verify_ct, m.accepted_drafts) {
+            (Some(c), Some(a)) => Some(a.min(n.checked_sub(c)?)),
+            (None, _) if n <= 1 => Some(0),
+            _ => None,
+        }
+    };
+    if let Some(per_answer) = metas.clone().map(own).sum::<Option<u64>>() {
+        return Some(per_answer);
+    }
+    let tokens: u64 = metas.map(|m| m.completion_tokens.map(|n| n.saturating_sub(1))).sum::<Option<u64>>()?;
+    (tokens.checked_sub(cycles)? == accepted).then_some(accepted)
+}
+
+/// The decode time and the cycles of the same answers of a speculative pass
+/// ([`timed_cycles`]): each answer's own count (SGLang, `run_cycles` `None`), or the engine's one
+/// count for the run (vLLM), which every answer must then qualify for (else an error naming
+/// `label`). Answers left out of both are a warning.
+pub fn pass_cycle(
+    label: &str,
+    answers: &[Answer],
+    run_cycles: Option<u64>,
+    warnings: &mut Vec<String>,
+) -> Result<TimedCycles> {
+    let results: Vec<&RequestResult> = answers.iter().map(|a| &a.result).collect();
+    let t = timed_cycles(&results, run_cycles)
+        .map_err(|why| Error::Incompatible(format!("{label}: no cycle time can be measured: {why}")))?;
+    if t.left_out > 0 {
+        warnings.push(format!(
+            "{label}: cycle time over {} of {} answers: {} left out of both its time and its cycles",
+            t.responses,
+            results.len(),
+            t.left_out
+        ));
+    }
+    Ok(t)
+}
+
 /// The first answer where two passes differ.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstDifference {
@@ -177,5 +234,45 @@ mod tests {
         assert_eq!((d.prompt.as_str(), d.at_char), ("2", 15));
         assert!(d.plain.ends_with("the mat.") && d.speculative.ends_with("a mat."));
         assert_eq!(compare_answers(&plain, &plain), (2, None));
+    }
+
+    /// Issue 44 §2.3: the engine's accepted drafts within the answers (what the cycle walk counts)
+    /// from its own counts, against what it counts in all.
+    #[test]
+    fn the_engines_accepted_drafts_within_the_answers() {
+        let answer = |completion: Option<u64>, cycles: Option<u64>, accepted: Option<u64>| Answer {
+            prompt: "p".into(),
+            turn: 0,
+            result: RequestResult {
+                meta: aerie_engine::meta::SpecMeta {
+                    completion_tokens: completion,
+                    verify_ct: cycles,
+                    accepted_drafts: accepted,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        };
+        // SGLang, per answer. 16 tokens, 6 cycles accepting 9: 1 + 6 + 9 = 16, nothing cut: 9.
+        // 5 tokens, 2 cycles accepting 5 (k = 3: the last cycle accepted 3 drafts where 2 tokens
+        // were left): the answer holds 5 − 2 = 3 of them; the engine counts 5.
+        let per_answer = [answer(Some(16), Some(6), Some(9)), answer(Some(5), Some(2), Some(5))];
+        assert_eq!(accepted_within_answers(&per_answer, 8, 14), Some(12));
+        // A one-token answer has no cycle and no count.
+        let one = [per_answer[0].clone(), answer(Some(1), None, None)];
+        assert_eq!(accepted_within_answers(&one, 6, 9), Some(9));
+        // vLLM, one count for the run: exact when nothing was cut (22 − 2 − 10 = 10 = accepted),
+        // unknown otherwise (which answers' last cycles were cut is not counted).
+        let run = [answer(Some(16), None, None), answer(Some(6), None, None)];
+        assert_eq!(accepted_within_answers(&run, 10, 10), Some(10));
+        assert_eq!(accepted_within_answers(&run, 8, 14), None);
+        assert_eq!(accepted_within_answers(&[answer(None, None, None)], 8, 10), None, "a count missing");
+        // SGLang 0.5.23's four answers of serve_sglang.rs (32 tokens each; cycles / accepted 26 / 6,
+        // 23 / 8, 25 / 7, 20 / 11, recorded 2026-12-05): every accepted draft is an answer token,
+        // 32. Two answers had only their bonus token cut (1 + 26 + 6 = 33), so tokens − prefill −
+        // cycles (128 − 4 − 94 = 30, the first version of this count) says 2 too few.
+        let recorded: Vec<Answer> =
+            [(26, 6), (23, 8), (25, 7), (20, 11)].iter().map(|&(c, a)| answer(Some(32), Some(c), Some(a))).collect();
+        assert_eq!(accepted_within_answers(&recorded, 94, 32), Some(32));
     }
 }

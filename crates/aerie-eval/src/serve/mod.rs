@@ -24,7 +24,10 @@ use serde::{Deserialize, Serialize};
 
 pub use aerie_engine::Engine;
 pub use aerie_engine::launch::{EngineLaunch, RunningEngine, ServedDrafter};
-pub use answers::{Answer, FirstDifference, PassTimings, compare_answers, run_pass};
+pub use answers::{
+    Answer, COUNTED_ALL, COUNTED_WITHIN_ANSWERS, COUNTED_WITHIN_ANSWERS_AGAINST_ALL, FirstDifference, PassTimings,
+    compare_answers, pass_cycle, run_pass,
+};
 pub use predict::{predict, predict_from_shards};
 
 use aerie_engine::counters::{SETTLE_WAIT, settled_vllm_counters, vllm_counters};
@@ -33,7 +36,7 @@ use aerie_engine::meta::Endpoint;
 use crate::accept::{AcceptReport, AcceptRule};
 use crate::cost::{Costs, Provenance, VerifyCost, break_even_tau, speedup};
 use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
-use crate::measure::{MeasureOptions, RequestResult, TimedCycles, timed_cycles};
+use crate::measure::{MeasureOptions, RequestResult, TimedCycles};
 use crate::prompts::Prompt;
 use crate::{Error, Result};
 
@@ -95,8 +98,11 @@ pub struct Prediction {
     pub tau_difference: f64,
     /// The engine's measured speedup minus the projected one.
     pub speedup_difference: f64,
-    /// Whether aerie's speculative answers equalled its plain ones.
-    pub greedy_identical: bool,
+    /// Whether aerie's speculative answers equalled its plain ones, where that was compared
+    /// (`--predict`: aerie's decoder ran both); `None` where it was not (`--predict-from`: the walk
+    /// decodes nothing, its answers are the captured ones).
+    #[serde(default)]
+    pub greedy_identical: Option<bool>,
     /// The shards whose cycles were walked (`--predict-from`), when the prediction is `eval
     /// accept`'s cycle walk over the engine's own answers rather than aerie's decoder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,18 +122,6 @@ pub struct Prediction {
     #[serde(default)]
     pub counted: String,
 }
-
-/// [`Prediction::counted`] of aerie's decoder (`--predict`).
-pub const COUNTED_ALL: &str = "all accepted drafts, as the engine counts them";
-/// [`Prediction::counted`] of the cycle walk (`--predict-from`).
-pub const COUNTED_WITHIN_ANSWERS: &str = "accepted drafts within the answers (the walk sees no draft past an \
-answer's stop token or budget); the engine's τ counted alike: 1 + accepted_within_answers / drafts";
-/// [`Prediction::counted`] of the cycle walk where the engine's count within the answers could not
-/// be told (one count for the run, with tokens cut at the answers' ends).
-pub const COUNTED_WITHIN_ANSWERS_AGAINST_ALL: &str = "accepted drafts within the answers (the walk sees no draft \
-past an answer's stop token or budget); the engine's count within the answers could not be told (one count for \
-the run, tokens cut at the ends), so tau_difference is against its τ of all accepted drafts, which also counts \
-drafts past the answers' ends (at most k − 1 per answer)";
 
 /// One drafter at one k, measured in the engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -214,7 +208,7 @@ impl ServeRun {
     }
 
     /// Attach aerie's own τ for the same drafter, prompts and k.
-    pub fn predict(&mut self, tau: f64, greedy_identical: bool) {
+    pub fn predict(&mut self, tau: f64, greedy_identical: Option<bool>) {
         let projected = speedup(tau, self.t_d_ms, self.cycle_ms);
         self.prediction = Some(Prediction {
             tau,
@@ -237,6 +231,11 @@ pub struct ServeReport {
     pub engine: Engine,
     /// The engine's version.
     pub engine_version: String,
+    /// The dtype the engine served in ([`EngineLaunch::served_dtype`]): `float32` where aerie
+    /// chose it (an engine on a CPU), the user's `--dtype`, or `auto` (the engine's default: the
+    /// checkpoint's own dtype). Greedy identity with the plain answers holds exactly only in f32.
+    #[serde(default)]
+    pub dtype: String,
     /// The target directory served.
     pub target: PathBuf,
     /// The prompt file.
@@ -249,6 +248,10 @@ pub struct ServeReport {
     pub concurrency: usize,
     /// The plain run.
     pub plain: PlainServe,
+    /// The plain run's answers, in prompt-file order (each turn after the engine's own earlier
+    /// answers): what `--predict-from` checks its shards against.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plain_answers: Vec<AnswerText>,
     /// One per drafter and k, in the order run.
     pub runs: Vec<ServeRun>,
     /// Where the engine logs are.
@@ -297,6 +300,17 @@ impl ServeReport {
         costs.validate().map_err(|m| Error::Report(format!("the engine's costs are not a costs file: {m}")))?;
         Ok(costs)
     }
+}
+
+/// One of the engine's answers, as the report keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnswerText {
+    /// The prompt's id.
+    pub prompt: String,
+    /// The turn (0-based).
+    pub turn: usize,
+    /// The answer's text, as the chat endpoint returned it.
+    pub text: String,
 }
 
 /// What `evaluate` reports as it goes.
@@ -386,23 +400,9 @@ fn one_run(
     };
     // The cycle's time and cycles over the same answers: SGLang's own count per answer; vLLM's
     // one count for the run, which needs every answer timed from its prefill token.
-    let cycle = match &acceptance {
-        Some(acc) => {
-            let run_cycles = (opts.launch.engine == Engine::Vllm).then_some(acc.drafts);
-            let t = timed_cycles(&results, run_cycles)
-                .map_err(|why| Error::Incompatible(format!("{label}: no cycle time can be measured: {why}")))?;
-            if t.left_out > 0 {
-                warnings.push(format!(
-                    "{label}: cycle time over {} of {} answers: {} left out of both its time and its cycles",
-                    t.responses,
-                    results.len(),
-                    t.left_out
-                ));
-            }
-            Some(t)
-        }
-        None => None,
-    };
+    let run_cycles = |acc: &RunAcceptance| (opts.launch.engine == Engine::Vllm).then_some(acc.drafts);
+    let cycle =
+        acceptance.as_ref().map(|acc| pass_cycle(label, &answers, run_cycles(acc), &mut warnings)).transpose()?;
     engine.stop(Duration::from_secs(20));
     Ok(RunResult { answers, timings, acceptance, cycle, startup_s, warnings })
 }
@@ -449,7 +449,7 @@ fn speculative_run(
             d.name, run.cycle
         ))
     })?;
-    let accepted_within_answers = within_answers(&run.answers, acc.drafts, acc.accepted);
+    let accepted_within_answers = answers::accepted_within_answers(&run.answers, acc.drafts, acc.accepted);
     Ok(ServeRun {
         drafter: d.name.clone(),
         drafter_dir: d.dir.clone(),
@@ -477,27 +477,6 @@ fn speculative_run(
         startup_s: run.startup_s,
         prediction: None,
     })
-}
-
-/// The accepted drafts that are answer tokens ([`ServeRun::accepted_within_answers`]): per answer
-/// min(accepted, tokens − cycles) where every speculative answer carries its own counts (SGLang),
-/// else from the run's `cycles` and `accepted` (vLLM) when nothing was cut (Σ tokens − answers −
-/// cycles = accepted). `None` when a count is missing or that cannot be told.
-fn within_answers(answers: &[Answer], cycles: u64, accepted: u64) -> Option<u64> {
-    let metas = answers.iter().map(|a| &a.result.meta);
-    let own = |m: &aerie_engine::meta::SpecMeta| {
-        let n = m.completion_tokens?;
-        match (m.verify_ct, m.accepted_drafts) {
-            (Some(c), Some(a)) => Some(a.min(n.checked_sub(c)?)),
-            (None, _) if n <= 1 => Some(0),
-            _ => None,
-        }
-    };
-    if let Some(per_answer) = metas.clone().map(own).sum::<Option<u64>>() {
-        return Some(per_answer);
-    }
-    let tokens: u64 = metas.map(|m| m.completion_tokens.map(|n| n.saturating_sub(1))).sum::<Option<u64>>()?;
-    (tokens.checked_sub(cycles)? == accepted).then_some(accepted)
 }
 
 /// Evaluate `drafters` in the engine against one plain run of the same prompts.
@@ -546,15 +525,22 @@ pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn 
             runs.push(run);
         }
     }
+    let plain_answers = plain_run
+        .answers
+        .iter()
+        .map(|a| AnswerText { prompt: a.prompt.clone(), turn: a.turn, text: a.result.answer.clone() })
+        .collect();
     Ok(ServeReport {
         engine: opts.launch.engine,
         engine_version: version,
+        dtype: opts.launch.served_dtype(),
         target: opts.launch.target.clone(),
         prompts: opts.prompts_path.clone(),
         answers: plain_run.answers.len(),
         max_new_tokens: opts.max_new_tokens,
         concurrency: opts.concurrency,
         plain,
+        plain_answers,
         runs,
         workdir: opts.workdir.clone(),
         warnings,
@@ -608,12 +594,14 @@ mod tests {
         let report = ServeReport {
             engine: Engine::Vllm,
             engine_version: "0.32".into(),
+            dtype: "float32".into(),
             target: "/t".into(),
             prompts: "/p".into(),
             answers: 1,
             max_new_tokens: 8,
             concurrency: 1,
             plain,
+            plain_answers: Vec::new(),
             runs: vec![r.clone()],
             workdir: "/w".into(),
             warnings: Vec::new(),
@@ -631,45 +619,5 @@ mod tests {
         let mut nan = costs.clone();
         nan.t_d_ms = f64::NAN;
         assert!(nan.to_toml().unwrap_err().to_string().contains("refusing"));
-    }
-
-    /// Issue 44 §2.3: the engine's accepted drafts within the answers (what the cycle walk counts)
-    /// from its own counts, against what it counts in all.
-    #[test]
-    fn the_engines_accepted_drafts_within_the_answers() {
-        let answer = |completion: Option<u64>, cycles: Option<u64>, accepted: Option<u64>| Answer {
-            prompt: "p".into(),
-            turn: 0,
-            result: RequestResult {
-                meta: aerie_engine::meta::SpecMeta {
-                    completion_tokens: completion,
-                    verify_ct: cycles,
-                    accepted_drafts: accepted,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        };
-        // SGLang, per answer. 16 tokens, 6 cycles accepting 9: 1 + 6 + 9 = 16, nothing cut: 9.
-        // 5 tokens, 2 cycles accepting 5 (k = 3: the last cycle accepted 3 drafts where 2 tokens
-        // were left): the answer holds 5 − 2 = 3 of them; the engine counts 5.
-        let per_answer = [answer(Some(16), Some(6), Some(9)), answer(Some(5), Some(2), Some(5))];
-        assert_eq!(within_answers(&per_answer, 8, 14), Some(12));
-        // A one-token answer has no cycle and no count.
-        let one = [per_answer[0].clone(), answer(Some(1), None, None)];
-        assert_eq!(within_answers(&one, 6, 9), Some(9));
-        // vLLM, one count for the run: exact when nothing was cut (22 − 2 − 10 = 10 = accepted),
-        // unknown otherwise (which answers' last cycles were cut is not counted).
-        let run = [answer(Some(16), None, None), answer(Some(6), None, None)];
-        assert_eq!(within_answers(&run, 10, 10), Some(10));
-        assert_eq!(within_answers(&run, 8, 14), None);
-        assert_eq!(within_answers(&[answer(None, None, None)], 8, 10), None, "a count missing");
-        // SGLang 0.5.23's four answers of serve_sglang.rs (32 tokens each; cycles / accepted 26 / 6,
-        // 23 / 8, 25 / 7, 20 / 11, recorded 2026-12-05): every accepted draft is an answer token,
-        // 32. Two answers had only their bonus token cut (1 + 26 + 6 = 33), so tokens − prefill −
-        // cycles (128 − 4 − 94 = 30, the first version of this count) says 2 too few.
-        let recorded: Vec<Answer> =
-            [(26, 6), (23, 8), (25, 7), (20, 11)].iter().map(|&(c, a)| answer(Some(32), Some(c), Some(a))).collect();
-        assert_eq!(within_answers(&recorded, 94, 32), Some(32));
     }
 }

@@ -179,6 +179,19 @@ fn config_err(path: &Path, message: impl Into<String>) -> Error {
     Error::Config { path: path.to_path_buf(), message: message.into() }
 }
 
+impl TargetSpec {
+    /// The spec of the model directory `dir` as aerie's native target runs it, or the error
+    /// saying why it cannot (an architecture it does not run: DeepSeek-V3, Kimi; a multimodal
+    /// wrapper; a feature it lacks). Reads `config.json` only: what [`TargetModel::load`] checks
+    /// first, so a command can refuse a target before it starts anything long.
+    ///
+    /// [`TargetModel::load`]: super::TargetModel::load
+    pub fn of_dir(dir: &Path) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        TargetConfig::read(&cfg_path)?.resolve(&cfg_path)
+    }
+}
+
 impl TargetConfig {
     /// Read `dir/config.json` (or `path` itself when it is a file). A multimodal wrapper's
     /// `text_config` is NOT unwrapped: aerie's native target covers plain causal LMs.

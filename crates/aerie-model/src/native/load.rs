@@ -247,8 +247,7 @@ impl<B: Backend> TargetModel<B> {
     /// Load the HF model directory `dir`, holding the weights as `dtype` (activations follow the
     /// weights; norms, softmax and attention reduce in f32).
     pub fn load_as(dir: &Path, device: &B::Device, dtype: DType) -> Result<Self> {
-        let cfg_path = dir.join("config.json");
-        let spec = TargetConfig::read(&cfg_path)?.resolve(&cfg_path)?;
+        let spec = TargetSpec::of_dir(dir)?;
         let files = WeightFiles::open_dir(dir)?;
         let problems = check_headers(&spec, &files.headers()?);
         if !problems.is_empty() {

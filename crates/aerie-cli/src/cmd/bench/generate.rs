@@ -11,12 +11,12 @@ use clap::Args;
 /// Arguments of `aerie bench generate`.
 #[derive(Debug, Args)]
 pub struct GenerateBenchArgs {
-    /// Target model directory.
-    #[arg(long)]
+    /// Target model directory or hub id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: PathBuf,
     /// Prompt file (MT-Bench `question.jsonl`, `{"prompt"}` or `{"messages"}` lines, as for
-    /// `aerie eval decode`); each prompt's first turn is used.
-    #[arg(long)]
+    /// `aerie eval decode`), or a named set (`mtbench`); each prompt's first turn is used.
+    #[arg(long, value_parser = crate::cmd::assets::parse_prompts)]
     pub prompts: PathBuf,
     /// Batch sizes to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]

