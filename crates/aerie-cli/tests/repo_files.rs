@@ -48,3 +48,38 @@ fn ci_run_sets_ci_true_itself() {
         ".ci/run must `export CI=true` before it runs scripts/test.sh"
     );
 }
+
+/// README's break-even τ for the Kimi-K2.5 node is what `aerie project` computes from the costs
+/// file it names (cycle / T_d, the measured cycle holding the draft steps), and the 2.46 quoted
+/// beside it is the slow end's own arithmetic, not the 29 ms cycle's.
+#[test]
+fn readme_break_even_is_aeries_own_arithmetic() {
+    use aerie_eval::cost::{Costs, break_even, break_even_tau};
+    let path = workspace().join("configs/costs/kimi-k25-8x-rtx-pro-6000.toml");
+    let costs = Costs::load(&path).unwrap();
+    let k2 = break_even(&costs, 2).unwrap().into_iter().find(|b| b.k == 2).unwrap();
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    // Line breaks as spaces: the sentence wraps.
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let claim = format!(
+        "costs {} ms against a {} ms decode step, so τ must pass {} / {} = {:.2}",
+        k2.cycle_ms, costs.t_d_ms, k2.cycle_ms, costs.t_d_ms, k2.break_even_tau
+    );
+    assert!(readme.contains(&claim), "README.md should say `{claim}` (aerie project with {})", path.display());
+    let slow = format!("30 / 12.2 = {:.2}", break_even_tau(30.0, 12.2));
+    for file in ["README.md", "docs/kimi-k25.md"] {
+        let text = std::fs::read_to_string(workspace().join(file)).unwrap();
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (at, _) in text.match_indices("2.46") {
+            let (mut from, mut to) = (at.saturating_sub(300), (at + 300).min(text.len()));
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            while !text.is_char_boundary(to) {
+                to += 1;
+            }
+            let near = &text[from..to];
+            assert!(near.contains(&slow), "{file}: a 2.46 without its arithmetic `{slow}` nearby: …{near}…");
+        }
+    }
+}
