@@ -96,6 +96,9 @@ pub fn lint(config: &Value) -> Vec<KeyFinding> {
                 .into(),
         ));
     }
+    if mla && config.get("mla_use_nope").and_then(Value::as_bool) == Some(true) {
+        out.push((Severity::Warning, "mla-use-nope", aerie_model::checkpoint::config::MLA_USE_NOPE_NOTE.into()));
+    }
     if mla && config.get("model_type").and_then(Value::as_str) == Some("deepseek_v3") {
         out.push((
             Severity::Warning,
@@ -132,6 +135,13 @@ mod tests {
         assert!(recognise(&mla).unwrap().contains("-mla"));
         let codes: Vec<&str> = lint(&mla).iter().map(|f| f.1).collect();
         assert_eq!(codes, ["mla-moe", "mla-model-type"]);
+        // mla_use_nope: true selects NoPE, which neither engine nor aerie runs: a warning.
+        let nope = json!({"architectures": ["Eagle3DeepseekV2ForCausalLM"], "mla_use_nope": true, "eagle_config": {}});
+        let found = lint(&nope);
+        assert_eq!(found.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(), [(Severity::Warning, "mla-use-nope")]);
+        assert!(found[0].2.contains("does not implement") && found[0].2.contains("RoPE"), "{}", found[0].2);
+        let off = json!({"architectures": ["Eagle3DeepseekV2ForCausalLM"], "mla_use_nope": false, "eagle_config": {}});
+        assert!(lint(&off).is_empty());
         assert_eq!(recognise(&json!({"speculators_model_type": "eagle3"})), None);
     }
 }

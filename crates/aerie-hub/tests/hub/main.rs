@@ -5,6 +5,7 @@ mod inspect;
 mod kimi;
 mod mla;
 mod published;
+mod rope_export;
 mod roundtrip;
 mod speculators_load;
 mod target;

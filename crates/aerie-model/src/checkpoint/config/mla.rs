@@ -162,6 +162,23 @@ mod tests {
         })
     }
 
+    /// `mla_use_nope: true` (NoPE attention) is not what aerie runs: the parse says so in a note
+    /// that inspect, train and export show; `false`, or no key, says nothing; a non-boolean is an
+    /// error naming the key.
+    #[test]
+    fn mla_use_nope_true_is_named_as_not_implemented() {
+        let notes = parse_config(&published(), p(), None).unwrap().notes;
+        assert!(notes.iter().any(|n| n.contains("mla_use_nope") && n.contains("does not implement")), "{notes:?}");
+        let mut off = published();
+        off["mla_use_nope"] = json!(false);
+        assert!(!parse_config(&off, p(), None).unwrap().notes.iter().any(|n| n.contains("mla_use_nope")));
+        off.as_object_mut().unwrap().remove("mla_use_nope");
+        assert!(!parse_config(&off, p(), None).unwrap().notes.iter().any(|n| n.contains("mla_use_nope")));
+        off["mla_use_nope"] = json!("yes");
+        let e = parse_config(&off, p(), None).unwrap_err().to_string();
+        assert!(e.contains("mla_use_nope"), "{e}");
+    }
+
     #[test]
     fn reads_the_published_mla_layout() {
         let parsed = parse_config(&published(), p(), None).unwrap();

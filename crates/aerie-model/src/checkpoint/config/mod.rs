@@ -8,7 +8,9 @@
 //!   and top-level `eagle_aux_hidden_state_layer_ids` in the INPUT-of-layer convention.
 //!
 //! RoPE is read from the legacy `rope_theta`/`rope_scaling` keys and from transformers-5
-//! `rope_parameters`; only the legacy keys are written, since older engines read only those.
+//! `rope_parameters`; the legacy keys are always written, since the engines (SGLang, vLLM,
+//! speculators' converter) read only those, with a source's `rope_parameters` kept beside them
+//! (`spelling.rs`).
 //! Parsing is lenient about what a report can still describe (unknown aux ids, a wrong
 //! architecture): [`ParsedConfig`] records those so `inspect` can lint them and the loader can
 //! refuse them.
@@ -38,6 +40,14 @@ pub const SPECULATORS_ARCHITECTURE: &str = "Eagle3Speculator";
 /// `speculative_tokens` written into speculators configs: a chain of 3 drafts, the SGLang
 /// setting of eagle3.md §5 (aerie's [`DrafterConfig`] does not carry it).
 pub const DEFAULT_SPECULATIVE_TOKENS: usize = 3;
+
+/// What `mla_use_nope: true` in an MLA drafter's config means for aerie (a parse note, so
+/// `inspect`, `train` and `export` all say it; `inspect` also warns, code `mla-use-nope`).
+pub const MLA_USE_NOPE_NOTE: &str = "mla_use_nope is true, which aerie does not implement: NoPE attention (no \
+    rotary positions, what the key selects in Kimi-Linear's MLA) is not what aerie trains or evaluates. aerie, \
+    like SGLang's Eagle3DeepseekV2ForCausalLM and vLLM's deepseek_eagle3 (neither reads the key), rotates the \
+    qk_rope_head_dim part of every query and key with RoPE, which is how the published kimi-k2.5-eagle3-mla is \
+    served; a drafter trained without RoPE would be served wrongly by both engines";
 
 /// A parsed `config.json`: the resolved config plus what the file did or did not say, which
 /// `inspect` lints and the loader enforces.
@@ -278,6 +288,10 @@ pub fn parse_config(value: &Value, path: &Path, target_layers: Option<usize>) ->
         .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
         .unwrap_or_default();
 
+    // TorchSpec's MLA drafters write `mla_use_nope`; no engine that serves them reads it.
+    if is_mla && llama.bool("mla_use_nope")? == Some(true) {
+        notes.push(MLA_USE_NOPE_NOTE.into());
+    }
     if draft_vocab.is_none() {
         notes.push(format!(
             "draft_vocab_size absent: taken as vocab_size {vocab_size} (SGLang then uses the \

@@ -15,6 +15,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::parse_config;
+
+type Object = serde_json::Map<String, Value>;
 use crate::Result;
 use crate::checkpoint::Dtype;
 
@@ -40,6 +42,7 @@ pub fn keep_source_spelling(ours: Value, source: &Value, path: &Path) -> Result<
     if want.is_none() {
         return Ok(Value::Object(out));
     }
+    let ours = out.clone();
     for (key, value) in src {
         if out.get(key) == Some(value) {
             continue;
@@ -59,7 +62,56 @@ pub fn keep_source_spelling(ours: Value, source: &Value, path: &Path) -> Result<
             out.insert(key, previous);
         }
     }
+    keep_legacy_rope(&mut out, &ours, |m| meaning(m) == want);
     Ok(Value::Object(out))
+}
+
+/// The RoPE keys SGLang, vLLM and speculators' converter read: `rope_theta` and `rope_scaling`.
+/// They read no transformers-5 `rope_parameters`, and aerie's parse prefers `rope_parameters`, so
+/// a source that spells RoPE only there (or beside stale legacy keys) would lose its scaling in
+/// every engine while aerie reads it back unchanged. Wherever the written object keeps
+/// `rope_parameters` (the top level, or speculators' `transformer_layer_config`), the legacy keys
+/// are written beside it: the source's own when they alone mean the same drafter, else aerie's.
+fn keep_legacy_rope(out: &mut Object, ours: &Object, same: impl Fn(&Object) -> bool) {
+    const LEGACY: [&str; 2] = ["rope_theta", "rope_scaling"];
+    const LAYER: &str = "transformer_layer_config";
+    // The levels that hold the Llama keys, as (child key or None for the top level).
+    for level in [None, Some(LAYER)] {
+        let at = |m: &Object| -> Option<Object> {
+            match level {
+                None => Some(m.clone()),
+                Some(k) => m.get(k).and_then(Value::as_object).cloned(),
+            }
+        };
+        let (Some(here), Some(ours_here)) = (at(out), at(ours)) else { continue };
+        if !here.contains_key("rope_parameters") || !LEGACY.iter().all(|k| ours_here.contains_key(*k)) {
+            continue;
+        }
+        let put = |m: &mut Object, f: &dyn Fn(&mut Object)| match level {
+            None => f(m),
+            Some(k) => f(m.get_mut(k).and_then(Value::as_object_mut).expect("checked above")),
+        };
+        // Missing legacy keys take aerie's values.
+        put(out, &|m| {
+            for k in LEGACY {
+                if !m.contains_key(k) {
+                    m.insert(k.into(), ours_here[k].clone());
+                }
+            }
+        });
+        // Read as an engine does, without `rope_parameters`: the same drafter, or aerie's values.
+        let mut legacy_view = out.clone();
+        put(&mut legacy_view, &|m| {
+            m.remove("rope_parameters");
+        });
+        if !same(&legacy_view) {
+            put(out, &|m| {
+                for k in LEGACY {
+                    m.insert(k.into(), ours_here[k].clone());
+                }
+            });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -105,5 +157,74 @@ mod tests {
         f32["torch_dtype"] = json!("float32");
         let other = keep_source_spelling(f32, &source, p).unwrap();
         assert_eq!((&other["torch_dtype"], other.get("dtype")), (&json!("float32"), None));
+    }
+
+    /// A source that spells RoPE only in transformers 5's `rope_parameters` (llama3 scaling) is
+    /// written with the legacy `rope_theta` and `rope_scaling` beside it, which engines read; a
+    /// stale legacy key beside `rope_parameters` is replaced by what the drafter means.
+    #[test]
+    fn rope_parameters_only_sources_get_the_legacy_keys_too() {
+        use crate::DrafterConfig;
+        use crate::checkpoint::Dialect;
+        use crate::checkpoint::config::{parse_config, to_json};
+        use crate::config::RopeScaling;
+        let p = Path::new("t/config.json");
+        let mut cfg = DrafterConfig::smollm2_135m(8192);
+        cfg.rope.theta = 500000.0;
+        cfg.rope.scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let params = json!({"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        for dialect in [Dialect::Sglang, Dialect::Speculators] {
+            let ours = to_json(&cfg, dialect, Dtype::BF16, p).unwrap();
+            let mut source = ours.clone();
+            let level = match dialect {
+                Dialect::Sglang => source.as_object_mut().unwrap(),
+                _ => source["transformer_layer_config"].as_object_mut().unwrap(),
+            };
+            level.remove("rope_theta");
+            level.remove("rope_scaling");
+            level.insert("rope_parameters".into(), params.clone());
+            let got = keep_source_spelling(ours, &source, p).unwrap();
+            let level = match dialect {
+                Dialect::Sglang => &got,
+                _ => &got["transformer_layer_config"],
+            };
+            assert_eq!(level["rope_parameters"], params, "{dialect}: the source's rope_parameters are kept");
+            assert_eq!(level["rope_theta"], json!(500000.0), "{dialect}: {got}");
+            assert_eq!(level["rope_scaling"]["rope_type"], json!("llama3"), "{dialect}: {got}");
+            assert_eq!(level["rope_scaling"]["type"], json!("llama3"), "{dialect}: {got}");
+            assert_eq!(level["rope_scaling"]["factor"], json!(8.0), "{dialect}: {got}");
+            // What an engine reads (the legacy keys alone) is the drafter in memory.
+            let mut legacy = got.clone();
+            match dialect {
+                Dialect::Sglang => legacy.as_object_mut().unwrap().remove("rope_parameters"),
+                _ => legacy["transformer_layer_config"].as_object_mut().unwrap().remove("rope_parameters"),
+            };
+            assert_eq!(parse_config(&legacy, p, None).unwrap().config.rope, cfg.rope, "{dialect}");
+
+            // Stale legacy keys beside rope_parameters (plain RoPE, theta 10000) are overwritten.
+            let ours = to_json(&cfg, dialect, Dtype::BF16, p).unwrap();
+            let mut stale = source.clone();
+            let level = match dialect {
+                Dialect::Sglang => stale.as_object_mut().unwrap(),
+                _ => stale["transformer_layer_config"].as_object_mut().unwrap(),
+            };
+            level.insert("rope_theta".into(), json!(10000.0));
+            level.insert("rope_scaling".into(), Value::Null);
+            let got = keep_source_spelling(ours, &stale, p).unwrap();
+            let level = match dialect {
+                Dialect::Sglang => &got,
+                _ => &got["transformer_layer_config"],
+            };
+            assert_eq!(
+                (&level["rope_theta"], &level["rope_scaling"]["rope_type"]),
+                (&json!(500000.0), &json!("llama3"))
+            );
+        }
     }
 }
