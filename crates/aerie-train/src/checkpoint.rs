@@ -138,6 +138,9 @@ pub fn save<B: AutodiffBackend>(
     source: Option<&SourceLayout>,
 ) -> Result<PathBuf> {
     let step = state.step;
+    // Data parallelism: the replicas must still hold one set of weights (only the main one's is
+    // saved, and a resume copies it into all of them), checked before anything is written.
+    trainer.check_replicas_agree().map_err(|m| ckpt_err(&checkpoint_dir(run, step), m))?;
     let tmp = run.join(format!("ckpt-{step}.tmp"));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;

@@ -161,11 +161,58 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     max_norm: f64,
 ) -> f64 {
     let norm = global_norm::<B, M>(model, grads);
-    if max_norm > 0.0 && norm.is_finite() {
-        let factor = max_norm / (norm + 1e-6);
-        if factor < 1.0 {
-            model.visit::<Scale<'_>>(&mut Scale { grads, factor });
-        }
+    if let Some(factor) = clip_factor(norm, max_norm) {
+        scale_grads::<B, M>(model, grads, factor);
     }
     norm
+}
+
+/// PyTorch `clip_grad_norm_`'s factor for a total norm `norm`: `max_norm / (norm + 1e-6)` when
+/// that is below 1, else `None` (no clipping; also for `max_norm` 0 and a non-finite norm).
+/// Data parallelism computes it once, from the all-reduced gradient, and hands the same factor to
+/// every replica ([`crate::step`]).
+pub fn clip_factor(norm: f64, max_norm: f64) -> Option<f64> {
+    let factor = max_norm / (norm + 1e-6);
+    (max_norm > 0.0 && norm.is_finite() && factor < 1.0).then_some(factor)
+}
+
+/// Multiply every gradient of `model`'s parameters in `grads` by `factor`.
+pub fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &mut GradientsParams, factor: f64) {
+    model.visit::<Scale<'_>>(&mut Scale { grads, factor });
+}
+
+/// FNV-1a over every float parameter's f32 bits and shape, in parameter order.
+struct Checksum {
+    hash: u64,
+}
+
+impl Checksum {
+    fn eat(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.hash ^= u64::from(b);
+            self.hash = self.hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Checksum {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let t = param.val();
+        for d in t.dims() {
+            self.eat(&(d as u64).to_le_bytes());
+        }
+        let data = t.into_data().convert::<f32>();
+        let values: &[f32] = data.as_slice().expect("converted to f32");
+        for v in values {
+            self.eat(&v.to_bits().to_le_bytes());
+        }
+    }
+}
+
+/// A checksum of `model`'s weights (every float parameter's f32 bits, read through host memory
+/// one tensor at a time): equal weights give equal checksums on every backend and device.
+pub fn weights_checksum<B: Backend, M: Module<B>>(model: &M) -> u64 {
+    let mut c = Checksum { hash: 0xcbf2_9ce4_8422_2325 };
+    model.visit::<Checksum>(&mut c);
+    c.hash
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::collective::{AllReduce, HostExchange, all_reduce_grads, copy_model, copy_record};
 use crate::config::{LossKind, OptimConfig};
-use crate::grads::{accumulate, clip_global_norm, make_contiguous};
+use crate::grads::{accumulate, clip_factor, global_norm, make_contiguous, scale_grads, weights_checksum};
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
 use crate::{Error, Result};
 
@@ -340,30 +340,38 @@ impl<B: AutodiffBackend> Trainer<B> {
 
     /// One optimizer step over `micro` at learning rate `lr`: the summed gradients, then on every
     /// replica global-norm clipping and AdamW (identical inputs, so identical weights after).
+    ///
+    /// The clip factor is computed ONCE, from the global norm of the all-reduced gradient as the
+    /// main replica holds it, and every replica scales by that same number: a norm reduced on
+    /// each device (its own kernels, on CUDA its own autotuned ones) could round differently
+    /// and drift the replicas apart. [`Self::check_replicas_agree`] checks they did not, before
+    /// each checkpoint.
     pub fn step(&mut self, micro: Vec<MicroInput<'_>>, lr: f64, step: u64) -> Result<StepReport> {
         let all_labels: Vec<String> = micro.iter().flat_map(|m| m.labels.iter().cloned()).collect();
         let (summed, mut report) = self.summed_gradients(micro, step)?;
-        let max_norm = self.max_grad_norm;
-        let update = |(rep, mut grads): (&mut Replica<B>, GradientsParams)| -> f64 {
-            let norm = clip_global_norm(rep.model(), &mut grads, max_norm);
-            // A non-finite norm leaves the weights as they were (every replica sees the same one).
+        let norm = global_norm(self.replicas[0].model(), &summed[0]);
+        let factor = clip_factor(norm, self.max_grad_norm);
+        let update = |(rep, mut grads): (&mut Replica<B>, GradientsParams)| {
+            if let Some(f) = factor {
+                scale_grads(rep.model(), &mut grads, f);
+            }
+            // A non-finite norm leaves the weights as they were (on every replica: one norm).
             if norm.is_finite() {
                 let model = rep.model.take().expect("model present between steps");
                 rep.model = Some(autodiff::record(|| rep.optim.step(lr, model, grads)));
             }
-            norm
         };
         let update = &update;
         let jobs: Vec<_> = self.replicas.iter_mut().zip(summed).collect();
-        let norms: Vec<f64> = if jobs.iter().any(|(r, _)| r.device != jobs[0].0.device) {
+        if jobs.iter().any(|(r, _)| r.device != jobs[0].0.device) {
             std::thread::scope(|s| {
                 let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(move || update(j))).collect();
-                handles.into_iter().map(|h| h.join().expect("optimizer thread panicked")).collect()
-            })
+                handles.into_iter().for_each(|h| h.join().expect("optimizer thread panicked"));
+            });
         } else {
-            jobs.into_iter().map(update).collect()
-        };
-        report.grad_norm = norms[0];
+            jobs.into_iter().for_each(update);
+        }
+        report.grad_norm = norm;
         if !report.grad_norm.is_finite() {
             return Err(Error::NonFinite {
                 step,
@@ -374,6 +382,39 @@ impl<B: AutodiffBackend> Trainer<B> {
             });
         }
         Ok(report)
+    }
+
+    /// A checksum of each replica's weights ([`weights_checksum`]), in replica order.
+    pub fn replica_checksums(&self) -> Vec<u64> {
+        self.replicas.iter().map(|r| weights_checksum(r.model())).collect()
+    }
+
+    /// That every replica holds the main replica's weights, bit for bit (compared by checksum):
+    /// an error naming the replicas (and their devices) that differ. One replica: nothing to
+    /// compare, nothing read.
+    pub fn check_replicas_agree(&self) -> std::result::Result<(), String> {
+        if self.replicas.len() < 2 {
+            return Ok(());
+        }
+        let sums = self.replica_checksums();
+        let differ: Vec<String> = sums
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|&(_, s)| *s != sums[0])
+            .map(|(r, s)| format!("replica {r} ({:?}, checksum {s:016x})", self.replicas[r].device))
+            .collect();
+        if differ.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "the data-parallel replicas' weights differ: {} against replica 0 ({:?}, checksum {:016x}). Every \
+             replica should hold the same weights after each step; the replicas drifted apart (a device's \
+             arithmetic differs), so no checkpoint of them is written",
+            differ.join(", "),
+            self.replicas[0].device,
+            sums[0]
+        ))
     }
 
     /// The current weights without autodiff (for evaluation).

@@ -233,3 +233,78 @@ fn replicas_step_in_lockstep_through_the_all_reduce_seam() {
     assert!(e.contains("step 7") && e.contains("counting all-reduce") && e.contains("a rank went away"), "{e}");
     assert!(before == bits(&weights(&bad)), "a failed step changed the weights");
 }
+
+/// The host exchange, except that rank 1 receives twice the sum: a replica whose copy of the
+/// gradient drifted (on CUDA, a device whose autotuned kernels round differently).
+#[derive(Debug, Default)]
+struct Drifting;
+
+impl AllReduce<Flex> for Drifting {
+    fn name(&self) -> &'static str {
+        "drifting"
+    }
+
+    fn sum(
+        &self,
+        devices: &[burn::backend::flex::FlexDevice],
+        per_rank: Vec<Vec<Tensor<Flex, 1>>>,
+    ) -> Result<Vec<Vec<Tensor<Flex, 1>>>, String> {
+        let mut out = HostExchange.sum(devices, per_rank)?;
+        out[1] = out[1].drain(..).map(|t| t.mul_scalar(2.0)).collect();
+        Ok(out)
+    }
+}
+
+/// One clip factor for every replica, computed once from the main replica's all-reduced
+/// gradient: with clipping active, a replica handed twice the gradient is NOT renormalised back
+/// to the others' (its own norm would give it half the factor and hide the drift), so replica 0
+/// steps exactly as one device does and replica 1 moves apart; and a checkpoint save then
+/// refuses, naming the replicas that differ, before writing anything.
+#[test]
+fn replicas_share_one_clip_factor_and_a_save_refuses_replicas_that_differ() {
+    let w = world();
+    let data = ShardDataset::open(&w.train).unwrap();
+    let split = || vec![micro(&data, &[0, 1]), micro(&data, &[2, 3])];
+    let mut one = trainer(&w, 1, LossKind::SoftCe);
+    let r1 = one.step(split(), 1e-3, 1).unwrap();
+    assert!(r1.grad_norm > 0.5, "the clip (max_grad_norm 0.5) must be active here: norm {}", r1.grad_norm);
+
+    // Replicas in step agree, and the check says so.
+    let mut two = trainer(&w, 2, LossKind::SoftCe);
+    two.step(split(), 1e-3, 1).unwrap();
+    let sums = two.replica_checksums();
+    assert_eq!(sums[0], sums[1]);
+    two.check_replicas_agree().unwrap();
+
+    let mut drift = trainer(&w, 2, LossKind::SoftCe).with_all_reduce(Arc::new(Drifting));
+    let r2 = drift.step(split(), 1e-3, 1).unwrap();
+    assert_eq!(r1.grad_norm.to_bits(), r2.grad_norm.to_bits(), "the norm is the main replica's");
+    assert!(bits(&weights(&one)) == bits(&replica_weights(&drift, 0)), "replica 0 steps as one device does");
+    assert!(
+        bits(&replica_weights(&drift, 0)) != bits(&replica_weights(&drift, 1)),
+        "replica 1 was clipped by a factor of its own (its gradient renormalised to the others')"
+    );
+    let e = drift.check_replicas_agree().unwrap_err();
+    assert!(e.contains("replica 1") && e.contains("replica 0") && e.contains("differ"), "{e}");
+
+    // The save refuses before writing anything.
+    let run = tempfile::tempdir().unwrap();
+    let state = aerie_train::checkpoint::TrainingState {
+        format: aerie_train::checkpoint::STATE_FORMAT.into(),
+        step: 1,
+        epoch: 0,
+        cursor: 2,
+        epoch_rng_state: 0,
+        total_steps: 1,
+        micro_per_step: 2,
+        config_hash: String::new(),
+        tokens: 0.0,
+        padded_tokens: 0.0,
+        elapsed_s: 0.0,
+        aerie_version: String::new(),
+        data: Vec::new(),
+    };
+    let e = aerie_train::checkpoint::save(run.path(), &drift, &state, "", None).unwrap_err().to_string();
+    assert!(e.contains("checkpoint-1") && e.contains("replica 1"), "{e}");
+    assert_eq!(std::fs::read_dir(run.path()).unwrap().count(), 0, "the refused save wrote files");
+}
