@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use aerie_engine::meta::{Message, Request};
+use aerie_engine::counters::{SETTLE_WAIT, SpecCounters, settled_vllm_counters};
+use aerie_engine::meta::{Message, Request, SpecMeta};
 
+use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
 use crate::measure::{MeasureOptions, RequestResult, TimedCycles, agent, run_pool, send, timed_cycles};
 use crate::prompts::Prompt;
 use crate::{Error, Result};
@@ -130,6 +132,28 @@ pub fn accepted_within_answers(answers: &[Answer], cycles: u64, accepted: u64) -
     }
     let tokens: u64 = metas.map(|m| m.completion_tokens.map(|n| n.saturating_sub(1))).sum::<Option<u64>>()?;
     (tokens.checked_sub(cycles)? == accepted).then_some(accepted)
+}
+
+/// The engine's acceptance over one speculative pass at `k`: vLLM's counters settled after the
+/// pass less their reading `before` it, or, without one (SGLang), every speculative answer's
+/// accepted-drafts histogram, checked against its raw counts ([`sglang_histogram`]: refused
+/// naming the server and the field, never skipped or cut).
+pub fn pass_acceptance(
+    label: &str,
+    k: usize,
+    before: Option<SpecCounters>,
+    base_url: &str,
+    answers: &[Answer],
+    warnings: &mut Vec<String>,
+) -> Result<RunAcceptance> {
+    if let Some(before) = before {
+        let settled = settled_vllm_counters(base_url, SETTLE_WAIT)?;
+        warnings.extend(settled.warning.map(|w| format!("{label}: {w}")));
+        return RunAcceptance::between(&before, &settled.counters, k);
+    }
+    let metas: Vec<&SpecMeta> = answers.iter().map(|a| &a.result.meta).collect();
+    let hist = sglang_histogram(&metas, Some(k), base_url, true)?.unwrap_or_else(|| vec![0; k + 1]);
+    RunAcceptance::from_histogram(&hist)
 }
 
 /// The decode time and the cycles of the same answers of a speculative pass

@@ -26,17 +26,17 @@ pub use aerie_engine::Engine;
 pub use aerie_engine::launch::{EngineLaunch, RunningEngine, ServedDrafter};
 pub use answers::{
     Answer, COUNTED_ALL, COUNTED_WITHIN_ANSWERS, COUNTED_WITHIN_ANSWERS_AGAINST_ALL, FirstDifference, PassTimings,
-    compare_answers, pass_cycle, run_pass,
+    compare_answers, pass_acceptance, pass_cycle, run_pass,
 };
 pub use predict::{predict, predict_from_shards};
 
-use aerie_engine::counters::{SETTLE_WAIT, settled_vllm_counters, vllm_counters};
+use aerie_engine::counters::vllm_counters;
 use aerie_engine::meta::Endpoint;
 
 use crate::accept::{AcceptReport, AcceptRule};
 use crate::cost::{Costs, Provenance, VerifyCost, break_even_tau, speedup};
-use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
-use crate::measure::{MeasureOptions, RequestResult, TimedCycles};
+use crate::engine_acceptance::RunAcceptance;
+use crate::measure::{MeasureOptions, TimedCycles};
 use crate::prompts::Prompt;
 use crate::{Error, Result};
 
@@ -114,11 +114,8 @@ pub struct Prediction {
     /// ([`ServeRun::accepted_within_answers`]), count for count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_drafts: Option<u64>,
-    /// Which accepted drafts the prediction's τ counts, and so which of the engine's τ
-    /// `tau_difference` sets it against: [`COUNTED_ALL`] (aerie's decoder, like the engine, counts
-    /// every draft its verifier accepts: against the engine's `tau`) or [`COUNTED_WITHIN_ANSWERS`]
-    /// (the cycle walk sees only drafts that are answer tokens: against the engine's τ counted
-    /// alike, 1 + `accepted_within_answers` / `drafts`).
+    /// Which accepted drafts the prediction's τ counts, so which engine τ `tau_difference` uses:
+    /// [`COUNTED_ALL`], [`COUNTED_WITHIN_ANSWERS`] or [`COUNTED_WITHIN_ANSWERS_AGAINST_ALL`].
     #[serde(default)]
     pub counted: String,
 }
@@ -148,14 +145,8 @@ pub struct ServeRun {
     pub drafts: u64,
     /// Accepted drafts at each position.
     pub accepted_per_pos: Vec<u64>,
-    /// The accepted drafts that are answer tokens, from the engine's own counts. The engine's
-    /// `accepted_per_pos` also counts drafts it accepted past an answer's stop token or budget,
-    /// which no answer holds; this counts what `eval accept`'s cycle walk counts (`--predict-from`
-    /// compares the two count for count). Each cycle emits its accepted drafts and a bonus token,
-    /// cut at the answer's end, so an answer of n tokens (its first the prefill's) over c cycles
-    /// that accepted a drafts holds min(a, n − c) of them: exact per answer where the engine
-    /// counts per answer (SGLang); from one count for the run (vLLM) only when no token was cut
-    /// (Σ n − answers − c = a), else `None`, as when an answer carried no count.
+    /// The engine's accepted drafts that are answer tokens (`accepted_per_pos` also counts those
+    /// past an answer's end), what the cycle walk counts ([`answers::accepted_within_answers`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_within_answers: Option<u64>,
     /// Plain decode tokens/s (the shared plain run).
@@ -382,24 +373,11 @@ fn one_run(
     let (answers, timings) = run_pass(&opts.prompts, &m, &|n| progress.answered(n), &check)?;
     let engine = engine_lock.into_inner().expect("no poisoned lock");
     let mut warnings = Vec::new();
-    let results: Vec<&RequestResult> = answers.iter().map(|a| &a.result).collect();
-    let acceptance = match (k, before) {
-        (Some(k), Some(before)) => {
-            let settled = settled_vllm_counters(engine.base_url(), SETTLE_WAIT)?;
-            warnings.extend(settled.warning.map(|w| format!("{label}: {w}")));
-            Some(RunAcceptance::between(&before, &settled.counters, k)?)
-        }
-        // SGLang reports each response's accepted-drafts histogram instead of counters: every
-        // speculative answer's, checked against its raw counts (refused, never skipped or cut).
-        (Some(k), None) => {
-            let metas: Vec<&aerie_engine::meta::SpecMeta> = results.iter().map(|r| &r.meta).collect();
-            let hist = sglang_histogram(&metas, Some(k), engine.base_url(), true)?.unwrap_or_else(|| vec![0; k + 1]);
-            Some(RunAcceptance::from_histogram(&hist)?)
-        }
-        _ => None,
+    let acceptance = match k {
+        Some(k) => Some(pass_acceptance(label, k, before, engine.base_url(), &answers, &mut warnings)?),
+        None => None,
     };
-    // The cycle's time and cycles over the same answers: SGLang's own count per answer; vLLM's
-    // one count for the run, which needs every answer timed from its prefill token.
+    // The cycle's time and cycles over the same answers (vLLM's one count for the run: all).
     let run_cycles = |acc: &RunAcceptance| (opts.launch.engine == Engine::Vllm).then_some(acc.drafts);
     let cycle =
         acceptance.as_ref().map(|acc| pass_cycle(label, &answers, run_cycles(acc), &mut warnings)).transpose()?;
@@ -444,10 +422,8 @@ fn speculative_run(
     }
     let (identical, first_difference) = compare_answers(plain_answers, &run.answers);
     let cycle_ms = run.cycle.as_ref().and_then(TimedCycles::cycle_ms).ok_or_else(|| {
-        Error::Incompatible(format!(
-            "{}@k{k}: no answer's decode time could be set against its cycles ({:?}): no cycle can be measured",
-            d.name, run.cycle
-        ))
+        let why = format!("no answer's decode time could be set against its cycles ({:?})", run.cycle);
+        Error::Incompatible(format!("{}@k{k}: {why}: no cycle can be measured", d.name))
     })?;
     let accepted_within_answers = answers::accepted_within_answers(&run.answers, acc.drafts, acc.accepted);
     Ok(ServeRun {
