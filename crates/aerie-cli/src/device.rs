@@ -14,8 +14,8 @@ pub enum DeviceArg {
     Cpu,
     /// burn-cuda on GPU `N` (needs the `cuda` feature).
     Cuda(usize),
-    /// burn-wgpu (CubeCL) on wgpu's default adapter, as logical device `N` (needs the `wgpu`
-    /// feature, on by default); see [`wgpu_device`].
+    /// burn-wgpu (CubeCL) on wgpu adapter `N` (0: the default one; needs the `wgpu` feature, on
+    /// by default); see [`wgpu_device`].
     Wgpu(usize),
 }
 
@@ -104,36 +104,94 @@ pub fn refuse_bf16_on_wgpu(precision: aerie_train::config::Precision, device: De
     Ok(())
 }
 
-/// The burn device of `wgpu:N`: logical device `N` on wgpu's default adapter (the one wgpu rates
-/// highest; `CUBECL_WGPU_DEFAULT_DEVICE`, e.g. `DiscreteGpu(1)`, picks another). `wgpu:0` is
-/// burn's `WgpuDevice::DefaultDevice`; each further `N` opens a device and queue of its own on
-/// the same adapter (`WgpuDevice::Existing`), with memory burn keeps apart: two replicas on
-/// `wgpu:0,wgpu:1` exchange data as two GPUs do, without a second GPU. Fails, rather than
-/// panics, when no adapter is found (e.g. no Vulkan driver: Debian's `mesa-vulkan-drivers`).
+/// Data parallelism over distinct wgpu indices is refused: on Mesa's software Vulkan driver
+/// `--devices wgpu:0,wgpu:1` wrote weights up to 1.08 away from one device's and exited 0 (issue
+/// 47), while a device listed twice (`wgpu:0,wgpu:0`, replicas one after the other) is exact.
+/// Until two wgpu devices are shown to train alike, only one wgpu index may be listed.
+pub fn refuse_distinct_wgpu(devices: &[DeviceArg]) -> anyhow::Result<()> {
+    let first = devices.first().copied();
+    if let Some(DeviceArg::Wgpu(a)) = first
+        && let Some(DeviceArg::Wgpu(b)) = devices.iter().copied().find(|d| Some(*d) != first)
+    {
+        anyhow::bail!(
+            "--devices: data parallelism over distinct wgpu devices (wgpu:{a} and wgpu:{b}) is not supported: two wgpu \
+             devices were measured to train to different weights than one (up to 1.08 apart on lavapipe, with no \
+             error). List one wgpu device once per replica (`--devices wgpu:{a},wgpu:{a}`: the replicas run one \
+             after the other, exact), or train on `cuda:0,cuda:1` (docs/training.md, data parallelism)"
+        );
+    }
+    Ok(())
+}
+
+/// The adapter `wgpu:N` names, for `n` ≥ 1, among the adapters of this machine given as cubecl's
+/// device type ids (0 discrete GPU, 1 integrated, 2 virtual, 3 CPU, 4 other): the `n`-th adapter
+/// of the best kind present (discrete before integrated before virtual before CPU), as
+/// `(type id, index among that kind)`, which is what `WgpuDevice::DiscreteGpu(n)` etc. open. A
+/// machine with fewer adapters of that kind is an error naming what it has.
+pub fn wgpu_adapter(n: usize, type_ids: &[u16]) -> Result<(u16, usize), String> {
+    const KINDS: [(u16, &str); 4] = [(0, "discrete GPU"), (1, "integrated GPU"), (2, "virtual GPU"), (3, "CPU")];
+    let name = |t: u16| KINDS.iter().find(|k| k.0 == t).map_or("other", |k| k.1);
+    let found: Vec<&str> = type_ids.iter().map(|&t| name(t)).collect();
+    let best = KINDS.iter().find(|k| type_ids.contains(&k.0));
+    // wgpu opens only the first CPU adapter (`WgpuDevice::Cpu`).
+    let count = best.map_or(0, |&(t, _)| if t == 3 { 1 } else { type_ids.iter().filter(|&&x| x == t).count() });
+    match best {
+        Some(&(t, _)) if n < count => Ok((t, n)),
+        _ => Err(format!(
+            "wgpu:{n}: this machine has {count} wgpu adapter(s) of its best kind{} (all adapters: {}), so only \
+             wgpu:0{}; wgpu:N opens the N-th adapter, never a second device on one adapter",
+            best.map_or(String::new(), |k| format!(" ({})", k.1)),
+            if found.is_empty() { "none".to_owned() } else { found.join(", ") },
+            if count > 1 { format!("..wgpu:{}", count - 1) } else { String::new() },
+        )),
+    }
+}
+
+/// The burn device of `wgpu:N`. `wgpu:0` is wgpu's default adapter (burn's
+/// `WgpuDevice::DefaultDevice`: the one wgpu rates highest, typically the first discrete GPU;
+/// `CUBECL_WGPU_DEFAULT_DEVICE`, e.g. `DiscreteGpu(1)`, picks another). `wgpu:N` for N ≥ 1 opens
+/// the N-th adapter of the machine's best kind ([`wgpu_adapter`]: `DiscreteGpu(N)` on a machine
+/// with discrete GPUs), and is refused where there is no such adapter (a machine with one GPU,
+/// or lavapipe alone). Fails, rather than panics, when no adapter is found (e.g. no Vulkan
+/// driver: Debian's `mesa-vulkan-drivers`).
 #[cfg(feature = "wgpu")]
 pub fn wgpu_device(n: usize) -> anyhow::Result<burn::backend::wgpu::WgpuDevice> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
-    use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, graphics::AutoGraphicsApi, init_device, init_setup};
+    use burn::backend::wgpu::graphics::{AutoGraphicsApi, GraphicsApi};
+    use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, WgpuRuntime, init_setup};
     static OPENED: OnceLock<Mutex<HashMap<usize, WgpuDevice>>> = OnceLock::new();
     let mut opened = OPENED.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(d) = opened.get(&n) {
         return Ok(d.clone());
     }
-    // cubecl panics when no adapter is found; say what is missing instead. The setup (adapter,
-    // device, queue) is made once: it registers `DefaultDevice` (wgpu:0), and a second setup of it
-    // panics ("already registered"), so wgpu:N (N ≥ 1) gets another server on that same setup.
-    static SETUP: OnceLock<burn::backend::wgpu::WgpuSetup> = OnceLock::new();
-    let setup = match SETUP.get() {
-        Some(s) => s.clone(),
-        None => {
-            let s = std::panic::catch_unwind(|| init_setup::<AutoGraphicsApi>(&WgpuDevice::DefaultDevice, RuntimeOptions::default()))
-                .map_err(|_| anyhow::anyhow!("wgpu:{n}: no wgpu adapter found (a GPU driver, or a software one: on Debian `apt-get install mesa-vulkan-drivers libvulkan1`)"))?;
-            SETUP.get_or_init(|| s).clone()
+    let no_adapter = || {
+        anyhow::anyhow!(
+            "wgpu:{n}: no wgpu adapter found (a GPU driver, or a software one: on Debian `apt-get install \
+             mesa-vulkan-drivers libvulkan1`)"
+        )
+    };
+    let device = if n == 0 {
+        WgpuDevice::DefaultDevice
+    } else {
+        let backend = <AutoGraphicsApi as GraphicsApi>::backend();
+        let ids = std::panic::catch_unwind(|| {
+            <WgpuRuntime as cubecl_runtime::runtime::Runtime>::enumerate_all_devices(&backend)
+        })
+        .map_err(|_| no_adapter())?;
+        let types: Vec<u16> = ids.iter().map(|d| d.type_id).collect();
+        match wgpu_adapter(n, &types).map_err(anyhow::Error::msg)? {
+            (0, i) => WgpuDevice::DiscreteGpu(i),
+            (1, i) => WgpuDevice::IntegratedGpu(i),
+            (2, i) => WgpuDevice::VirtualGpu(i),
+            _ => WgpuDevice::Cpu,
         }
     };
-    let device = if n == 0 { WgpuDevice::DefaultDevice } else { init_device(setup, RuntimeOptions::default()) };
+    // cubecl panics when no adapter is found; say what is missing instead. Each device is set up
+    // once (a second setup of one device panics: "already registered").
+    std::panic::catch_unwind(|| init_setup::<AutoGraphicsApi>(&device, RuntimeOptions::default()))
+        .map_err(|_| no_adapter())?;
     opened.insert(n, device.clone());
     Ok(device)
 }
@@ -153,5 +211,35 @@ mod tests {
         assert!(refuse_bf16_on_wgpu(bf16, DeviceArg::Wgpu(0)).unwrap_err().to_string().contains("no bf16"));
         assert!(refuse_bf16_on_wgpu(bf16, DeviceArg::Cpu).is_ok());
         assert!("gpu".parse::<DeviceArg>().unwrap_err().contains("`cuda:N` or `wgpu:N`"));
+    }
+
+    /// `wgpu:N` (N ≥ 1) is the N-th adapter of the machine's best kind, refused where there is
+    /// none: lavapipe alone (one CPU adapter) has only wgpu:0, two discrete GPUs have wgpu:0..1.
+    #[test]
+    fn wgpu_n_is_the_n_th_adapter_or_refused() {
+        let e = wgpu_adapter(1, &[3]).unwrap_err();
+        assert!(e.contains("wgpu:1") && e.contains("1 wgpu adapter") && e.contains("(CPU)"), "{e}");
+        assert!(e.contains("only wgpu:0;"), "{e}");
+        assert_eq!(wgpu_adapter(1, &[0, 3, 0]), Ok((0, 1)));
+        let e = wgpu_adapter(2, &[0, 3, 0]).unwrap_err();
+        assert!(e.contains("2 wgpu adapter(s) of its best kind (discrete GPU)") && e.contains("wgpu:0..wgpu:1"), "{e}");
+        assert!(e.contains("discrete GPU, CPU, discrete GPU"), "{e}");
+        assert_eq!(wgpu_adapter(1, &[1, 1]), Ok((1, 1)));
+        assert!(wgpu_adapter(1, &[]).unwrap_err().contains("none"));
+        // Two CPU adapters: wgpu opens only the first.
+        assert!(wgpu_adapter(1, &[3, 3]).is_err());
+    }
+
+    /// Data parallelism over distinct wgpu indices is refused before any device opens; one wgpu
+    /// device listed per replica, and every other kind of list, pass.
+    #[test]
+    fn distinct_wgpu_devices_are_refused_for_data_parallelism() {
+        let e = refuse_distinct_wgpu(&[DeviceArg::Wgpu(0), DeviceArg::Wgpu(1)]).unwrap_err().to_string();
+        assert!(e.contains("wgpu:0 and wgpu:1") && e.contains("not supported") && e.contains("wgpu:0,wgpu:0"), "{e}");
+        assert!(refuse_distinct_wgpu(&[DeviceArg::Wgpu(1), DeviceArg::Wgpu(1), DeviceArg::Wgpu(0)]).is_err());
+        assert!(refuse_distinct_wgpu(&[DeviceArg::Wgpu(0), DeviceArg::Wgpu(0)]).is_ok());
+        assert!(refuse_distinct_wgpu(&[DeviceArg::Wgpu(2)]).is_ok());
+        assert!(refuse_distinct_wgpu(&[DeviceArg::Cuda(0), DeviceArg::Cuda(1)]).is_ok());
+        assert!(refuse_distinct_wgpu(&[DeviceArg::Cpu, DeviceArg::Cpu]).is_ok());
     }
 }
