@@ -147,6 +147,9 @@ fn normalized(text: &str) -> &str {
     text.trim().trim_end_matches('\u{FFFD}').trim_end()
 }
 
+/// A detokenizer: `(ids, skip_special_tokens)` to text, or the reason it cannot.
+type Detokenize<'a> = dyn Fn(&[u32], bool) -> std::result::Result<String, String> + 'a;
+
 /// Whether every one of the engine's `answers` is the text of a distinct trained span of the
 /// shards (`spans`, one per sample; order free: `data prepare` may reorder). The engine's chat
 /// endpoint returns text, not ids, so the span is decoded by the target's tokenizer
@@ -156,7 +159,7 @@ fn normalized(text: &str) -> &str {
 pub(crate) fn shards_hold_the_answers(
     spans: &[Vec<u32>],
     answers: &[AnswerText],
-    decode: &dyn Fn(&[u32], bool) -> std::result::Result<String, String>,
+    decode: &Detokenize<'_>,
 ) -> std::result::Result<(), String> {
     if answers.is_empty() {
         return Err("the report keeps no engine answers to compare the shards with".into());
