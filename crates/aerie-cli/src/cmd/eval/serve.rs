@@ -176,9 +176,13 @@ fn save(args: &ServeArgs, report: &ServeReport, dir: &std::path::Path) -> Result
         .with_context(|| format!("writing {}", json.display()))?;
     let mut saved = format!("the report in {}", json.display());
     if let Some(path) = &args.costs_out {
-        let costs = report.costs(&today())?;
-        aerie_data::atomic::write_bytes(path, costs.to_toml()?.as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
+        // The report is on disk already: a failure here says so.
+        let on_disk = || format!("{saved} (the costs were not written)");
+        let costs = report.costs(&today()).with_context(on_disk)?;
+        let toml = costs.to_toml().with_context(on_disk)?;
+        aerie_data::atomic::write_bytes(path, toml.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))
+            .with_context(on_disk)?;
         saved.push_str(&format!(", the costs in {}", path.display()));
     }
     Ok(saved)
