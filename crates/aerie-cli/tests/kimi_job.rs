@@ -289,6 +289,10 @@ fn kimi_job_in_miniature_through_vllm() {
     let mla_sglang = root.join("tuned-mla-sglang");
     let r = ok_json(aerie(&["export", s(&tuned_mla), "--to", "sglang", "--out", s(&mla_sglang), "--json"]));
     assert_eq!(r["aux_layer_ids"], json!([1, 3, 4]), "{r}");
+    // The published drafter's `mla_use_nope: true` is kept in its layout, but aerie trained with
+    // RoPE: the fine-tuned drafter's config says so (and `inspect --strict` has nothing to warn).
+    let c: Value = serde_json::from_str(&std::fs::read_to_string(mla_sglang.join("config.json")).unwrap()).unwrap();
+    assert_eq!(c["mla_use_nope"], json!(false), "{c}");
     let text = ok(aerie(&["inspect", s(&mla_sglang), "--target", s(&target), "--engine", "sglang", "--strict"]));
     assert!(text.contains("MLA"), "{text}");
     lap(&mut times, "export MLA --to vllm, --to sglang", t0);

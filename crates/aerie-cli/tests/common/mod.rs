@@ -30,7 +30,13 @@ pub fn aerie_run(command: &str, target: &Path, data: &Path, out: &Path, flags: &
 
 /// Its stdout, after asserting success (stderr in the failure message).
 pub fn ok(out: Output) -> String {
-    assert!(out.status.success(), "aerie failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "aerie failed ({}):\n{}\nstdout:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
     String::from_utf8(out.stdout).expect("UTF-8 stdout")
 }
 

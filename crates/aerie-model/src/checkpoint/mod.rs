@@ -138,6 +138,20 @@ pub struct SourceLayout {
     pub tensors: std::collections::BTreeSet<String>,
 }
 
+impl SourceLayout {
+    /// The layout for weights aerie has trained: every key that describes how the source's weights
+    /// were trained, not how they are read, says what aerie did. `mla_use_nope: true` (TorchSpec's
+    /// NoPE switch, read by no engine) becomes `false`, since aerie trains with RoPE
+    /// ([`config::MLA_USE_NOPE_NOTE`]); a fine-tuned drafter that kept the flag would claim a
+    /// training it did not have, and `inspect --strict` would refuse aerie's own export.
+    pub fn trained_by_aerie(mut self) -> Self {
+        if let Some(flag) = self.config.get_mut("mla_use_nope").filter(|v| v.as_bool() == Some(true)) {
+            *flag = serde_json::Value::Bool(false);
+        }
+        self
+    }
+}
+
 impl DrafterCheckpoint {
     /// The source layout when saving in `dialect` keeps it.
     fn kept_layout(&self, dialect: Dialect) -> Option<&SourceLayout> {
@@ -349,6 +363,16 @@ pub fn save_drafter(ckpt: &DrafterCheckpoint, out: &Path, opts: &SaveOptions) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trained_layout_says_rope_where_the_source_said_nope() {
+        let layout = |config| SourceLayout { dialect: Dialect::Sglang, config, tensors: Default::default() };
+        let nope = layout(serde_json::json!({"mla_use_nope": true, "bos_token_id": 1}));
+        assert_eq!(nope.trained_by_aerie().config, serde_json::json!({"mla_use_nope": false, "bos_token_id": 1}));
+        // Nothing else is touched, and a key the source never wrote is not added.
+        let plain = serde_json::json!({"bos_token_id": 1});
+        assert_eq!(layout(plain.clone()).trained_by_aerie().config, plain);
+    }
 
     #[test]
     fn each_layout_names_its_engine_and_warns_for_the_other() {

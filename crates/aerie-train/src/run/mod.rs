@@ -130,7 +130,7 @@ pub fn train<B: AutodiffBackend>(
         // A resume of a finished run has nothing left to do, its final evaluation included.
         evaluated_at: st.state.as_ref().filter(|s| s.step >= total).map(|s| s.step),
         do_eval: !catalog.eval_sets.is_empty() || !catalog.held_out.is_empty(),
-        source: st.checkpoint.source.clone(),
+        source: st.checkpoint.source.clone().map(SourceLayout::trained_by_aerie),
     };
     while r.pos.step < total {
         let Some(end) = r.next_step_end() else { continue };

@@ -108,6 +108,9 @@ fn published_dir(w: &World, name: &str, mla: bool) -> std::path::PathBuf {
     o.insert("transformers_version".into(), serde_json::json!("4.57.1"));
     o["eagle_config"]["use_input_layernorm_in_first_layer"] = serde_json::json!(true);
     o["eagle_config"]["parallel_draft_step"] = serde_json::json!(1);
+    if mla {
+        o.insert("mla_use_nope".into(), serde_json::json!(true));
+    }
     let tensors: aerie_model::checkpoint::TensorMap =
         ckpt.tensors.into_iter().filter(|(k, _)| k != keys::EMBED && k != keys::T2D).collect();
     std::fs::create_dir_all(&dir).unwrap();
@@ -139,6 +142,11 @@ fn published_layouts_warm_start_and_export_back_unchanged_when_untrained() {
         let json = |d: &std::path::Path| -> serde_json::Value {
             serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
         };
-        assert_eq!(json(&back), json(&dir), "{name}: config keys and values");
+        // Every key as published but TorchSpec's NoPE switch: aerie trained the weights with RoPE.
+        let mut want = json(&dir);
+        if mla {
+            want["mla_use_nope"] = serde_json::json!(false);
+        }
+        assert_eq!(json(&back), want, "{name}: config keys and values");
     }
 }
