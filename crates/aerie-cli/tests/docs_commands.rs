@@ -142,10 +142,7 @@ const CANNOT_RUN: &[(&str, &[&str])] = &[
 /// --target <hub id>`, `--prompts mtbench` resolved as a named prompt set). A failure to parse
 /// or to run is tolerated and printed as a note; once one parses and runs, a note says to remove
 /// it. Empty once the fix is committed.
-const PENDING: &[(&str, &str)] = &[(
-    "aerie eval decode --target SMOLLM2 --drafter QUICKSTART_DRAFTER --prompts mtbench --max-prompts 4 --max-new-tokens 64 --k 3",
-    "`--prompts mtbench` names the MT-Bench asset only with cmd/assets.rs's parse_prompts, not yet committed",
-)];
+const PENDING: &[(&str, &str)] = &[];
 
 /// Documented spans that are not commands: what they are.
 const NOT_COMMANDS: &[(&str, &str)] = &[

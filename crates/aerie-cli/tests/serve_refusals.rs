@@ -98,6 +98,21 @@ fn a_costs_out_that_cannot_be_written_is_refused_before_the_engine() {
     assert!(!err.contains("no-python"), "{err}");
 }
 
+/// `eval decode` checks its `--out` and `--costs-out` the same way before loading the target
+/// (here a config without weights, which a load would reject in other words).
+#[test]
+fn eval_decode_refuses_an_unwritable_output_before_decoding() {
+    let c = Case::new("llama");
+    let file = c.dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let base = ["eval", "decode", "--target", s(&c.target), "--drafter", s(&c.drafter), "--prompts", s(&c.prompts)];
+    for flag in ["--out", "--costs-out"] {
+        let bad = file.join("out.json");
+        let err = refused(aerie(&[&base[..], &[flag, s(&bad)]].concat()), &[flag, "out.json"]);
+        assert!(!err.contains("safetensors"), "refused before the target was loaded: {err}");
+    }
+}
+
 /// Issue 44 §4: `--prompts` takes a named set; a name that is neither a file nor a set is refused
 /// by the argument parser, listing the known names.
 #[test]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use aerie_eval::accept::AcceptRule;
 use aerie_eval::decode::{DecodeOptions, DecodeReport, DecodeSession, measured_costs};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
@@ -94,9 +94,11 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     }
     // Written after the whole run: refused now when it would replace an input.
     let inputs = [("--prompts", args.prompts.as_path()), ("--drafter", &args.drafter), ("--target", &args.target)];
+    // ... and checked writable now (its directory created), not after minutes of decoding.
     for (flag, out) in [("--out", &args.out), ("--costs-out", &args.costs_out)] {
         if let Some(out) = out {
             aerie_data::owned::check_not_input(out, flag, &inputs)?;
+            crate::cmd::common::engine::writable(out).with_context(|| flag.to_string())?;
         }
     }
     with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))
