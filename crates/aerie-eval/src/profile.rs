@@ -20,7 +20,6 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::accept::{conditional_from_unconditional, tau_from_unconditional};
 use crate::{Error, Result};
 
 /// The output-position buckets `[from, to)` in answer tokens already emitted when a cycle starts
@@ -143,6 +142,16 @@ impl AcceptanceProfile {
         let marginal: Vec<f64> =
             (1..=k).map(|i| if cycles > 0.0 { histogram[i..].iter().sum::<f64>() / cycles } else { 0.0 }).collect();
         let accepted: f64 = histogram.iter().enumerate().map(|(a, h)| a as f64 * h).sum();
+        // As `accept::conditional_from_unconditional` and `tau_from_unconditional` (not imported:
+        // `accept` builds its reports' profiles here, and modules import in one direction).
+        let conditional = marginal
+            .iter()
+            .scan(1.0, |prev: &mut f64, &m| {
+                let c = if *prev > 0.0 { m / *prev } else { 0.0 };
+                *prev = m;
+                Some(c)
+            })
+            .collect();
         let conditions =
             [("source", source), ("counted", counted)].into_iter().map(|(a, b)| (a.to_string(), b.to_string()));
         Self {
@@ -151,8 +160,8 @@ impl AcceptanceProfile {
             num_speculative_tokens: k,
             verification_method: (if tree { "tree" } else { "longest_prefix" }).into(),
             accept_length_model: (if tree { "measured_per_k" } else { "chain_analytic" }).into(),
-            conditional_accept_rates: conditional_from_unconditional(&marginal),
-            mean_accept_length: tau_from_unconditional(&marginal),
+            conditional_accept_rates: conditional,
+            mean_accept_length: 1.0 + marginal.iter().sum::<f64>(),
             marginal_accept_rates: marginal,
             acceptance_length_histogram: histogram.iter().enumerate().map(|(a, &h)| ((a + 1).to_string(), h)).collect(),
             cycles,
