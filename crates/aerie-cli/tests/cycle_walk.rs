@@ -101,5 +101,26 @@ fn eval_accept_counts_the_cycles_of_eval_decode() {
             "k = {k}"
         );
         assert!(within["accepted_drafts"].as_u64().unwrap() > 0, "k = {k}: the fixture drafter's drafts are accepted");
+        // The acceptance profiles (issue 46 §3): the buckets partition decode's cycles, and at the
+        // walk's own k the walk's profile is decode's within the answers, field for field.
+        let profile = &dec["profile"];
+        let bucket_cycles: u64 =
+            profile["output_position_buckets"].as_array().unwrap().iter().map(|b| b["cycles"].as_u64().unwrap()).sum();
+        assert_eq!(bucket_cycles, dec["cycles"].as_u64().unwrap(), "k = {k}: the buckets partition the cycles");
+        assert_eq!(profile["marginal_accept_rates"].as_array().unwrap().len(), k);
+        assert_eq!(profile["mean_accept_length"], dec["tau"], "k = {k}: the profile's τ is the report's");
+        if k == 3 {
+            let (walked, decoded) = (&told["profile"], &dec["within_answers_profile"]);
+            for field in [
+                "acceptance_length_histogram",
+                "marginal_accept_rates",
+                "conditional_accept_rates",
+                "mean_accept_length",
+                "output_position_buckets",
+            ] {
+                assert_eq!(walked[field], decoded[field], "k = 3: the walk and eval decode agree on {field}");
+            }
+            assert!(walked.get("output_position_buckets_unavailable").is_none());
+        }
     }
 }

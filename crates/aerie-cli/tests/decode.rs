@@ -56,6 +56,7 @@ fn decode_reports_writes_costs_and_feeds_project() {
     let drafter = root.join("drafter");
     write_drafter(&drafter, 32);
     let (report, costs) = (root.join("report.json"), root.join("costs.toml"));
+    let profile = root.join("speculation_profile.json");
     let args = [
         "eval",
         "decode",
@@ -74,6 +75,8 @@ fn decode_reports_writes_costs_and_feeds_project() {
         s(&report),
         "--costs-out",
         s(&costs),
+        "--profile-out",
+        s(&profile),
     ];
     let stdout = ok(aerie(&args));
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -91,6 +94,15 @@ fn decode_reports_writes_costs_and_feeds_project() {
     assert!(v["speedup"].as_f64().unwrap() > 0.0);
     assert!(v["costs"]["t_d_ms"].as_f64().unwrap() > 0.0);
     assert!(v["costs"]["t_v_ms"]["4"].as_f64().unwrap() > 0.0);
+    // The acceptance profile: in the report and in its file; answers of 12 tokens start every
+    // cycle in the first bucket.
+    let p = &v["profile"];
+    assert_eq!(p, &serde_json::from_str::<Value>(&std::fs::read_to_string(&profile).unwrap()).unwrap());
+    assert_eq!(p["mean_accept_length"], v["tau"]);
+    assert_eq!(p["marginal_accept_rates"].as_array().unwrap().len(), 3);
+    assert_eq!(p["output_position_buckets"][0]["bucket"], "0-256");
+    assert_eq!(p["output_position_buckets"][0]["cycles"], v["cycles"]);
+    assert_eq!(p["output_position_buckets"][3]["cycles"], 0);
 
     // The costs file is valid and `aerie project` combines it with the report's curve.
     let text = std::fs::read_to_string(&costs).unwrap();
@@ -159,6 +171,10 @@ fn compare_by_decoding_writes_the_report_with_measured_speedups() {
     for r in rows {
         assert!(r["measured_speedup"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["speedup"].as_f64().is_some(), "projected through the run's own measured costs: {r}");
+        assert_eq!(r["profile"]["num_speculative_tokens"], 2, "{r}");
+    }
+    for name in ["a", "b"] {
+        assert!(out.join(format!("{name}.speculation_profile.json")).is_file(), "{name}'s profile");
     }
     let md = std::fs::read_to_string(out.join("compare.md")).unwrap();
     assert!(md.contains("measured speedup"), "{md}");

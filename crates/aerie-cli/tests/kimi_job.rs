@@ -416,6 +416,15 @@ fn served_against_the_walk(engine: &str, v: &Value, shards: &Path, drafters: usi
         );
         assert_eq!(p["shards"], s(shards));
         assert_eq!(r["drafts"].as_u64(), Some(cycles), "{engine}'s cycles against the walk's: {r}");
+        // Acceptance profiles (issue 46 §3): the walk's buckets are always measured; the engine's
+        // where its stream's chunks are its cycles, and then its cycles start where the walk's do.
+        assert!(common::check_profile(&p["profile"], K, cycles), "the walk knows where its cycles start");
+        if common::check_profile(&r["profile"], K, cycles) {
+            let per_bucket = |q: &Value| -> Vec<Value> {
+                q["output_position_buckets"].as_array().unwrap().iter().map(|b| b["cycles"].clone()).collect()
+            };
+            assert_eq!(per_bucket(&r["profile"]), per_bucket(&p["profile"]), "{engine}'s cycles by output position");
+        }
         let past = (K as u64 - 1) * answers;
         match r["accepted_within_answers"].as_u64() {
             // Counted alike (SGLang counts per answer; vLLM when no token was cut): equal.

@@ -186,6 +186,8 @@ fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate(
             r["first_difference"]
         );
         assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), 2);
+        let measured = common::check_profile(&r["profile"], 2, r["drafts"].as_u64().unwrap());
+        println!("SGLang τ by output position measured: {measured}: {}", r["profile"]);
         // The same drafts, accepted the same way: SGLang's accounting equals aerie's decoder.
         let p = &r["prediction"];
         let (pred, diff) = (p["tau"].as_f64().unwrap(), p["tau_difference"].as_f64().unwrap());
@@ -269,6 +271,7 @@ fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate(
     assert!(m["counted"].as_str().unwrap().contains("each response's own"), "{m}");
     assert!(m["tokens_per_verify"].as_f64().unwrap() > tau_m, "completion / verify counts the first tokens too");
     assert!(m["itl_ms"].as_f64().unwrap() > 0.0 && m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
+    common::check_profile(&m["profile"], 2, m["spec_verify_ct"].as_u64().unwrap());
     let unstreamed = measure(&["--no-stream"]);
     assert_eq!(unstreamed["spec_verify_ct"], m["spec_verify_ct"], "the same prompts, the same cycles");
     assert_eq!(unstreamed["tau"], m["tau"]);

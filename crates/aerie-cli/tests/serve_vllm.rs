@@ -113,7 +113,10 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
             r["first_difference"]
         );
         assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), 2);
+        let measured = common::check_profile(&r["profile"], 2, r["drafts"].as_u64().unwrap());
+        println!("vLLM τ by output position measured: {measured}: {}", r["profile"]);
         let p = &r["prediction"];
+        common::check_profile(&p["profile"], 2, p["profile"]["cycles"].as_f64().unwrap() as u64);
         let (pred, diff) = (p["tau"].as_f64().unwrap(), p["tau_difference"].as_f64().unwrap());
         assert!(diff.abs() <= 0.01 * tau, "τ in vLLM {tau} vs aerie's decoder {pred}");
         assert_eq!(p["greedy_identical"], true);
@@ -155,6 +158,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     let tau_s = runs[1]["tau"].as_f64().unwrap();
     assert!((tau_m - tau_s).abs() <= 0.01 * tau_s, "measure τ {tau_m} vs eval serve τ {tau_s}");
     assert!(m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
+    common::check_profile(&m["profile"], 2, m["spec_verify_ct"].as_u64().unwrap());
     // A second run on the same server: the counters' difference, not their totals.
     let m2 = measure(&["--api", "vllm"]);
     assert_eq!(m2["spec_verify_ct"], m["spec_verify_ct"], "the same prompts draft the same cycles again");

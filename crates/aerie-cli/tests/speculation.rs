@@ -60,6 +60,19 @@ fn accept_project_and_compare_end_to_end() {
     // The captured tokens here are arbitrary, not the head's argmax: the report must say so.
     assert!(rep["captured_not_target_argmax"].as_f64().unwrap() > 0.0);
     assert!(rep["warnings"][0].as_str().unwrap().contains("decoding τ"));
+    // The profile of the walked cycles (greedy): its τ is the report's, its buckets partition the
+    // walk's cycles.
+    let prof = &rep["profile"];
+    assert!((prof["mean_accept_length"].as_f64().unwrap() - tau).abs() < 1e-12, "{prof}");
+    let cycles: u64 =
+        prof["output_position_buckets"].as_array().unwrap().iter().map(|b| b["cycles"].as_u64().unwrap()).sum();
+    assert_eq!(cycles, rep["cycles"][1]["cycles"].as_u64().unwrap(), "{prof}");
+    let profile_out = f.root.join("profile.json");
+    let mut with_file = args.clone();
+    with_file.extend(["--profile-out", p(&profile_out)]);
+    ok(aerie(&with_file));
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&profile_out).unwrap()).unwrap();
+    assert_eq!(&written, prof);
 
     let mut args = vec!["eval", "accept", "--drafter", p(&f.drafter)];
     args.extend(common);

@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cycles::CycleCount;
+use crate::profile::AcceptanceProfile;
 
 /// Accepted drafts of one chain under greedy verification: the length of the leading run of hits.
 pub fn chain_accept(hits: &[bool]) -> usize {
@@ -261,7 +262,16 @@ pub struct AcceptReport {
     pub samples: usize,
     /// Caveats the numbers come with.
     pub warnings: Vec<String>,
+    /// The acceptance profile ([`crate::profile`]): of the cycles decoding runs where they were
+    /// walked (greedy on shards), τ by output position included; else of every position, without
+    /// buckets (no cycle starts anywhere in particular).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<AcceptanceProfile>,
 }
+
+/// Why a profile over every position has no output-position buckets.
+pub const NO_WALK_BUCKETS: &str = "every position counted as if it started a cycle (no cycle walk: the verify rule \
+is not greedy), so no cycle starts at a particular output position";
 
 impl AcceptReport {
     /// Build the report of a chain (curve k = 1..=K) or a tree (one point) from its counter.
@@ -314,6 +324,10 @@ impl AcceptReport {
             captured_not_target_argmax: mismatch,
             samples: 0,
             warnings,
+            profile: Some(
+                AcceptanceProfile::from_histogram(&c.histogram, tree.is_some(), "eval accept", "every position")
+                    .without_buckets(NO_WALK_BUCKETS),
+            ),
         }
     }
 
@@ -322,6 +336,9 @@ impl AcceptReport {
     pub fn with_cycles(mut self, walks: Vec<CycleCount>) -> Self {
         if let Some(last) = walks.last() {
             self.tau = last.tau();
+            let tree = self.drafting == "tree";
+            // The walk's own counts always partition into its buckets.
+            self.profile = last.profile(tree, "eval accept", "the cycle walk over the answers").ok();
             self.curve = match self.drafting.as_str() {
                 "chain" => walks.iter().map(|w| CurvePoint { k: w.k, verify_tokens: w.k + 1, tau: w.tau() }).collect(),
                 _ => vec![CurvePoint { k: last.k, verify_tokens: self.verify_tokens, tau: last.tau() }],

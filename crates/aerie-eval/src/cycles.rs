@@ -19,6 +19,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::profile::{AcceptanceProfile, BucketCounts};
+
 /// Which tokens of a sample are answer tokens the target generated: the loss-masked turns, each
 /// cut to `budget` tokens when it is given, otherwise without a final token the target would not
 /// have generated after an otherwise greedy turn (the template's end-of-turn after a cut answer).
@@ -68,12 +70,38 @@ pub struct CycleCount {
     pub cycles: u64,
     /// Drafts accepted over those cycles that are answer tokens.
     pub accepted_drafts: u64,
+    /// Cycles by accepted drafts (h[a], a = 0..=k; for the profile, not serialized).
+    #[serde(skip)]
+    pub histogram: Vec<u64>,
+    /// Cycles and accepted drafts by the output position each cycle started at.
+    #[serde(skip)]
+    pub buckets: BucketCounts,
 }
 
 impl CycleCount {
     /// τ = tokens per cycle, bonus included: 1 + accepted / cycles (1 when no cycle ran).
     pub fn tau(&self) -> f64 {
         if self.cycles == 0 { 1.0 } else { 1.0 + self.accepted_drafts as f64 / self.cycles as f64 }
+    }
+
+    /// Count one cycle that started after `position` answer tokens (the prefill's first token
+    /// included) and accepted `accepted` drafts.
+    pub fn add(&mut self, position: u64, accepted: usize) {
+        self.cycles += 1;
+        self.accepted_drafts += accepted as u64;
+        if self.histogram.len() <= accepted.max(self.k) {
+            self.histogram.resize(accepted.max(self.k) + 1, 0);
+        }
+        self.histogram[accepted] += 1;
+        self.buckets.add(position, accepted as u64);
+    }
+
+    /// The profile of these cycles, buckets included (`source` names the command, `counted` what
+    /// the counts are).
+    pub fn profile(&self, tree: bool, source: &str, counted: &str) -> crate::Result<AcceptanceProfile> {
+        let mut h = self.histogram.clone();
+        h.resize(h.len().max(self.k + 1), 0);
+        AcceptanceProfile::from_counts(&h, tree, source, counted).with_buckets(&self.buckets)
     }
 
     /// Walk the cycles of one answer `[start, end)`: `accepted(c)` is the number of drafts a cycle
@@ -83,8 +111,8 @@ impl CycleCount {
         let mut c = start;
         while c + 1 < end {
             let a = accepted(c).min(end - 1 - c);
-            self.cycles += 1;
-            self.accepted_drafts += a as u64;
+            // The cycle after answer token c starts with c - start + 1 answer tokens emitted.
+            self.add((c - start + 1) as u64, a);
             c += a + 1;
         }
     }
@@ -93,6 +121,11 @@ impl CycleCount {
     pub fn merge(&mut self, other: &CycleCount) {
         self.cycles += other.cycles;
         self.accepted_drafts += other.accepted_drafts;
+        if self.histogram.len() < other.histogram.len() {
+            self.histogram.resize(other.histogram.len(), 0);
+        }
+        self.histogram.iter_mut().zip(&other.histogram).for_each(|(a, b)| *a += b);
+        self.buckets.merge(&other.buckets);
     }
 }
 
@@ -116,6 +149,11 @@ mod tests {
         // c = 2 → 2 accepted, c = 5 → 1, c = 7 → 3, c = 11 = last token: done.
         assert_eq!((n.cycles, n.accepted_drafts), (3, 6));
         assert_eq!(n.tau(), 3.0);
+        // Their profile: accept lengths 3, 2, 4; all three start within the first 256 tokens.
+        assert_eq!(n.histogram, vec![0, 1, 1, 1]);
+        let p = n.profile(false, "test", "walk").unwrap();
+        assert!((p.mean_accept_length - 3.0).abs() < 1e-12, "{}", p.mean_accept_length);
+        assert_eq!((p.output_position_buckets[0].cycles, p.bucket_tau("0-256")), (3, Some(3.0)));
         // The drafts past the answer's end are not counted: from c = 9, at most 2 remain.
         let mut cut = CycleCount::default();
         cut.walk(9, 12, |_| 3);

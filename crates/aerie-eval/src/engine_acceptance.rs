@@ -8,6 +8,7 @@ use aerie_engine::meta::SpecMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::accept::{AcceptCounter, conditional_from_unconditional};
+use crate::profile::{AcceptanceProfile, StreamedAnswer, stream_buckets};
 use crate::{Error, Result};
 
 /// Acceptance over a run: the difference of the readings before and after it.
@@ -95,6 +96,20 @@ impl RunAcceptance {
             accepted_per_pos: per_pos.iter().map(|&a| a as f64).collect(),
         };
         Self::between(&zero, &after, k)
+    }
+
+    /// The run's acceptance profile: rates and τ from these counts, τ by output position from
+    /// the streamed `answers` where they map exactly onto the cycles ([`stream_buckets`]), else
+    /// the reason they do not.
+    pub fn profile(&self, answers: &[StreamedAnswer], source: &str, counted: &str) -> AcceptanceProfile {
+        let k = self.accepted_per_pos.len();
+        let h: Vec<f64> = self.counter().histogram;
+        let p = AcceptanceProfile::from_histogram(&h, false, source, counted);
+        match stream_buckets(answers, k, self.drafts, self.accepted).map(|b| p.clone().with_buckets(&b)) {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => p.without_buckets(e.to_string()),
+            Err(why) => p.without_buckets(why),
+        }
     }
 
     /// The same counts as aerie's own acceptance counter: h[a] = cycles that accepted exactly a

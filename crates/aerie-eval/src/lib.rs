@@ -22,6 +22,7 @@ pub mod generation;
 pub mod measure;
 pub mod offline;
 pub mod plot;
+pub mod profile;
 pub mod prompts;
 pub mod serve;
 pub mod verify;

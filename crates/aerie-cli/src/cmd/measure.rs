@@ -62,6 +62,10 @@ pub struct MeasureArgs {
     /// Costs file to write (plain server: T_d) or extend (speculative server: cycle_ms.k).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write the run's acceptance profile (`speculation_profile.json`: per-position rates, τ by
+    /// output position) here, atomically. A speculative server only.
+    #[arg(long)]
+    pub profile_out: Option<PathBuf>,
     /// Provenance: where this was measured (machine, engine, flags).
     #[arg(long, default_value = "")]
     pub measured_where: String,
@@ -98,6 +102,16 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     let report = result.with_context(|| format!("measuring {}", args.server))?;
     if let Some(out) = &args.out {
         write_costs(&args, &report, out)?;
+    }
+    if let Some(path) = &args.profile_out {
+        let Some(profile) = &report.profile else {
+            anyhow::bail!(
+                "--profile-out {}: {} did not speculate (or sent no per-position counts), so there is no acceptance profile",
+                path.display(),
+                args.server
+            );
+        };
+        profile.write(path)?;
     }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -164,6 +178,9 @@ fn print_report(r: &MeasureReport) {
             for (i, (a, u)) in a.iter().zip(u).enumerate() {
                 println!("{:<10} {:<19.4} {:.4}", i + 1, a, u);
             }
+        }
+        if let Some(p) = &r.profile {
+            println!("by output  {}", p.bucket_line());
         }
         println!("cycle      {} ms per draft+verify (implied)", opt(r.implied_cycle_ms, 2));
     } else {

@@ -184,3 +184,29 @@ pub fn tiny_shard_metadata(tokenizer_digest: &str) -> aerie_data::shard::ShardMe
         extra: Default::default(),
     }
 }
+
+/// An acceptance profile (issue 46 §3) as every τ report carries it: `k` positions, τ = 1 + Σ
+/// marginal, and τ by output position whose buckets partition the `cycles`, or the reason there
+/// are none. Returns whether the buckets were measured.
+pub fn check_profile(p: &Value, k: usize, cycles: u64) -> bool {
+    let marginal: Vec<f64> =
+        p["marginal_accept_rates"].as_array().expect("a profile").iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(marginal.len(), k, "{p}");
+    assert_eq!(p["conditional_accept_rates"].as_array().unwrap().len(), k, "{p}");
+    let tau = p["mean_accept_length"].as_f64().unwrap();
+    assert!((tau - 1.0 - marginal.iter().sum::<f64>()).abs() < 1e-9, "{p}");
+    assert_eq!(p["cycles"].as_f64(), Some(cycles as f64), "{p}");
+    match p.get("output_position_buckets_unavailable") {
+        Some(why) => {
+            assert!(why.as_str().is_some_and(|w| !w.is_empty()), "{p}");
+            assert_eq!(p["output_position_buckets"].as_array().map(Vec::len), Some(0), "{p}");
+            false
+        }
+        None => {
+            let b = p["output_position_buckets"].as_array().unwrap();
+            assert_eq!(b.len(), 4, "{p}");
+            assert_eq!(b.iter().map(|b| b["cycles"].as_u64().unwrap()).sum::<u64>(), cycles, "{p}");
+            true
+        }
+    }
+}

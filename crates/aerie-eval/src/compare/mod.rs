@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::accept::AcceptReport;
 use crate::cost::{Costs, Projection, project};
 use crate::plot;
+use crate::profile::PROFILE_FILE;
 use crate::{Error, Result};
 
 /// `compare.json`'s `format`: recognises a comparison directory as aerie's before a rerun
@@ -79,6 +80,9 @@ pub struct CompareRow {
     pub captured_not_target_argmax: f64,
     /// Speedup measured by real decoding (decode mode only).
     pub measured_speedup: Option<f64>,
+    /// The acceptance profile ([`crate::profile`]): rates, τ by output position (or why not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::profile::AcceptanceProfile>,
 }
 
 /// Table rows of `cands`, in order.
@@ -101,6 +105,7 @@ pub fn rows(cands: &[Candidate]) -> Vec<CompareRow> {
                 positions: c.accept.positions,
                 captured_not_target_argmax: c.accept.captured_not_target_argmax,
                 measured_speedup: c.measured_speedup,
+                profile: c.accept.profile.clone(),
             }
         })
         .collect()
@@ -321,6 +326,13 @@ pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> R
         Ok(p)
     };
     let mut written = vec![put("compare.md", markdown(&table, costs))?, put("compare.csv", csv(&table))?];
+    for c in cands {
+        if let Some(p) = &c.accept.profile {
+            let path = dir.join(format!("{}.{PROFILE_FILE}", c.name));
+            p.write(&path)?;
+            written.push(path);
+        }
+    }
     let pq = dir.join("compare.parquet");
     write_parquet(&table, &pq)?;
     written.push(pq);

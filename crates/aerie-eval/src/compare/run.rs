@@ -101,7 +101,9 @@ pub fn decoding<B: Backend>(
             table_costs.clone_from(&own);
         }
         c.done(i, format!("τ {:.3}, measured speedup {:.3}", report.tau, report.speedup));
-        let mut cand = Candidate::new(name, dir.display().to_string(), report.acceptance, own.as_ref());
+        let mut acceptance = report.acceptance;
+        acceptance.profile = Some(report.profile);
+        let mut cand = Candidate::new(name, dir.display().to_string(), acceptance, own.as_ref());
         cand.measured_speedup = Some(report.speedup);
         cands.push(cand);
     }

@@ -12,6 +12,7 @@ use super::{DecodeOptions, DecodeTimings, SpecDecoder};
 use crate::Result;
 use crate::accept::{AcceptCounter, AcceptReport, AcceptRule, CurvePoint};
 use crate::cycles::CycleCount;
+use crate::profile::AcceptanceProfile;
 use crate::prompts::Prompt;
 
 /// One answer of one prompt.
@@ -123,6 +124,13 @@ pub struct DecodeReport {
     pub curve: Vec<CurvePoint>,
     /// Acceptance by position, in `eval accept`'s terms (positions = cycles).
     pub acceptance: AcceptReport,
+    /// The acceptance profile of the cycles as the verdicts count them (as the engines do), τ by
+    /// the output position each cycle started at included ([`crate::profile`]).
+    pub profile: AcceptanceProfile,
+    /// The same cycles counting only the accepted drafts that are answer tokens
+    /// (`within_answers`): what `eval accept`'s cycle walk on the same answers gives, bucket for
+    /// bucket.
+    pub within_answers_profile: AcceptanceProfile,
     /// Plain decoding.
     pub plain: Throughput,
     /// Speculative decoding.
@@ -187,6 +195,7 @@ pub fn decode_prompts<B: Backend>(
     let greedy = opts.rule == AcceptRule::Greedy;
     let mut counter = AcceptCounter::new(opts.shape.depth());
     let mut within = CycleCount { k: opts.shape.depth(), ..CycleCount::default() };
+    let mut verdicts = within.clone();
     let mut timings = DecodeTimings::default();
     let (mut plain_tp, mut spec_tp) = (Throughput::default(), Throughput::default());
     let (mut answers, mut emitted_total, mut mismatched) = (0usize, 0usize, 0usize);
@@ -208,12 +217,15 @@ pub fn decode_prompts<B: Backend>(
             let spec_ids = encoder.encode(&spec_ctx)?;
             let plain = dec.plain(&plain_ids, &turn_opts, &mut timings)?;
             let spec = dec.speculative(&spec_ids, &turn_opts, &mut timings)?;
+            // Answer tokens emitted before each cycle: the prefill's first, then each cycle's kept.
+            let mut position = 1u64;
             for (&a, &kept) in spec.accepted.iter().zip(&spec.emitted) {
                 counter.add_length(a);
                 prompt_counter.add_length(a);
+                verdicts.add(position, a);
                 // Kept tokens are the accepted drafts and then the bonus: min(a, kept) drafts.
-                within.cycles += 1;
-                within.accepted_drafts += a.min(kept) as u64;
+                within.add(position, a.min(kept));
+                position += kept as u64;
             }
             let emitted: usize = spec.emitted.iter().sum();
             emitted_total += emitted;
@@ -254,6 +266,16 @@ pub fn decode_prompts<B: Backend>(
     let mut acceptance = AcceptReport::from_counter(&counter, opts.rule, tree, opts.temperature);
     acceptance.samples = answers;
     acceptance.warnings.clear();
+    // The report's own `profile` below (the verdicts' cycles, bucketed); not repeated here.
+    acceptance.profile = None;
+    let tree = tree.is_some();
+    let profile =
+        verdicts.profile(tree, "eval decode", "every accepted draft, as the verdicts (and the engines) count them")?;
+    let within_answers_profile = within.profile(
+        tree,
+        "eval decode",
+        "the accepted drafts that are answer tokens (as the cycle walk counts them)",
+    )?;
     let cycles = counter.positions as usize;
     let costs = MeasuredCosts {
         t_d_ms: timings.plain_step.mean_ms(),
@@ -273,6 +295,8 @@ pub fn decode_prompts<B: Backend>(
         within_answers: within,
         curve: acceptance.curve.clone(),
         acceptance,
+        profile,
+        within_answers_profile,
         plain: plain_tp,
         speculative: spec_tp,
         speedup: if plain_tp.decode_tokens_per_s > 0.0 {

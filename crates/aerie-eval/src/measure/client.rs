@@ -38,6 +38,11 @@ pub struct RequestResult {
     /// time started, so their cycles must not be set against it ([`super::timed_cycles`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_chunk_tokens: Option<u64>,
+    /// The server's cumulative token count at each chunk that carried new tokens (streams that
+    /// count tokens): a speculative engine's chunks after the first are its cycles, for τ by
+    /// output position ([`crate::profile::stream_buckets`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunk_tokens: Vec<u64>,
     /// Attempts made.
     pub attempts: usize,
     /// The answer's text (streamed deltas joined, or the response's text).
@@ -74,6 +79,7 @@ fn attempt(
     // Whether the counts are the server's token counts (not chat chunks counted one each).
     let mut counted_tokens = false;
     let mut answer = String::new();
+    let mut chunk_tokens = Vec::new();
     for line in reader.lines() {
         let line = line.map_err(|e| match over_cap(&e) {
             true => bad(over_cap_message()),
@@ -93,7 +99,9 @@ fn attempt(
                 Endpoint::Generate => text.clone_into(&mut answer),
             }
         }
-        let count = match chunk_progress(opts.endpoint, &v) {
+        let progress = chunk_progress(opts.endpoint, &v);
+        let cumulative = matches!(progress, ChunkProgress::Cumulative(_));
+        let count = match progress {
             ChunkProgress::None => None,
             ChunkProgress::Delta => {
                 chat_tokens += 1;
@@ -105,6 +113,9 @@ fn attempt(
             }
         };
         if let Some(n) = count.filter(|&n| last.is_none_or(|(_, m)| n > m)) {
+            if cumulative {
+                chunk_tokens.push(n);
+            }
             first.get_or_insert((now, n));
             last = Some((now, n));
         }
@@ -131,9 +142,22 @@ fn attempt(
         decode_s,
         decode_tokens,
         first_chunk_tokens,
+        // Per-chunk deltas counted one each are not the server's token counts.
+        chunk_tokens: if counted_tokens { chunk_tokens } else { Vec::new() },
         attempts: 1,
         answer,
     })
+}
+
+impl RequestResult {
+    /// This answer as the output-position buckets read it.
+    pub fn streamed(&self) -> crate::profile::StreamedAnswer<'_> {
+        crate::profile::StreamedAnswer {
+            chunk_tokens: &self.chunk_tokens,
+            verify_ct: self.meta.verify_ct,
+            accepted_drafts: self.meta.accepted_drafts,
+        }
+    }
 }
 
 /// The HTTP client `measure` and `eval serve` send with: aerie-engine's agent with the

@@ -167,6 +167,11 @@ pub struct MeasureReport {
     pub cycle_responses: Option<usize>,
     /// Plain decode step (no speculation): the ITL, or e2e / tokens without a stream.
     pub t_d_ms: Option<f64>,
+    /// The acceptance profile ([`crate::profile`]) of a speculative run: the rates above, and τ by
+    /// output position from the stream's chunks where they are exactly the engine's cycles (the
+    /// reason where not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::profile::AcceptanceProfile>,
     /// Caveats.
     pub warnings: Vec<String>,
 }
@@ -194,6 +199,7 @@ pub fn measure(
     let results = run_pool(prompts, opts.concurrency, &|p| send(&agent, p, opts), &|n| progress(n, prompts.len()))?;
     let mut report = summarize(&results, start.elapsed().as_secs_f64(), opts)?;
     report.api = api;
+    report.profile = report.profile.take().map(|p| p.condition("engine", api));
     if let Some(before) = before {
         let settled = settled_vllm_counters(&opts.server, SETTLE_WAIT)?;
         report.warnings.extend(settled.warning);
@@ -206,6 +212,7 @@ pub fn measure(
                 message: e.to_string(),
             })?;
             apply_counters(&mut report, &acceptance, &results);
+            report.profile = report.profile.take().map(|p| p.condition("engine", api));
         }
     }
     if report.completion_tokens == 0 {

@@ -10,6 +10,7 @@ use super::{MeasureOptions, MeasureReport, RequestResult};
 use crate::Result;
 use crate::accept::{CurvePoint, tau_curve};
 use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
+use crate::profile::{AcceptanceProfile, StreamedAnswer};
 
 /// What [`MeasureReport::counted`] says of SGLang's per-response statistics.
 pub const COUNTED_PER_RESPONSE: &str = "each response's own meta_info (spec_verify_ct, accepted-drafts histogram, \
@@ -121,6 +122,15 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
     let acc = hist.as_deref().and_then(|h| RunAcceptance::from_histogram(h).ok());
     let r = acc.as_ref().map(|a| a.accept_rate_unconditional.clone());
     let tau_hist = acc.as_ref().map(|a| a.tau);
+    let answers: Vec<StreamedAnswer> = results.iter().map(RequestResult::streamed).collect();
+    let profile = acc.as_ref().map(|a| {
+        conditions(
+            a.profile(&answers, "measure", COUNTED_PER_RESPONSE),
+            &opts.server,
+            opts.concurrency,
+            opts.max_new_tokens,
+        )
+    });
     let steps = hist.as_ref().map(|h| h.len().saturating_sub(1)).filter(|&k| k > 0);
     let mut curve: Vec<CurvePoint> = Vec::new();
     if let (Some(r), Some(k)) = (&r, steps) {
@@ -241,8 +251,14 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         implied_cycle_ms,
         cycle_responses,
         t_d_ms,
+        profile,
         warnings,
     })
+}
+
+/// A measurement's conditions on its profile.
+fn conditions(p: AcceptanceProfile, server: &str, concurrency: usize, max_new_tokens: usize) -> AcceptanceProfile {
+    p.condition("server", server).condition("concurrency", concurrency).condition("max_new_tokens", max_new_tokens)
 }
 
 /// A vLLM run's acceptance read from the engine's counters (responses carry none): τ, the rates
@@ -257,6 +273,9 @@ pub(super) fn apply_counters(report: &mut MeasureReport, acc: &RunAcceptance, re
     report.tau = Some(acc.tau);
     report.tau_from_histogram = Some(acc.tau);
     report.accept_histogram = Some(acc.counter().histogram.iter().map(|&h| h.round() as u64).collect());
+    let answers: Vec<StreamedAnswer> = results.iter().map(RequestResult::streamed).collect();
+    let p = acc.profile(&answers, "measure", COUNTED_BY_DIFFERENCE);
+    report.profile = Some(conditions(p, &report.server, report.concurrency, report.max_new_tokens));
     report.accept_rate_unconditional = Some(acc.accept_rate_unconditional.clone());
     report.accept_rate_conditional = Some(acc.accept_rate_conditional.clone());
     report.steps = Some(k);

@@ -54,6 +54,9 @@ pub fn predict<B: Backend>(
         };
         let (decoded, _) = session.run(target, &d.source, &opts, device, progress)?;
         run.predict(decoded.tau, decoded.greedy_identical);
+        if let Some(p) = run.prediction.as_mut() {
+            p.profile = Some(decoded.profile);
+        }
     }
     Ok(())
 }
@@ -119,6 +122,7 @@ pub fn predict_from_shards<B: Backend>(
             p.shards = Some(shards.to_owned());
             p.cycles = Some(walk.cycles);
             p.accepted_drafts = Some(walk.accepted_drafts);
+            p.profile = r.profile.clone();
             // Counted alike: the walk's accepted drafts are answer tokens; so are the engine's
             // `accepted_within_answers` (the engine's `tau` also counts drafts past the ends).
             p.counted = match run.accepted_within_answers {

@@ -21,6 +21,10 @@ pub struct AcceptArgs {
     pub drafter: PathBuf,
     #[command(flatten)]
     pub common: AcceptCommon,
+    /// Write the acceptance profile (`speculation_profile.json`: per-position rates, τ by output
+    /// position) here, atomically.
+    #[arg(long)]
+    pub profile_out: Option<PathBuf>,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -45,6 +49,9 @@ fn accept<B: Backend>(args: &AcceptArgs, device: &B::Device) -> Result<()> {
     );
     pb.finish_and_clear();
     let report = report?;
+    if let (Some(path), Some(profile)) = (&args.profile_out, &report.profile) {
+        profile.write(path)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
@@ -79,6 +86,9 @@ fn print_report(name: &str, r: &AcceptReport) {
     println!("position   α_i (conditional)   r_i (unconditional)");
     for (i, (a, u)) in r.accept_rate_conditional.iter().zip(&r.accept_rate_unconditional).enumerate() {
         println!("{:<10} {:<19.4} {:.4}", i + 1, a, u);
+    }
+    if let Some(p) = &r.profile {
+        println!("by output  {}", p.bucket_line());
     }
     if r.drafting == "chain" {
         let curve: Vec<String> = r.curve.iter().map(|p| format!("τ({})={:.3}", p.k, p.tau)).collect();

@@ -56,6 +56,10 @@ pub struct DecodeArgs {
     /// Write the report JSON here too (atomically).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write the acceptance profile (`speculation_profile.json`: per-position rates, τ by output
+    /// position, as the verdicts count) here, atomically.
+    #[arg(long)]
+    pub profile_out: Option<PathBuf>,
     /// Also decode the plain answers greedily N at a time (continuous batching) and report their
     /// throughput beside the batch-1 baseline: what serving without speculation gets from the
     /// same machine. Greedy only.
@@ -95,7 +99,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     // Written after the whole run: refused now when it would replace an input.
     let inputs = [("--prompts", args.prompts.as_path()), ("--drafter", &args.drafter), ("--target", &args.target)];
     // ... and checked writable now (its directory created), not after minutes of decoding.
-    for (flag, out) in [("--out", &args.out), ("--costs-out", &args.costs_out)] {
+    for (flag, out) in [("--out", &args.out), ("--costs-out", &args.costs_out), ("--profile-out", &args.profile_out)] {
         if let Some(out) = out {
             aerie_data::owned::check_not_input(out, flag, &inputs)?;
             crate::cmd::common::engine::writable(out).with_context(|| flag.to_string())?;
@@ -119,6 +123,9 @@ fn decode<B: Backend>(args: &DecodeArgs, device: &B::Device) -> Result<()> {
     let json = serde_json::to_string(&report)?;
     if let Some(out) = &args.out {
         aerie_data::atomic::write_bytes(out, format!("{json}\n").as_bytes())?;
+    }
+    if let Some(path) = &args.profile_out {
+        report.profile.write(path)?;
     }
     if let Some(path) = &args.costs_out {
         let Some(costs) = measured_costs(&timings, &args.target, &args.device.to_string(), &opts.shape, &today())
@@ -157,6 +164,7 @@ fn print_report(r: &DecodeReport, args: &DecodeArgs) {
     for (i, (c, u)) in a.accept_rate_conditional.iter().zip(&a.accept_rate_unconditional).enumerate() {
         println!("{:<11} {:<19.4} {:.4}", i + 1, c, u);
     }
+    println!("by output   {}", r.profile.bucket_line());
     println!(
         "plain       {} tokens, {:.1} tok/s decode ({:.1} end to end)",
         r.plain.tokens, r.plain.decode_tokens_per_s, r.plain.end_to_end_tokens_per_s

@@ -175,6 +175,13 @@ fn save(args: &ServeArgs, report: &ServeReport, dir: &std::path::Path) -> Result
     aerie_data::atomic::write_bytes(&json, serde_json::to_string_pretty(report)?.as_bytes())
         .with_context(|| format!("writing {}", json.display()))?;
     let mut saved = format!("the report in {}", json.display());
+    // Each run's acceptance profile beside the report, named as `compare` names its own.
+    for r in &report.runs {
+        if let Some(p) = &r.profile {
+            let path = dir.join(format!("{}@k{}.{}", r.drafter, r.k, aerie_eval::profile::PROFILE_FILE));
+            p.write(&path).with_context(|| format!("{saved} (the acceptance profiles were not all written)"))?;
+        }
+    }
     if let Some(path) = &args.costs_out {
         // The report is on disk already: a failure here says so.
         let on_disk = || format!("{saved} (the costs were not written)");
@@ -241,6 +248,9 @@ fn print_report(r: &ServeReport) {
             x.greedy_identical,
             x.answers
         );
+        if let Some(p) = &x.profile {
+            println!("  by output position: {}", p.bucket_line());
+        }
         if let Some(p) = &x.prediction {
             let identical = p.greedy_identical.map_or("not compared".into(), |g| g.to_string());
             println!(
