@@ -330,6 +330,7 @@ mod tests {
             decode_s: Some(decode_s),
             decode_tokens: Some(decode_tokens),
             first_chunk_tokens: Some(1),
+            chunk_tokens: Vec::new(),
             attempts: 1,
             answer: String::new(),
         }
@@ -400,6 +401,7 @@ mod tests {
             decode_s: Some(0.121),
             decode_tokens: Some(10),
             first_chunk_tokens: Some(1),
+            chunk_tokens: Vec::new(),
             attempts: 1,
             answer: String::new(),
         };
@@ -435,6 +437,7 @@ mod tests {
             decode_s: Some(decode_s),
             decode_tokens: Some(completion - first),
             first_chunk_tokens: Some(first),
+            chunk_tokens: Vec::new(),
             attempts: 1,
             answer: String::new(),
         }
