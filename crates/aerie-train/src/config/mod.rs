@@ -66,6 +66,58 @@ pub struct TrainConfig {
     /// Optimiser and schedule.
     #[serde(default)]
     pub optim: OptimConfig,
+    /// Choose the checkpoint by τ measured in decoding ([`crate::select`]); absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<SelectConfig>,
+}
+
+/// `[select]`: every `every_steps` steps (and after the last), greedy speculative decoding of
+/// held-out prompts with the native target measures the drafter's τ, and the best drafter so far
+/// is kept as `RUN/best/`. Training loss and teacher-forced accept length track τ only loosely
+/// across a domain shift (NeMo Automodel's `decode_eval` chooses by decoding for that reason).
+/// None of it changes the trained weights, so none of it is part of the resume fingerprint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectConfig {
+    /// Decode every N optimizer steps, and after the last step (0: after the last step only).
+    #[serde(default)]
+    pub every_steps: u64,
+    /// Held-out prompts: a JSONL file in `aerie eval decode`'s formats, or a named set
+    /// (`mtbench`; resolved by the CLI).
+    pub prompts: PathBuf,
+    /// Drafts per cycle of the greedy chain.
+    #[serde(default = "d_select_k")]
+    pub k: usize,
+    /// New tokens per answer at most.
+    #[serde(default = "d_select_max_new_tokens")]
+    pub max_new_tokens: usize,
+    /// Decode only the first N prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prompts: Option<usize>,
+    /// The target model directory decoded against (weights, tokenizer, chat template); default
+    /// `target.path`, which must then be a model directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<PathBuf>,
+    /// Chat template: `auto` (the target's own), a built-in name, or a .jinja file.
+    #[serde(default = "d_select_template")]
+    pub template: String,
+}
+
+impl SelectConfig {
+    /// The target directory decoded against: `select.target`, else `target.path`.
+    pub fn target_dir<'a>(&'a self, cfg: &'a TrainConfig) -> Option<&'a Path> {
+        self.target.as_deref().or(cfg.target.path.as_deref())
+    }
+}
+
+fn d_select_k() -> usize {
+    2
+}
+fn d_select_max_new_tokens() -> usize {
+    64
+}
+fn d_select_template() -> String {
+    "auto".into()
 }
 
 /// The training objective (eagle3.md §3).
@@ -306,6 +358,17 @@ pub struct OptimConfig {
     /// Stop after this many optimizer steps (cycling the data as needed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
+    /// L2-SP (arXiv 1802.01483): λ of the penalty λ/2·Σ‖θ − θ₀‖² that pulls the drafter toward
+    /// its warm start's weights θ₀, so a fine-tune for another domain does not forget the first
+    /// ([`crate::anchor`]). 0, the default, is off: the run is bit for bit the run without it, and
+    /// the key is not serialised, so configs (and resume fingerprints) written before it are
+    /// unchanged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub anchor_weight: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl Default for OptimConfig {
@@ -320,6 +383,7 @@ impl Default for OptimConfig {
             grad_accumulation: 1,
             epochs: 1,
             max_steps: None,
+            anchor_weight: 0.0,
         }
     }
 }
@@ -465,8 +529,35 @@ impl TrainConfig {
         if o.grad_accumulation == 0 {
             bad("optim.grad_accumulation", "must be at least 1");
         }
+        if !(o.anchor_weight.is_finite() && o.anchor_weight >= 0.0) {
+            bad("optim.anchor_weight", "must be a non-negative number (0 turns the anchor off)");
+        } else if o.anchor_weight > 0.0 && self.init.kind != InitKind::WarmStart {
+            bad(
+                "optim.anchor_weight",
+                "anchors the drafter to its warm start's weights: it needs init.kind = \"warm_start\" (a fresh \
+                 drafter has no weights worth keeping; set it to 0)",
+            );
+        }
         if o.max_steps.is_none() && o.epochs == 0 {
             bad("optim.epochs", "must be at least 1 (or set optim.max_steps)");
+        }
+        if let Some(s) = &self.select {
+            if s.k == 0 || s.k > max_depth {
+                bad("select.k", &format!("must be in 1..={max_depth}"));
+            }
+            if s.max_new_tokens == 0 {
+                bad("select.max_new_tokens", "must be at least 1");
+            }
+            if s.max_prompts == Some(0) {
+                bad("select.max_prompts", "must be at least 1");
+            }
+            if !s.target_dir(self).is_some_and(Path::is_dir) {
+                bad(
+                    "select.target",
+                    "must be the target's model directory (weights, tokenizer, chat template) to decode with; by \
+                     default it is `target.path`, which is not a directory here",
+                );
+            }
         }
         if self.target.head_chunk_rows == 0 {
             bad("target.head_chunk_rows", "must be positive");
