@@ -23,7 +23,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::drafter_checkpoint;
 use crate::config::SelectConfig;
-use crate::metrics::Record;
 use crate::{Error, Result};
 
 /// `format` of `best/selection.json`.
@@ -65,20 +64,6 @@ pub struct SelectRecord {
     pub best_tau: f64,
     /// The step of `best/`.
     pub best_step: u64,
-}
-
-impl Record for SelectRecord {
-    fn step(&self) -> u64 {
-        self.step
-    }
-
-    fn scalars(&self) -> Vec<(String, f64)> {
-        vec![
-            ("select/tau".into(), self.decoded.tau),
-            ("select/best_tau".into(), self.best_tau),
-            ("select/seconds".into(), self.decoded.seconds),
-        ]
-    }
 }
 
 /// `best/selection.json`.

@@ -218,6 +218,20 @@ impl Record for TrainRecord {
     }
 }
 
+impl Record for SelectRecord {
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn scalars(&self) -> Vec<(String, f64)> {
+        vec![
+            ("select/tau".into(), self.decoded.tau),
+            ("select/best_tau".into(), self.best_tau),
+            ("select/seconds".into(), self.decoded.seconds),
+        ]
+    }
+}
+
 impl EvalRecord {
     /// The set as a tag component: `held-out`, or the eval directory's last path component (a
     /// full path would put slashes, which TensorBoard reads as groups, into the tag).
