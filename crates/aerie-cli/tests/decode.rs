@@ -258,3 +258,93 @@ fn real_assets_smollm2_greedy_speculation_is_plain_greedy() {
         println!("{shape:?}: τ {} speedup {} cycles {}", v["tau"], v["speedup"], v["cycles"]);
     }
 }
+
+/// `aerie train` with `[select]`: every step the drafter decodes the held-out prompts greedily on
+/// the native target (aerie-eval's decoder through the train command's selector), the τ goes to
+/// metrics.jsonl, and `RUN/best/` holds the step with the best τ, loadable by `eval decode`,
+/// whose τ on the same prompts and settings is the one recorded.
+#[test]
+fn train_with_select_keeps_the_drafter_of_the_best_decoded_tau() {
+    use aerie_data::shard::{AuxConvention, HiddenDtype, SampleRef, ShardMetadata, ShardWriter, Teacher};
+    let (dir, target, prompts) =
+        target_and_prompts(concat!(r#"{"prompt": "Say hi."}"#, "\n", r#"{"prompt": "Why?"}"#, "\n"));
+    let root = dir.path();
+    let warm = root.join("warm");
+    write_drafter(&warm, 32);
+    // Random features of the fixture's shape (H 32, aux outputs of layers 0, 1, 2, V 258): the
+    // run only has to move the weights; what it learns does not matter here.
+    let meta = ShardMetadata {
+        target: "fixture".into(),
+        target_num_layers: 4,
+        target_vocab_size: fixture::VOCAB,
+        aux_layer_ids: vec![0, 1, 2],
+        aux_convention: AuxConvention::OutputOfLayer,
+        hidden_size: 32,
+        dtype: HiddenDtype::F32,
+        tokenizer_digest: "0".repeat(64),
+        chat_template: "none".into(),
+        teacher: Teacher::FinalHidden,
+        created_by: "aerie-cli tests".into(),
+        extra: Default::default(),
+    };
+    let shards = root.join("shards");
+    let mut w = ShardWriter::create(&shards, meta, Default::default()).unwrap();
+    let mut rng = aerie_model::rng::SplitMix(5);
+    for i in 0..8 {
+        let len = 12;
+        let ids: Vec<i32> = (0..len).map(|_| (rng.next_u64() % 256) as i32).collect();
+        let mask = vec![1u8; len];
+        let aux: Vec<f32> = (0..len * 3 * 32).map(|_| rng.signed_unit()).collect();
+        let fin: Vec<f32> = (0..len * 32).map(|_| 4.0 * rng.signed_unit()).collect();
+        w.push(SampleRef::new(&ids, &mask, &aux).with_final_hidden(&fin).with_sample_id(i)).unwrap();
+    }
+    w.finish().unwrap();
+    let run = root.join("run");
+    let config = root.join("train.toml");
+    let text = format!(
+        "output_dir = \"{run}\"\nlog_every = 1\n\n[data]\ntrain = [\"{shards}\"]\nbatch_tokens = 48\n\n\
+         [init]\nkind = \"warm_start\"\ndrafter = \"{warm}\"\n\n[target]\npath = \"{target}\"\n\n\
+         [optim]\nlr = 3e-3\nmax_steps = 3\n\n[select]\nevery_steps = 1\nprompts = \"{prompts}\"\nk = 2\n\
+         max_new_tokens = 12\n",
+        run = run.display(),
+        shards = shards.display(),
+        warm = warm.display(),
+        target = target.display(),
+        prompts = prompts.display(),
+    );
+    std::fs::write(&config, text).unwrap();
+    let summary: Value = serde_json::from_str(ok(aerie(&["train", s(&config), "--json"])).trim()).unwrap();
+    let lines: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["kind"] == "select")
+        .collect();
+    assert_eq!(lines.iter().map(|l| l["step"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let taus: Vec<f64> = lines.iter().map(|l| l["tau"].as_f64().unwrap()).collect();
+    assert!(taus.iter().all(|&t| (1.0..=3.0).contains(&t)), "{taus:?}");
+    let best = taus.iter().cloned().fold(f64::MIN, f64::max);
+    let best_step = 1 + taus.iter().position(|&t| t == best).unwrap() as u64;
+    assert_eq!(summary["best"]["step"].as_u64(), Some(best_step), "{summary}");
+    let rec: Value = serde_json::from_str(&std::fs::read_to_string(run.join("best/selection.json")).unwrap()).unwrap();
+    assert_eq!((rec["step"].as_u64(), rec["tau"].as_f64()), (Some(best_step), Some(best)));
+    // eval decode of best/ on the same prompts and settings measures the same τ.
+    let best_dir = run.join("best");
+    let report = ok(aerie(&[
+        "eval",
+        "decode",
+        "--target",
+        s(&target),
+        "--drafter",
+        s(&best_dir),
+        "--prompts",
+        s(&prompts),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]));
+    let report: Value = serde_json::from_str(report.trim()).unwrap();
+    assert!((report["tau"].as_f64().unwrap() - best).abs() < 1e-9, "{} vs {best}", report["tau"]);
+}

@@ -669,6 +669,7 @@ fn write_run(dir: &Path) {
                 padded_tokens_per_s: 120.0,
                 tokens: 1000.0 * step as f64,
                 elapsed_s: 10.0 * step as f64,
+                anchor_penalty: None,
             };
             serde_json::to_string(&r).unwrap()
         })

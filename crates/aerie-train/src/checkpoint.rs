@@ -15,9 +15,10 @@
 
 use std::path::{Path, PathBuf};
 
+use aerie_model::Drafter;
 use aerie_model::checkpoint::{Dialect, DrafterCheckpoint, Dtype, SaveOptions, SourceLayout, save_drafter};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, NamedMpkFileRecorder, Recorder};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use crate::data::DataIdentity;
@@ -66,6 +67,10 @@ pub struct TrainingState {
     /// before it was recorded: those resume unchecked).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<DataIdentity>,
+    /// An anchored run's θ₀ checksum ([`crate::grads::weights_checksum`] of the warm start's
+    /// weights): a resume reloads θ₀ from the warm start and refuses one whose weights changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_checksum: Option<u64>,
 }
 
 fn ckpt_err(path: &Path, message: impl Into<String>) -> Error {
@@ -129,6 +134,20 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| Error::io(path, e))
 }
 
+/// A drafter's weights as a checkpoint saves them: the SGLang dialect, float32, and the layout of
+/// the drafter the run started from (kept only where its layout is the checkpoint's, SGLang: the
+/// published Kimi drafters').
+pub fn drafter_checkpoint<Bk: Backend>(model: &Drafter<Bk>, source: Option<&SourceLayout>) -> DrafterCheckpoint {
+    DrafterCheckpoint {
+        config: model.config().clone(),
+        dialect: Dialect::Sglang,
+        weight_dtype: Dtype::F32,
+        tensors: model.to_tensors(Dtype::F32),
+        dir: PathBuf::new(),
+        source: source.cloned(),
+    }
+}
+
 /// Write `RUN/checkpoint-<state.step>/` atomically; returns its path.
 pub fn save<B: AutodiffBackend>(
     run: &Path,
@@ -174,16 +193,7 @@ fn write_checkpoint<B: AutodiffBackend>(
     source: Option<&SourceLayout>,
     tmp: &Path,
 ) -> Result<()> {
-    let model = trainer.valid();
-    let ckpt = DrafterCheckpoint {
-        config: model.config().clone(),
-        dialect: Dialect::Sglang,
-        weight_dtype: Dtype::F32,
-        tensors: model.to_tensors(Dtype::F32),
-        dir: PathBuf::new(),
-        // Kept only where its layout is the checkpoint's (SGLang): the published Kimi drafters'.
-        source: source.cloned(),
-    };
+    let ckpt = drafter_checkpoint(&trainer.valid(), source);
     let opts =
         SaveOptions { dialect: Dialect::Sglang, dtype: Some(Dtype::F32), include_embedding: false, overwrite: false };
     save_drafter(&ckpt, tmp, &opts)?;

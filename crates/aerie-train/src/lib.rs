@@ -7,6 +7,7 @@
 //! - [`init`]: a fresh drafter shaped after the target, or a warm start that keeps d2t/t2d.
 //! - [`data`]: hold-out split, seeded per-epoch shuffle, length bucketing under a token budget.
 //! - [`objective`]: soft-CE, TV and LK losses normalised over the whole optimizer step.
+//! - [`anchor`]: L2-SP, the pull toward a warm start's weights (`optim.anchor_weight`).
 //! - [`grads`]: stable parameter ids, gradient sums across micro-batches, global norm clipping.
 //! - [`collective`]: the all-reduce that sums the replicas' gradients (host memory on every
 //!   backend, NCCL on CUDA).
@@ -19,6 +20,7 @@
 //! - [`metrics`]: `metrics.jsonl`, its TensorBoard mirror and the curves drawn from it;
 //!   [`schedule`], and [`run`] with the entry point [`train`], one named function per step of a
 //!   run.
+//! - [`select`]: choosing the checkpoint by decoded τ (`[select]`), `RUN/best/`.
 //! - [`bench`]: throughput and memory of the TTT objective for a drafter shape or a config
 //!   (`aerie bench ttt|train`).
 //!
@@ -29,13 +31,14 @@
 //!
 //! type B = burn::backend::Autodiff<burn::backend::Flex>;
 //! let cfg = TrainConfig::load(Path::new("configs/smollm2-quickstart.toml"), &[])?;
-//! let opts = RunOptions::<B> { devices: vec![Default::default()], resume: None, all_reduce: None };
+//! let opts = RunOptions::<B> { devices: vec![Default::default()], resume: None, all_reduce: None, selector: None };
 //! let summary = train(&cfg, &opts, &mut |_event| ControlFlow::Continue(()))?;
 //! println!("{} steps, {:.0} tokens/s", summary.steps, summary.tokens_per_s);
 //! # Ok::<(), aerie_train::Error>(())
 //! ```
 #![deny(missing_docs)]
 
+pub mod anchor;
 pub mod bench;
 pub mod checkpoint;
 pub mod collective;
@@ -49,6 +52,7 @@ pub mod metrics;
 pub mod objective;
 pub mod run;
 pub mod schedule;
+pub mod select;
 pub mod step;
 
 pub use config::{LossKind, TrainConfig};

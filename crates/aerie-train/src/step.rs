@@ -24,6 +24,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 use std::sync::Arc;
 
+use crate::anchor::{Anchor, add_pull, anchor_of};
 use crate::collective::{AllReduce, HostExchange, all_reduce_grads, copy_model, copy_record};
 use crate::config::{LossKind, OptimConfig};
 use crate::grads::{accumulate, clip_factor, global_norm, make_contiguous, scale_grads, weights_checksum};
@@ -63,6 +64,8 @@ pub struct Replica<B: AutodiffBackend> {
     /// Its weights (only taken out during the optimizer step).
     model: Option<Drafter<B>>,
     optim: Adam<B>,
+    /// The warm start's weights on this device, when the run is anchored to them.
+    anchor: Option<Anchor<B::InnerBackend>>,
 }
 
 impl<B: AutodiffBackend> Replica<B> {
@@ -93,6 +96,9 @@ pub struct StepReport {
     pub positions: f64,
     /// Padded tokens (Σ B·Lmax over micro-batches).
     pub padded_tokens: f64,
+    /// The L2-SP penalty λ/2·Σ‖θ − θ₀‖² at the step's weights (before its update), when the run
+    /// is anchored; not part of `loss`, which stays the distillation objective.
+    pub anchor_penalty: Option<f64>,
 }
 
 /// The replicas (each with its weights and optimizer) and how their gradients are summed.
@@ -102,6 +108,8 @@ pub struct Trainer<B: AutodiffBackend> {
     ttt: TttOptions,
     loss: LossKind,
     max_grad_norm: f64,
+    /// λ of the L2-SP anchor (0: none; [`Trainer::with_anchor`]).
+    anchor_weight: f64,
     /// Activation dtype of the forward (the weights stay f32; see [`Trainer::with_compute_dtype`]).
     compute: DType,
     /// Each training sample's full-vocabulary teacher statistics after its first step, so the
@@ -155,7 +163,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let mut replicas = Vec::with_capacity(devices.len());
         for (r, (device, head)) in devices.into_iter().enumerate() {
             let copy = if r == 0 { model.clone() } else { copy_model(&model, &device)? };
-            replicas.push(Replica { device, head, model: Some(copy), optim: adamw(optim) });
+            replicas.push(Replica { device, head, model: Some(copy), optim: adamw(optim), anchor: None });
         }
         Ok(Self {
             replicas,
@@ -163,6 +171,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             ttt,
             loss,
             max_grad_norm: optim.max_grad_norm,
+            anchor_weight: 0.0,
             compute: DType::F32,
             vocab_stats: VocabStatsCache::new(),
         })
@@ -175,6 +184,22 @@ impl<B: AutodiffBackend> Trainer<B> {
     pub fn with_compute_dtype(mut self, dtype: DType) -> Self {
         self.compute = dtype;
         self
+    }
+
+    /// Anchor every step to `warm_start`'s weights with L2-SP weight `weight` ([`crate::anchor`]):
+    /// each replica keeps its own copy of them (made through host memory, as the replicas'
+    /// weights are). `warm_start` must carry the stable parameter ids; a weight of 0 anchors
+    /// nothing.
+    pub fn with_anchor(mut self, weight: f64, warm_start: &Drafter<B>) -> Result<Self> {
+        if weight == 0.0 {
+            return Ok(self);
+        }
+        for (r, rep) in self.replicas.iter_mut().enumerate() {
+            let own = if r == 0 { warm_start.clone() } else { copy_model(warm_start, &rep.device)? };
+            rep.anchor = Some(anchor_of(&own));
+        }
+        self.anchor_weight = weight;
+        Ok(self)
     }
 
     /// Sum the replicas' gradients with `all_reduce` (e.g. [`crate::collective::Nccl`] on CUDA).
@@ -331,15 +356,16 @@ impl<B: AutodiffBackend> Trainer<B> {
     }
 
     /// The summed gradient of one step's micro-batches as the main device's replica receives it
-    /// from the all-reduce, unclipped (`report.grad_norm` is left 0). `step` (1-based) names the
+    /// from the all-reduce (the objective's alone: an L2-SP anchor's pull is added by
+    /// [`Self::step`]), unclipped (`report.grad_norm` is left 0). `step` (1-based) names the
     /// step in errors.
     pub fn gradients(&self, micro: Vec<MicroInput<'_>>, step: u64) -> Result<(GradientsParams, StepReport)> {
         let (mut summed, report) = self.summed_gradients(micro, step)?;
         Ok((summed.swap_remove(0), report))
     }
 
-    /// One optimizer step over `micro` at learning rate `lr`: the summed gradients, then on every
-    /// replica global-norm clipping and AdamW (identical inputs, so identical weights after).
+    /// One optimizer step over `micro` at learning rate `lr`: the summed gradients, plus the
+    /// anchor's pull when there is one, then on every replica global-norm clipping and AdamW (identical inputs, so identical weights after).
     ///
     /// The clip factor is computed ONCE, from the global norm of the all-reduced gradient as the
     /// main replica holds it, and every replica scales by that same number: a norm reduced on
@@ -348,7 +374,19 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// each checkpoint.
     pub fn step(&mut self, micro: Vec<MicroInput<'_>>, lr: f64, step: u64) -> Result<StepReport> {
         let all_labels: Vec<String> = micro.iter().flat_map(|m| m.labels.iter().cloned()).collect();
-        let (summed, mut report) = self.summed_gradients(micro, step)?;
+        let (mut summed, mut report) = self.summed_gradients(micro, step)?;
+        if self.anchor_weight > 0.0 {
+            // Once per step, after the all-reduce: every replica adds the same pull to the same
+            // summed gradient (the penalty is read back on the main replica only).
+            for (r, (rep, grads)) in self.replicas.iter().zip(summed.iter_mut()).enumerate() {
+                if let Some(anchor) = &rep.anchor {
+                    let penalty = add_pull(rep.model(), anchor, self.anchor_weight, grads, r == 0);
+                    if r == 0 {
+                        report.anchor_penalty = Some(penalty);
+                    }
+                }
+            }
+        }
         let norm = global_norm(self.replicas[0].model(), &summed[0]);
         let factor = clip_factor(norm, self.max_grad_norm);
         let update = |(rep, mut grads): (&mut Replica<B>, GradientsParams)| {

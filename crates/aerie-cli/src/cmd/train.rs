@@ -5,10 +5,16 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use aerie_eval::accept::AcceptRule;
+use aerie_eval::decode::{DecodeOptions, DecodeSession};
+use aerie_model::Drafter;
+use aerie_model::drafter::shape::DraftShape;
+use aerie_train::config::SelectConfig;
 use aerie_train::config::model_paths::model_path_overrides;
+use aerie_train::select::{Decoded, Selector};
 use aerie_train::{Event, RunOptions, Summary, TrainConfig, train};
 use anyhow::{Context, Result, bail};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -171,7 +177,11 @@ fn go<B: AutodiffBackend>(
         ProgressStyle::with_template("train [{elapsed_precise}] {wide_bar} {pos}/{len} steps (ETA {eta}) {msg}")
             .expect("valid template"),
     );
-    let opts = RunOptions::<B> { devices, resume: args.resume.clone(), all_reduce };
+    let selector = match &cfg.select {
+        Some(s) => Some(decode_selector::<B::InnerBackend>(cfg, s, &devices[0])?),
+        None => None,
+    };
+    let opts = RunOptions::<B> { devices, resume: args.resume.clone(), all_reduce, selector };
     let mut observer = |e: &Event<'_>| {
         match e {
             Event::Started { start_step, total_steps, notes } => {
@@ -194,6 +204,10 @@ fn go<B: AutodiffBackend>(
                 r.metrics.acc_per_step.first().copied().unwrap_or(0.0),
                 r.metrics.simulated_accept_length
             )),
+            Event::Select(r) => pb.println(format!(
+                "select step {}: decoded τ {:.3} over {} answers ({:.0} s); best {:.3} at step {}",
+                r.step, r.decoded.tau, r.decoded.answers, r.decoded.seconds, r.best_tau, r.best_step
+            )),
             Event::Checkpoint { step, path } => pb.println(format!("checkpoint step {step}: {}", path.display())),
             Event::Log(_) => {}
         }
@@ -202,6 +216,53 @@ fn go<B: AutodiffBackend>(
     let result = train(cfg, &opts, &mut observer);
     pb.finish_and_clear();
     result.with_context(|| format!("training with {}", args.config.display()))
+}
+
+/// `[select]`'s decoder: aerie-eval's decoding session (the native target and the held-out
+/// prompts, loaded once for the whole run) on the main device, decoding greedy chains of
+/// `select.k` drafts.
+struct DecodeSelector<Bk: Backend> {
+    session: DecodeSession<Bk>,
+    opts: DecodeOptions,
+    prompts: PathBuf,
+}
+
+impl<Bk: Backend> std::fmt::Debug for DecodeSelector<Bk> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DecodeSelector({}, {:?})", self.prompts.display(), self.opts.shape)
+    }
+}
+
+impl<Bk: Backend> Selector<Bk> for DecodeSelector<Bk> {
+    fn decoded_tau(&self, drafter: Drafter<Bk>) -> std::result::Result<Decoded, String> {
+        let t = self.session.speculative_tau(drafter, &self.opts).map_err(|e| format!("{e:#}"))?;
+        Ok(Decoded { tau: t.tau, answers: t.answers, cycles: t.cycles, seconds: t.seconds })
+    }
+}
+
+/// Load the target and prompts `[select]` decodes with (a named prompt set fetched like
+/// `--prompts`), before the first step: a wrong path fails now, not after hours of training.
+fn decode_selector<Bk: Backend>(
+    cfg: &TrainConfig,
+    s: &SelectConfig,
+    device: &Bk::Device,
+) -> Result<std::sync::Arc<dyn Selector<Bk>>> {
+    let target = s.target_dir(cfg).context("[select] needs the target model directory")?;
+    let prompts = if s.prompts.exists() {
+        s.prompts.clone()
+    } else {
+        crate::cmd::assets::parse_prompts(&s.prompts.to_string_lossy()).map_err(anyhow::Error::msg)?
+    };
+    let opts = DecodeOptions {
+        shape: DraftShape::Chain { k: s.k },
+        temperature: 0.0,
+        rule: AcceptRule::Greedy,
+        max_new_tokens: s.max_new_tokens,
+        seed: 0,
+    };
+    let session = DecodeSession::<Bk>::load(target, &prompts, s.max_prompts, &s.template, device)
+        .with_context(|| format!("[select] of {}: loading the target and prompts", cfg.output_dir.display()))?;
+    Ok(std::sync::Arc::new(DecodeSelector { session, opts, prompts }))
 }
 
 fn print_summary(s: &Summary) {
@@ -219,6 +280,9 @@ fn print_summary(s: &Summary) {
     }
     if let Some(c) = &s.final_checkpoint {
         println!("drafter      {}", c.display());
+    }
+    if let Some(b) = &s.best {
+        println!("best         decoded τ {:.3} at step {} (RUN/best/)", b.decoded.tau, b.step);
     }
 }
 

@@ -44,6 +44,6 @@ pub use options::DecodeOptions;
 pub use run::{
     BatchedPlain, DecodeReport, MeasuredCosts, PlainRun, PromptReport, Throughput, TurnReport, decode_prompts,
 };
-pub use session::{DecodeSession, measured_costs};
+pub use session::{DecodeSession, SpeculativeTau, measured_costs};
 pub use timing::{DecodeTimings, Timer};
 pub use verdict::{Verdict, verify_draft};

@@ -15,9 +15,11 @@ use aerie_model::drafter::shape::DraftShape;
 
 use super::run::{BatchedPlain, PlainRun};
 use super::{DecodeOptions, DecodeReport, DecodeTimings, SpecDecoder, decode_prompts};
+use crate::accept::{AcceptCounter, AcceptReport};
 use crate::cost::Costs;
 use crate::prompts::{Prompt, read_prompts, select};
 use crate::{Error, Result};
+use aerie_data::conversation::{Message, Role};
 use aerie_model::native::batch::{BatchGenerator, GenerationRequest, greedy};
 
 /// What decoding runs against: the target, its prompt encoder and stop ids, the prompts.
@@ -75,6 +77,43 @@ impl<B: Backend> DecodeSession<B> {
         decode_prompts(&dec, &self.encoder, &self.prompts, opts, progress)
     }
 
+    /// τ of speculative decoding alone with `drafter` (in its training layout; turned into the
+    /// decoding one here) over every prompt, multi-turn prompts continuing from their own
+    /// answers: what choosing a checkpoint by decoded τ (`[select]` of a training config)
+    /// needs, without the plain decode [`Self::run`] also makes (under the greedy rule the
+    /// answers are the same, and τ does not depend on it).
+    pub fn speculative_tau(&self, drafter: Drafter<B>, opts: &DecodeOptions) -> Result<SpeculativeTau> {
+        let drafter = drafter.into_decoding_layout();
+        opts.validate(drafter.config().draft_vocab_size)?;
+        let dec = SpecDecoder::new(&self.target, &drafter, self.stop_ids())
+            .map_err(|e| Error::step("the drafter does not draft for the target", e))?;
+        let mut counter = AcceptCounter::new(opts.shape.depth());
+        let mut timings = DecodeTimings::default();
+        let mut out = SpeculativeTau::default();
+        let start = std::time::Instant::now();
+        for (pi, prompt) in self.prompts.iter().enumerate() {
+            let mut ctx = prompt.context.clone();
+            for turn in 0..prompt.turns() {
+                if turn > 0 {
+                    ctx.push(Message::new(Role::User, prompt.follow_ups[turn - 1].clone()));
+                }
+                // The seeds of `decode_prompts`, so a sampled run draws what `eval decode` draws.
+                let turn_opts = DecodeOptions { seed: opts.seed ^ ((pi as u64) << 16 | turn as u64), ..opts.clone() };
+                let ids = self.encoder.encode(&ctx)?;
+                let spec = dec.speculative(&ids, &turn_opts, &mut timings)?;
+                spec.accepted.iter().for_each(|&a| counter.add_length(a));
+                out.answers += 1;
+                out.cycles += spec.accepted.len();
+                out.tokens += spec.tokens.len();
+                ctx.push(Message::new(Role::Assistant, self.encoder.decode(&spec.tokens)?));
+            }
+        }
+        let tree = opts.shape.tree().map(|t| (t.topk, t.verify_tokens));
+        out.tau = AcceptReport::from_counter(&counter, opts.rule, tree, opts.temperature).tau;
+        out.seconds = start.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
     /// The ids that end an answer: the target's eos ids and the template's end of turn.
     fn stop_ids(&self) -> Vec<u32> {
         self.encoder.stop_ids(&self.target.spec().eos_token_ids)
@@ -105,6 +144,21 @@ impl<B: Backend> DecodeSession<B> {
             identical_answers: done.iter().filter(|g| runs[g.id as usize].tokens == g.tokens).count(),
         })
     }
+}
+
+/// What [`DecodeSession::speculative_tau`] measured.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SpeculativeTau {
+    /// Accept length: tokens per verify cycle, bonus included (`eval decode`'s τ).
+    pub tau: f64,
+    /// Answers decoded (prompts × turns).
+    pub answers: usize,
+    /// Verify cycles.
+    pub cycles: usize,
+    /// New tokens over all answers.
+    pub tokens: usize,
+    /// Wall seconds of the whole decode, prefills included.
+    pub seconds: f64,
 }
 
 /// The measured costs of a run as a costs file, named after the target and `device` (as

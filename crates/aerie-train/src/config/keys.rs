@@ -25,7 +25,7 @@ const fn k(key: &'static str, default: &'static str, affects_result: bool, doc: 
 }
 
 /// Sections (TOML tables).
-pub const SECTIONS: &[&str] = &["data", "init", "init.shape", "init.shape.mla", "target", "optim"];
+pub const SECTIONS: &[&str] = &["data", "init", "init.shape", "init.shape.mla", "target", "optim", "select"];
 
 /// THE table of keys.
 pub const KEYS: &[KeyDoc] = &[
@@ -117,6 +117,19 @@ pub const KEYS: &[KeyDoc] = &[
         true,
         "stop after this many optimizer steps (0: save and evaluate the initial drafter)",
     ),
+    k(
+        "optim.anchor_weight",
+        "0.0",
+        true,
+        "L2-SP: λ of λ/2·Σ‖θ − θ₀‖² toward the warm start's weights θ₀ (0: off; needs init.kind = \"warm_start\")",
+    ),
+    k("select.every_steps", "0", false, "decode held-out prompts every N steps and after the last (0: the last only)"),
+    k("select.prompts", "required", false, "held-out prompts (JSONL in eval decode's formats, or a named set)"),
+    k("select.k", "2", false, "drafts per cycle of the greedy chain decoded"),
+    k("select.max_new_tokens", "64", false, "new tokens per answer at most"),
+    k("select.max_prompts", "unset", false, "decode only the first N prompts"),
+    k("select.target", "target.path", false, "the target model directory decoded against"),
+    k("select.template", "\"auto\"", false, "chat template: auto, a built-in name, or a .jinja file"),
 ];
 
 /// The entry of `key`, if it is a key.

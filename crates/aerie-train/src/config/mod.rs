@@ -16,6 +16,9 @@
 pub mod fingerprint;
 pub mod keys;
 pub mod model_paths;
+mod select;
+
+pub use select::SelectConfig;
 
 use std::path::{Path, PathBuf};
 
@@ -66,6 +69,9 @@ pub struct TrainConfig {
     /// Optimiser and schedule.
     #[serde(default)]
     pub optim: OptimConfig,
+    /// Choose the checkpoint by τ measured in decoding ([`crate::select`]); absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<SelectConfig>,
 }
 
 /// The training objective (eagle3.md §3).
@@ -306,6 +312,17 @@ pub struct OptimConfig {
     /// Stop after this many optimizer steps (cycling the data as needed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
+    /// L2-SP (arXiv 1802.01483): λ of the penalty λ/2·Σ‖θ − θ₀‖² that pulls the drafter toward
+    /// its warm start's weights θ₀, so a fine-tune for another domain does not forget the first
+    /// ([`crate::anchor`]). 0, the default, is off: the run is bit for bit the run without it, and
+    /// the key is not serialised, so configs (and resume fingerprints) written before it are
+    /// unchanged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub anchor_weight: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl Default for OptimConfig {
@@ -320,6 +337,7 @@ impl Default for OptimConfig {
             grad_accumulation: 1,
             epochs: 1,
             max_steps: None,
+            anchor_weight: 0.0,
         }
     }
 }
@@ -465,8 +483,35 @@ impl TrainConfig {
         if o.grad_accumulation == 0 {
             bad("optim.grad_accumulation", "must be at least 1");
         }
+        if !(o.anchor_weight.is_finite() && o.anchor_weight >= 0.0) {
+            bad("optim.anchor_weight", "must be a non-negative number (0 turns the anchor off)");
+        } else if o.anchor_weight > 0.0 && self.init.kind != InitKind::WarmStart {
+            bad(
+                "optim.anchor_weight",
+                "anchors the drafter to its warm start's weights: it needs init.kind = \"warm_start\" (a fresh \
+                 drafter has no weights worth keeping; set it to 0)",
+            );
+        }
         if o.max_steps.is_none() && o.epochs == 0 {
             bad("optim.epochs", "must be at least 1 (or set optim.max_steps)");
+        }
+        if let Some(s) = &self.select {
+            if s.k == 0 || s.k > max_depth {
+                bad("select.k", &format!("must be in 1..={max_depth}"));
+            }
+            if s.max_new_tokens == 0 {
+                bad("select.max_new_tokens", "must be at least 1");
+            }
+            if s.max_prompts == Some(0) {
+                bad("select.max_prompts", "must be at least 1");
+            }
+            if !s.target_dir(self).is_some_and(Path::is_dir) {
+                bad(
+                    "select.target",
+                    "must be the target's model directory (weights, tokenizer, chat template) to decode with; by \
+                     default it is `target.path`, which is not a directory here",
+                );
+            }
         }
         if self.target.head_chunk_rows == 0 {
             bad("target.head_chunk_rows", "must be positive");

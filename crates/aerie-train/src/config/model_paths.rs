@@ -1,5 +1,5 @@
 //! The config keys that name a model or drafter (`init.drafter`, `init.target_config`,
-//! `target.path`, `target.head`, `target.embedding`). Their values may be something other than a
+//! `target.path`, `target.head`, `target.embedding`, `select.target`). Their values may be something other than a
 //! local path, a Hugging Face Hub id for one: this crate does not download, so the caller
 //! resolves them and passes the local paths back as `--set` overrides, before the config is
 //! validated (validation looks at those paths on disk).
@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 /// The config keys whose values name a model or drafter.
-pub const MODEL_PATH_KEYS: [&str; 5] =
-    ["init.drafter", "init.target_config", "target.path", "target.head", "target.embedding"];
+pub const MODEL_PATH_KEYS: [&str; 6] =
+    ["init.drafter", "init.target_config", "target.path", "target.head", "target.embedding", "select.target"];
 
 /// `--set` overrides (`key`, TOML value) that replace the model-path values of the config file
 /// at `path`, after the user's `overrides`, by the local paths `resolve(key, value)` returns;

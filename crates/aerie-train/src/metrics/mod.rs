@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use aerie_model::TttMetrics;
 use serde::{Deserialize, Serialize};
 
+use crate::select::{SelectRecord, Selection};
 use crate::{Error, Result};
 
 /// A `kind: "train"` line: averages over the steps since the previous line.
@@ -45,6 +46,10 @@ pub struct TrainRecord {
     pub tokens: f64,
     /// Seconds of training so far (all segments of a resumed run).
     pub elapsed_s: f64,
+    /// Mean L2-SP penalty λ/2·Σ‖θ − θ₀‖² (`optim.anchor_weight`), absent when the run is not
+    /// anchored; `loss` does not include it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_penalty: Option<f64>,
 }
 
 /// A `kind: "eval"` line.
@@ -116,6 +121,9 @@ pub struct Summary {
     pub resumed_from: Option<PathBuf>,
     /// Facts about the setup (init, data) worth keeping.
     pub notes: Vec<String>,
+    /// The drafter chosen by decoded τ (`RUN/best/`), when the run has `[select]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<Selection>,
 }
 
 /// What a caller observes during [`crate::train`].
@@ -136,6 +144,9 @@ pub enum Event<'a> {
     Log(&'a TrainRecord),
     /// An `eval` line was written.
     Eval(&'a EvalRecord),
+    /// A `select` line was written (the drafter's decoded τ; `best/` replaced when it is the
+    /// best so far).
+    Select(&'a SelectRecord),
     /// A checkpoint was written.
     Checkpoint {
         /// Its step.
@@ -202,7 +213,22 @@ impl Record for TrainRecord {
             ("train/tokens".into(), self.tokens),
             ("train/elapsed_s".into(), self.elapsed_s),
         ]);
+        out.extend(self.anchor_penalty.map(|p| ("train/anchor_penalty".to_string(), p)));
         out
+    }
+}
+
+impl Record for SelectRecord {
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn scalars(&self) -> Vec<(String, f64)> {
+        vec![
+            ("select/tau".into(), self.decoded.tau),
+            ("select/best_tau".into(), self.best_tau),
+            ("select/seconds".into(), self.decoded.seconds),
+        ]
     }
 }
 
@@ -242,12 +268,15 @@ pub struct Metrics {
     pub train: Vec<TrainRecord>,
     /// `kind: "eval"` lines.
     pub eval: Vec<EvalRecord>,
+    /// `kind: "select"` lines (decoded τ, [`crate::select`]).
+    pub select: Vec<SelectRecord>,
 }
 
 /// One parsed line.
 enum Line {
     Train(TrainRecord),
     Eval(EvalRecord),
+    Select(SelectRecord),
 }
 
 impl Line {
@@ -256,7 +285,8 @@ impl Line {
         match value.get("kind").and_then(serde_json::Value::as_str) {
             Some("train") => serde_json::from_value(value).map(Line::Train).map_err(|e| e.to_string()),
             Some("eval") => serde_json::from_value(value).map(Line::Eval).map_err(|e| e.to_string()),
-            other => Err(format!("unknown kind {other:?} (train or eval)")),
+            Some("select") => serde_json::from_value(value).map(Line::Select).map_err(|e| e.to_string()),
+            other => Err(format!("unknown kind {other:?} (train, eval or select)")),
         }
     }
 
@@ -264,6 +294,7 @@ impl Line {
         let (step, scalars) = match self {
             Line::Train(r) => (r.step, r.scalars()),
             Line::Eval(r) => (r.step, r.scalars()),
+            Line::Select(r) => (r.step, r.scalars()),
         };
         tb_event(step, &scalars, wall_time)
     }
@@ -290,6 +321,7 @@ pub fn read(run: &Path) -> Result<Metrics> {
         match Line::parse(line) {
             Ok(Line::Train(r)) => metrics.train.push(r),
             Ok(Line::Eval(r)) => metrics.eval.push(r),
+            Ok(Line::Select(r)) => metrics.select.push(r),
             Err(message) => return Err(Error::Metrics { path, message: format!("line {}: {message}", i + 1) }),
         }
     }
@@ -339,6 +371,7 @@ impl MetricsLog {
                     let step = match &line {
                         Line::Train(r) => r.step,
                         Line::Eval(r) => r.step,
+                        Line::Select(r) => r.step,
                     };
                     line.event(wall_times.get(&(step as i64)).copied().unwrap_or(now))
                 })

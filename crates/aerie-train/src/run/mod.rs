@@ -20,6 +20,9 @@ use crate::data::{Catalog, MicroBatch, epoch_seed, plan_epoch};
 use crate::eval::evaluate;
 use crate::metrics::{EvalRecord, Event, MetricsLog, Status, StepProgress, Summary, TrainRecord, write_summary};
 use crate::schedule::lr_at;
+use crate::select::{
+    SELECTION_FORMAT, SelectRecord, Selection, Selector, resume_best, settings as select_settings, write_best,
+};
 use crate::step::{MicroInput, StepReport, Trainer, merge_sums};
 use crate::{Error, Result};
 
@@ -41,6 +44,20 @@ pub struct RunOptions<B: AutodiffBackend> {
     /// How the replicas sum their gradients; `None`: through host memory
     /// ([`crate::collective::HostExchange`], every backend).
     pub all_reduce: Option<Arc<dyn AllReduce<B::InnerBackend>>>,
+    /// What decodes held-out prompts for `[select]` (the `aerie train` command builds one from
+    /// aerie-eval's decoder); required when the config has `[select]`, unused otherwise.
+    pub selector: Option<Arc<dyn Selector<B::InnerBackend>>>,
+}
+
+/// `[select]` as the loop runs it.
+struct Selecting<Bk: burn::tensor::backend::Backend> {
+    selector: Arc<dyn Selector<Bk>>,
+    settings: serde_json::Value,
+    every: u64,
+    /// The best so far (read back from `best/` on a resume).
+    best: Option<Selection>,
+    /// The step last decoded at.
+    at: Option<u64>,
 }
 
 /// Sums over the steps since the last `train` log record.
@@ -53,6 +70,8 @@ struct Window {
     tokens: f64,
     padded: f64,
     seconds: f64,
+    /// Σ of the anchored steps' L2-SP penalties, and how many steps that is.
+    anchor: (f64, u64),
 }
 
 impl Window {
@@ -63,6 +82,10 @@ impl Window {
         self.tokens += report.positions;
         self.padded += report.padded_tokens;
         self.seconds += seconds;
+        if let Some(p) = report.anchor_penalty {
+            self.anchor.0 += p;
+            self.anchor.1 += 1;
+        }
         merge_sums(&mut self.sums, &report.sums);
     }
 }
@@ -85,7 +108,7 @@ pub fn train<B: AutodiffBackend>(
     let run = st.run.clone();
     let config_toml = write_run_config(cfg, &run)?;
     check_data_fits(cfg, &catalog, &st)?;
-    let (mut trainer, eval_head) = build_trainer::<B>(cfg, &st, &catalog, &devices, &main)?;
+    let (mut trainer, eval_head, anchor_checksum) = build_trainer::<B>(cfg, &st, &catalog, &devices, &main)?;
     if let Some(all_reduce) = &opts.all_reduce {
         trainer = trainer.with_all_reduce(all_reduce.clone());
     }
@@ -103,6 +126,28 @@ pub fn train<B: AutodiffBackend>(
     }
     let log = MetricsLog::open(&run, pos.step)?;
     let mut summary = initial_summary(&st, &catalog, &pos, total, &config_hash, notes);
+    let selecting = match (&cfg.select, &opts.selector) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(Error::Options(
+                "the config has [select], which decodes with aerie-eval's decoder: pass RunOptions::selector (the \
+                 `aerie train` command does)"
+                    .into(),
+            ));
+        }
+        (Some(s), Some(selector)) => {
+            let best = resume_best(&run, s, &config_hash)?;
+            summary.best = best.clone();
+            Some(Selecting {
+                selector: selector.clone(),
+                settings: select_settings(s),
+                every: s.every_steps,
+                best,
+                // A resume of a finished run has nothing left to decode.
+                at: st.state.as_ref().filter(|s| s.step >= total).map(|s| s.step),
+            })
+        }
+    };
     if observer(&Event::Started { start_step: pos.step, total_steps: total, notes: &summary.notes }).is_break() {
         summary.status = Status::Interrupted;
         return finish(&run, summary);
@@ -119,6 +164,7 @@ pub fn train<B: AutodiffBackend>(
         start_step: st.state.as_ref().map_or(0, |s| s.step),
         trainer,
         eval_head,
+        anchor_checksum,
         log,
         summary,
         pos,
@@ -131,6 +177,7 @@ pub fn train<B: AutodiffBackend>(
         evaluated_at: st.state.as_ref().filter(|s| s.step >= total).map(|s| s.step),
         do_eval: !catalog.eval_sets.is_empty() || !catalog.held_out.is_empty(),
         source: st.checkpoint.source.clone().map(SourceLayout::trained_by_aerie),
+        selecting,
     };
     while r.pos.step < total {
         let Some(end) = r.next_step_end() else { continue };
@@ -149,6 +196,9 @@ pub fn train<B: AutodiffBackend>(
         }
         if r.do_eval && cfg.eval_every > 0 && r.pos.step.is_multiple_of(cfg.eval_every) {
             r.evaluate(observer)?;
+        }
+        if r.selecting.as_ref().is_some_and(|s| s.every > 0 && r.pos.step.is_multiple_of(s.every)) {
+            r.select(observer)?;
         }
         if cfg.save_every > 0 && r.pos.step.is_multiple_of(cfg.save_every) && r.pos.step < total {
             r.save_checkpoint(elapsed, observer)?;
@@ -205,6 +255,7 @@ fn initial_summary(
         config_hash: config_hash.to_owned(),
         resumed_from: st.resumed_from.clone(),
         notes,
+        best: None,
     }
 }
 
@@ -245,6 +296,8 @@ struct Run<'a, B: AutodiffBackend> {
     start_step: u64,
     trainer: Trainer<B>,
     eval_head: Option<TargetHead<B::InnerBackend>>,
+    /// The checksum of the L2-SP anchor's θ₀, recorded with every checkpoint.
+    anchor_checksum: Option<u64>,
     log: MetricsLog,
     summary: Summary,
     pos: Position,
@@ -260,6 +313,8 @@ struct Run<'a, B: AutodiffBackend> {
     /// resumed checkpoint's), which every checkpoint keeps so an export in that layout gives its
     /// config keys and tensor set back.
     source: Option<SourceLayout>,
+    /// `[select]`, when the config has it.
+    selecting: Option<Selecting<B::InnerBackend>>,
 }
 
 impl<'a, B: AutodiffBackend> Run<'a, B> {
@@ -330,6 +385,7 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
             padded_tokens_per_s: w.padded / w.seconds.max(1e-9),
             tokens: self.pos.tokens,
             elapsed_s: elapsed,
+            anchor_penalty: (w.anchor.1 > 0).then(|| w.anchor.0 / w.anchor.1 as f64),
         };
         self.log.write(&rec)?;
         let _ = observer(&Event::Log(&rec));
@@ -355,6 +411,36 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
         Ok(())
     }
 
+    /// Decode the held-out prompts with the current weights ([`crate::select`]): log the τ, and
+    /// keep the weights as `best/` when no earlier step decoded better.
+    fn select(&mut self, observer: &mut dyn FnMut(&Event<'_>) -> ControlFlow<()>) -> Result<()> {
+        let step = self.pos.step;
+        let Some(s) = self.selecting.as_mut() else { return Ok(()) };
+        let decoded = s
+            .selector
+            .decoded_tau(self.trainer.valid())
+            .map_err(|message| Error::Options(format!("step {step}: decoding for [select]: {message}")))?;
+        if s.best.as_ref().is_none_or(|b| decoded.tau > b.decoded.tau) {
+            let selection = Selection {
+                format: SELECTION_FORMAT.into(),
+                step,
+                decoded: decoded.clone(),
+                settings: s.settings.clone(),
+                config_hash: self.config_hash.clone(),
+            };
+            write_best(&self.run, &self.trainer.valid(), self.source.as_ref(), &selection)?;
+            s.best = Some(selection);
+        }
+        let best = s.best.as_ref().expect("set above");
+        let rec =
+            SelectRecord { kind: "select".into(), step, decoded, best_tau: best.decoded.tau, best_step: best.step };
+        self.summary.best = Some(best.clone());
+        s.at = Some(step);
+        self.log.write(&rec)?;
+        let _ = observer(&Event::Select(&rec));
+        Ok(())
+    }
+
     /// The training state to store with a checkpoint at the current position.
     fn state(&self, elapsed: f64) -> TrainingState {
         TrainingState {
@@ -371,6 +457,7 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
             elapsed_s: elapsed,
             aerie_version: env!("CARGO_PKG_VERSION").into(),
             data: self.catalog.identity(),
+            anchor_checksum: self.anchor_checksum,
         }
     }
 
@@ -417,6 +504,9 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
         let step = self.pos.step;
         if self.do_eval && self.evaluated_at != Some(step) {
             self.evaluate(observer)?;
+        }
+        if self.selecting.as_ref().is_some_and(|s| s.at != Some(step)) {
+            self.select(observer)?;
         }
         if self.saved_at != Some(step) || checkpoint::latest_checkpoint(&self.run)?.is_none_or(|(s, _)| s != step) {
             self.save_checkpoint(self.summary.elapsed_s, observer)?;

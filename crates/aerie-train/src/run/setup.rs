@@ -16,7 +16,7 @@ use crate::checkpoint::{self, TrainingState};
 use crate::config::TrainConfig;
 use crate::config::fingerprint::{diff, fingerprint, hash};
 use crate::data::{Catalog, epoch_seed, plan_epoch};
-use crate::grads::with_stable_ids;
+use crate::grads::{weights_checksum, with_stable_ids};
 use crate::init::{initial_drafter, load_head};
 use crate::step::Trainer;
 use crate::{Error, Result};
@@ -125,26 +125,60 @@ pub(super) fn check_data_fits(cfg: &TrainConfig, catalog: &Catalog, st: &Start) 
 /// The target head evaluation runs with on the main device (none for a top-k teacher).
 pub(super) type EvalHead<B> = Option<TargetHead<<B as AutodiffBackend>::InnerBackend>>;
 
-/// The trainer on `devices` (main first) with the start's weights, teacher heads and, on a
-/// resume, optimizer state; plus the main device's head for evaluation.
+/// The trainer on `devices` (main first) with the start's weights, teacher heads, the L2-SP
+/// anchor when `optim.anchor_weight` sets one and, on a resume, optimizer state; plus the main
+/// device's head for evaluation and the anchor's checksum (for `state.json`).
 pub(super) fn build_trainer<B: AutodiffBackend>(
     cfg: &TrainConfig,
     st: &Start,
     catalog: &Catalog,
     devices: &[B::Device],
     main: &B::Device,
-) -> Result<(Trainer<B>, EvalHead<B>)> {
+) -> Result<(Trainer<B>, EvalHead<B>, Option<u64>)> {
     let dc = &st.checkpoint.config;
     let model = with_stable_ids(Drafter::<B>::from_tensors(dc, &st.checkpoint.tensors, main)?)?;
     let heads = teacher_head::<B>(cfg, catalog, &st.checkpoint, devices, &model)?;
     let eval_head = heads[0].clone();
+    let warm_start = anchor_weights::<B>(cfg, st, &model, main)?;
     let mut trainer =
         Trainer::new(model, devices.iter().cloned().zip(heads).collect(), cfg.ttt_options(), cfg.loss, &cfg.optim)?
             .with_compute_dtype(cfg.precision.dtype());
-    if let Some(ckpt) = &st.resumed_from {
+    let mut anchor_checksum = None;
+    if let Some(w) = warm_start {
+        anchor_checksum = Some(weights_checksum(&w));
+        trainer = trainer.with_anchor(cfg.optim.anchor_weight, &w)?;
+    }
+    if let (Some(ckpt), Some(state)) = (&st.resumed_from, &st.state) {
+        if state.anchor_checksum != anchor_checksum {
+            return Err(resume_err(
+                ckpt,
+                "the warm start the run is anchored to (`optim.anchor_weight`, θ₀ = `init.drafter`) is not \
+                 the one it started from: its weights' checksum differs from the one in \
+                 training_state/state.json. Restore the warm start's files, or start a new run",
+            ));
+        }
         trainer.load_optimizer_record(checkpoint::load_optimizer::<B>(ckpt, main)?);
     }
-    Ok((trainer, eval_head))
+    Ok((trainer, eval_head, anchor_checksum))
+}
+
+/// θ₀ of an anchored run: the warm start's weights as the run began from them (vocab override
+/// applied). A fresh run starts from them (`model`); a resumed one reloads them from
+/// `init.drafter`, since checkpoints do not store them. `None` when the run is not anchored.
+fn anchor_weights<B: AutodiffBackend>(
+    cfg: &TrainConfig,
+    st: &Start,
+    model: &Drafter<B>,
+    main: &B::Device,
+) -> Result<Option<Drafter<B>>> {
+    if cfg.optim.anchor_weight == 0.0 {
+        return Ok(None);
+    }
+    if st.resumed_from.is_none() {
+        return Ok(Some(model.clone()));
+    }
+    let warm = initial_drafter(cfg)?.checkpoint;
+    Ok(Some(with_stable_ids(Drafter::<B>::from_tensors(&warm.config, &warm.tensors, main)?)?))
 }
 
 /// Whether the shards give a final-hidden teacher (needing the head) or a top-k one.

@@ -203,8 +203,12 @@ pub fn config(w: &World, out: &str, top: &str, extra: &str) -> TrainConfig {
 }
 
 pub fn run(cfg: &TrainConfig, devices: usize, resume: Option<&Path>) -> aerie_train::Result<Summary> {
-    let opts =
-        RunOptions::<B> { devices: vec![cpu(); devices], resume: resume.map(Path::to_path_buf), all_reduce: None };
+    let opts = RunOptions::<B> {
+        devices: vec![cpu(); devices],
+        resume: resume.map(Path::to_path_buf),
+        all_reduce: None,
+        selector: None,
+    };
     train(cfg, &opts, &mut |_| ControlFlow::Continue(()))
 }
 
@@ -215,7 +219,7 @@ pub fn run_until(cfg: &TrainConfig, stop_after: u64) -> Summary {
 
 /// [`run_until`] on `devices` replicas.
 pub fn run_until_on(cfg: &TrainConfig, devices: usize, stop_after: u64) -> Summary {
-    let opts = RunOptions::<B> { devices: vec![cpu(); devices], resume: None, all_reduce: None };
+    let opts = RunOptions::<B> { devices: vec![cpu(); devices], resume: None, all_reduce: None, selector: None };
     train(cfg, &opts, &mut |e| match e {
         Event::Step(p) if p.step >= stop_after => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),

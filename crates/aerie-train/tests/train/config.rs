@@ -111,7 +111,13 @@ fn every_key_is_documented_and_the_examples_parse() {
             _ => out.push(prefix.to_string()),
         }
     }
-    let mut serialised = vec!["init.drafter".to_string()]; // warm_start only; cannot be set here
+    // warm_start only (init.drafter, optim.anchor_weight), or needing the target's model directory
+    // ([select]): cannot be set here; tests/train/anchor.rs and select.rs set them.
+    let mut serialised: Vec<String> = ["init.drafter", "optim.anchor_weight"].map(String::from).to_vec();
+    serialised.extend(
+        ["every_steps", "prompts", "k", "max_new_tokens", "max_prompts", "target", "template"]
+            .map(|k| format!("select.{k}")),
+    );
     flatten("", &serde_json::to_value(&full).unwrap(), &mut serialised);
     serialised.sort();
     let mut table: Vec<String> = KEYS.iter().map(|k| k.key.to_string()).collect();

@@ -303,6 +303,7 @@ fn replicas_share_one_clip_factor_and_a_save_refuses_replicas_that_differ() {
         elapsed_s: 0.0,
         aerie_version: String::new(),
         data: Vec::new(),
+        anchor_checksum: None,
     };
     let e = aerie_train::checkpoint::save(run.path(), &drift, &state, "", None).unwrap_err().to_string();
     assert!(e.contains("checkpoint-1") && e.contains("replica 1"), "{e}");

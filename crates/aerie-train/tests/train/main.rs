@@ -2,12 +2,14 @@
 
 mod common;
 
+mod anchor;
 mod config;
 mod curves;
 mod dp;
 mod mla;
 mod nan;
 mod resume;
+mod select;
 mod throughput;
 mod training;
 mod warm_start;
