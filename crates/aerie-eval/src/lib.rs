@@ -24,6 +24,7 @@ pub mod offline;
 pub mod plot;
 pub mod prompts;
 pub mod serve;
+pub mod surface;
 pub mod verify;
 
 pub use error::{Error, Result};

@@ -10,6 +10,7 @@ use super::{MeasureOptions, MeasureReport, RequestResult};
 use crate::Result;
 use crate::accept::{CurvePoint, tau_curve};
 use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
+use crate::surface::Context;
 
 /// What [`MeasureReport::counted`] says of SGLang's per-response statistics.
 pub const COUNTED_PER_RESPONSE: &str = "each response's own meta_info (spec_verify_ct, accepted-drafts histogram, \
@@ -214,6 +215,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         api: opts.api.unwrap_or(Engine::Sglang),
         endpoint: opts.endpoint,
         concurrency: opts.concurrency,
+        context: Context::Short,
         max_new_tokens: opts.max_new_tokens,
         stream: opts.stream,
         requests: results.len(),
