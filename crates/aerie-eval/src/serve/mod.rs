@@ -30,7 +30,6 @@ pub use answers::{
     compare_answers, pass_acceptance, pass_cycle, run_pass,
 };
 pub use predict::{predict, predict_from_shards};
-pub use runs::{SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD};
 
 use runs::{RunResult, one_run, places, plain_serve, speculative_run};
 
@@ -73,7 +72,7 @@ pub struct ServeOptions {
     /// ([`crate::prompts::long_context`]).
     pub long_context_words: usize,
     /// SGLang only: the accept length every verify cycle is made to report
-    /// ([`SIMULATE_ACC_LEN`]), for the cycle at a chosen τ apart from the drafter's quality.
+    /// ([`aerie_engine::simulate::sglang_simulated_acceptance`]), for the cycle at a chosen τ apart from the drafter's quality.
     pub simulate_accept_length: Option<f64>,
     /// Where each run's engine log goes (`<dir>/<run>/engine.log`).
     pub workdir: PathBuf,

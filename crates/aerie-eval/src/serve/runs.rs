@@ -21,12 +21,6 @@ use crate::prompts::{Prompt, long_context};
 use crate::surface::Context;
 use crate::{Error, Result};
 
-/// SGLang's switch for simulated acceptance: the accept length every verify cycle reports
-/// (python/sglang/srt/speculative, `SGLANG_SIMULATE_ACC_LEN`).
-pub const SIMULATE_ACC_LEN: &str = "SGLANG_SIMULATE_ACC_LEN";
-/// How SGLang draws the simulated accept length around it (`SGLANG_SIMULATE_ACC_METHOD`).
-pub const SIMULATE_ACC_METHOD: &str = "SGLANG_SIMULATE_ACC_METHOD";
-
 fn measure_options(opts: &ServeOptions, base_url: &str, label: &str, concurrency: usize) -> MeasureOptions {
     MeasureOptions {
         server: base_url.to_string(),
@@ -78,8 +72,7 @@ pub(super) fn one_run(
     let k = speculative.as_ref().map(|(_, k)| *k);
     if let (Some(_), Some(len)) = (k, opts.simulate_accept_length) {
         // Every cycle reports `len` tokens whatever the drafter drafts: the cycle at that τ.
-        launch.env.push((SIMULATE_ACC_LEN.into(), len.to_string()));
-        launch.env.push((SIMULATE_ACC_METHOD.into(), "match-expected".into()));
+        launch.env.extend(aerie_engine::simulate::sglang_simulated_acceptance(len));
     }
     launch.speculative = speculative;
     launch.log = dir.join("engine.log");
