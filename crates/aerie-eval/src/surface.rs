@@ -204,7 +204,7 @@ pub fn validate(points: &[SurfacePoint]) -> Result<(), String> {
 /// Every cell of `points`, ordered by context, concurrency, k.
 pub fn cells(points: &[SurfacePoint]) -> Vec<SurfaceCell> {
     let mut out: Vec<SurfaceCell> = points.iter().flat_map(SurfacePoint::cells).collect();
-    out.sort_by(|a, b| (a.context, a.concurrency, a.k).cmp(&(b.context, b.concurrency, b.k)));
+    out.sort_by_key(|c| (c.context, c.concurrency, c.k));
     out
 }
 
