@@ -92,6 +92,18 @@ const CANNOT_RUN: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "the cost surface on a GPU node or of a running server (tests/serve_vllm.rs and serve_sglang.rs sweep it on the CPU)",
+        &[
+            "aerie eval serve --engine sglang --target DIR --drafter DRAFTER --prompts mtbench --max-prompts 16 --k 1,2,3 --concurrency 1,4,16,64 --context short,long --costs-out surface.toml --heatmap surface.png",
+            "aerie eval serve --engine sglang --target moonshotai/Kimi-K2.5 --drafter /models/kimi-k2.5-eagle3 --prompts mtbench --max-prompts 64 --k 1,2,3 --concurrency 1,4,16,64 --context short,long --costs-out k25-surface.toml --heatmap k25-surface.png --engine-arg=--tp --engine-arg=8 --engine-arg=--trust-remote-code",
+            "aerie measure --server URL --prompts mtbench --concurrency 1,4,16,64 --context short,long --out surface.toml",
+            "aerie measure --server URL --prompts mtbench --concurrency 1,4,16,64 --context short,long --out surface.toml --heatmap surface.png",
+            "aerie measure --server http://127.0.0.1:30000 --prompts mtbench --max-prompts 64 --concurrency 1,4,16,64 --context short,long --out k25-surface.toml",
+            "aerie project --costs k25-surface.toml --concurrency 16 --context long",
+            "aerie project --costs surface.toml --concurrency 16 --context long",
+        ],
+    ),
+    (
         "talks to a serving engine already running (tests/regenerate_server.rs, tests/serve_*.rs start one)",
         &[
             "aerie doctor --server http://127.0.0.1:30000 --drafter /models/kimi-k2.5-eagle3 --concurrency 1",

@@ -237,6 +237,42 @@ fn eval_serve_and_compare_in_sglang_match_aerie_and_feed_measure_and_regenerate(
     }
     assert!(report.join("compare.md").is_file() && report.join("compare.parquet").is_file());
 
+    // The cost surface apart from the drafter (issue 46 §1): SGLang told to accept 2 tokens per
+    // cycle (SGLANG_SIMULATE_ACC_LEN, which its CPU path honours), k 1,2 × concurrency 1,2 on
+    // two prompts: the cycle at τ 2 with any drafter, the costs file with the surface, its picture.
+    let costs = dir.path().join("sglang-surface.toml");
+    let heatmap = dir.path().join("sglang-surface.png");
+    let t0 = Instant::now();
+    let mut c = aerie_cmd();
+    sglang_env(&mut c)
+        .args(["eval", "serve", "--engine", "sglang", "--python", s(&python), "--target", s(&target)])
+        .args(["--prompts", s(&prompts), "--max-prompts", "2", "--drafter", s(&fixture), "--names", "fixture"])
+        .args(["--k", "1,2", "--concurrency", "1,2", "--max-new-tokens", "16", "--simulate-accept-length", "2"])
+        .args(["--costs-out", s(&costs), "--heatmap", s(&heatmap), "--json"])
+        .args(["--workdir", s(&dir.path().join("surface-work"))])
+        .args(sglang_engine_args());
+    let sim = ok_json(c.output().unwrap());
+    println!("the simulated surface in SGLang in {:.0} s: {sim}", t0.elapsed().as_secs_f64());
+    assert_eq!(sim["simulated_accept_length"], 2.0);
+    let sim_runs = sim["runs"].as_array().unwrap();
+    assert_eq!(sim_runs.len(), 2, "{sim}");
+    for r in sim_runs {
+        for cell in r["cells"].as_array().unwrap() {
+            // Every cycle accepted exactly one draft: τ is the simulation's, not the fixture's 1.3.
+            let tau = cell["tau"].as_f64().unwrap();
+            assert!((tau - 2.0).abs() < 1e-9, "SGLang simulated τ 2: {cell}");
+            assert_eq!(cell["simulated_accept_length"], 2.0);
+            assert!(cell["cycle_ms"].as_f64().unwrap() > 0.0, "{cell}");
+        }
+        assert_eq!(r["cells"].as_array().unwrap().len(), 2, "concurrency 1 and 2: {r}");
+    }
+    let text = std::fs::read_to_string(&costs).unwrap();
+    println!("the simulated cost surface in SGLang:\n{text}");
+    assert!(text.contains("simulated_accept_length = 2.0") && text.contains("concurrency = 2"), "{text}");
+    assert!(std::fs::metadata(&heatmap).unwrap().len() > 1000);
+    let at2 = ok_json(aerie(&["project", "--costs", s(&costs), "--concurrency", "2", "--json"]));
+    assert_eq!(at2["break_even"].as_array().unwrap().len(), 2, "k 1 and 2 at concurrency 2: {at2}");
+
     // One speculative server for measure and regenerate.
     let mut spec_args = spec_draft(&fixture);
     spec_args.extend(["--served-model-name".to_owned(), "target".to_owned()]);

@@ -63,16 +63,18 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert!(err.contains("warning:") && err.contains("SGLang layout") && err.contains("one layer earlier"), "{err}");
     assert!(err.contains("/nonexistent/python3"), "{err}");
 
-    // Both layouts in vLLM, beside one plain run and aerie's own decoder on the same prompts.
+    // Both layouts in vLLM, beside one plain run and aerie's own decoder on the same prompts; the
+    // cost surface (issue 46 §1) over k 1,2 × concurrency 1,2, each engine answering twice.
     let costs = dir.path().join("vllm-costs.toml");
+    let heatmap = dir.path().join("vllm-surface.png");
     let work = dir.path().join("serve");
     let t0 = Instant::now();
     let out = aerie_cmd()
         .env("AERIE_PYTHON", &python)
         .args(["eval", "serve", "--engine", "vllm", "--target", s(&target), "--prompts", s(&prompts)])
         .args(["--drafter", s(&fixture), "--drafter", s(&speculators), "--names", "sglang-export,speculators-export"])
-        .args(["--k", "2", "--max-new-tokens", "48", "--predict", "--workdir", s(&work)])
-        .args(["--costs-out", s(&costs), "--json", "--engine-arg=--enforce-eager"])
+        .args(["--k", "1,2", "--concurrency", "1,2", "--max-new-tokens", "48", "--predict", "--workdir", s(&work)])
+        .args(["--costs-out", s(&costs), "--heatmap", s(&heatmap), "--json", "--engine-arg=--enforce-eager"])
         .output()
         .unwrap();
     let v = ok_json(out);
@@ -85,8 +87,9 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert_eq!(saved["runs"], v["runs"], "the report in the work directory is the one printed");
     assert_eq!(v["answers"], 6);
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2);
+    assert_eq!(runs.len(), 4, "two layouts at k 1 and 2");
     for r in runs {
+        let k = r["k"].as_u64().unwrap() as usize;
         for key in [
             "engine",
             "engine_version",
@@ -112,13 +115,24 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
             "greedy speculation changed an answer: {}",
             r["first_difference"]
         );
-        assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), 2);
-        let measured = common::check_profile(&r["profile"], 2, r["drafts"].as_u64().unwrap());
-        println!("vLLM τ by output position measured: {measured}: {}", r["profile"]);
+        assert_eq!(r["accept_rate_unconditional"].as_array().unwrap().len(), k);
+        let measured = common::check_profile(&r["profile"], k, r["drafts"].as_u64().unwrap());
+        println!("vLLM τ by output position measured at k {k}: {measured}: {}", r["profile"]);
         let p = &r["prediction"];
-        common::check_profile(&p["profile"], 2, p["profile"]["cycles"].as_f64().unwrap() as u64);
+        common::check_profile(&p["profile"], k, p["profile"]["cycles"].as_f64().unwrap() as u64);
         let (pred, diff) = (p["tau"].as_f64().unwrap(), p["tau_difference"].as_f64().unwrap());
         assert!(diff.abs() <= 0.01 * tau, "τ in vLLM {tau} vs aerie's decoder {pred}");
+        // Each place of the sweep its own pass: concurrency 1 (the figures above) and 2.
+        let cells = r["cells"].as_array().unwrap();
+        let places: Vec<(u64, &str)> =
+            cells.iter().map(|c| (c["concurrency"].as_u64().unwrap(), c["context"].as_str().unwrap())).collect();
+        assert_eq!(places, [(1, "short"), (2, "short")], "{r}");
+        assert_eq!(cells[0]["cycle_ms"], r["cycle_ms"]);
+        for c in cells {
+            let (cycle, td) = (c["cycle_ms"].as_f64().unwrap(), c["t_d_ms"].as_f64().unwrap());
+            assert!((c["break_even_tau"].as_f64().unwrap() - cycle / td).abs() < 1e-9, "{c}");
+            assert!(c["tau"].as_f64().unwrap() > 1.0 && c["speedup"].as_f64().unwrap() > 0.0, "{c}");
+        }
         assert_eq!(p["greedy_identical"], true);
         let (cycle, td) = (r["cycle_ms"].as_f64().unwrap(), r["t_d_ms"].as_f64().unwrap());
         assert!(cycle > 0.0 && td > 0.0);
@@ -128,16 +142,31 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     }
     // The SGLang export was exported to vLLM's layout first: the same drafter, the same drafts.
     assert!(runs[0]["layout"].as_str().unwrap().contains("exported to vLLM's"), "{}", runs[0]["layout"]);
-    assert!(runs[1]["layout"].as_str().unwrap().contains("served as is"), "{}", runs[1]["layout"]);
-    assert_eq!(runs[0]["drafts"], runs[1]["drafts"]);
-    assert_eq!(runs[0]["tau"], runs[1]["tau"]);
+    assert!(runs[2]["layout"].as_str().unwrap().contains("served as is"), "{}", runs[2]["layout"]);
+    for (a, b) in [(0, 2), (1, 3)] {
+        assert_eq!(runs[a]["drafts"], runs[b]["drafts"]);
+        assert_eq!(runs[a]["tau"], runs[b]["tau"]);
+    }
     assert!(work.join("plain/engine.log").is_file());
+    // The surface in the costs file: T_d at both concurrencies, the cycles of k 1 and 2 at each,
+    // and its picture; `project` reads any place of it, the concurrency-1 one by default.
+    let surface = v["surface"].as_array().unwrap();
+    assert_eq!(surface.len(), 2, "{v}");
+    let text = std::fs::read_to_string(&costs).unwrap();
+    println!("the cost surface in vLLM:\n{text}");
+    assert!(text.contains("[[surface]]") && text.contains("concurrency = 2"), "{text}");
+    assert!(std::fs::metadata(&heatmap).unwrap().len() > 1000);
+    let at2 = ok_json(aerie(&["project", "--costs", s(&costs), "--concurrency", "2", "--context", "short", "--json"]));
+    let be2: Vec<f64> =
+        at2["break_even"].as_array().unwrap().iter().map(|r| r["break_even_tau"].as_f64().unwrap()).collect();
+    let cells2: Vec<f64> = runs[..2].iter().map(|r| r["cells"][1]["break_even_tau"].as_f64().unwrap()).collect();
+    assert_eq!(be2, cells2, "project at concurrency 2 reads that place's cycles: {at2}");
 
     // The engine's measured costs answer the break-even question.
     let pr = ok_json(aerie(&["project", "--costs", s(&costs), "--json"]));
     let k2 = pr["break_even"].as_array().unwrap().iter().find(|r| r["k"] == 2).unwrap().clone();
     assert_eq!(k2["cycle_source"], "measured");
-    let be = runs[0]["break_even_tau"].as_f64().unwrap();
+    let be = runs[1]["break_even_tau"].as_f64().unwrap();
     assert!((k2["break_even_tau"].as_f64().unwrap() - be).abs() < 1e-9, "{k2}");
 
     // `aerie measure` against a running vLLM: detected, τ from the counters' difference.
@@ -155,7 +184,7 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert_eq!(m["speculative"], true);
     assert_eq!(m["steps"], 2);
     let tau_m = m["tau"].as_f64().unwrap();
-    let tau_s = runs[1]["tau"].as_f64().unwrap();
+    let tau_s = runs[3]["tau"].as_f64().unwrap();
     assert!((tau_m - tau_s).abs() <= 0.01 * tau_s, "measure τ {tau_m} vs eval serve τ {tau_s}");
     assert!(m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
     common::check_profile(&m["profile"], 2, m["spec_verify_ct"].as_u64().unwrap());

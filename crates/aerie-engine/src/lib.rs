@@ -35,6 +35,7 @@ pub mod meta;
 pub mod process;
 pub mod python;
 pub mod retry;
+pub mod simulate;
 pub mod turn;
 
 pub use error::{Error, Result};

@@ -14,6 +14,11 @@
 //! # table = { 3 = 27.0, 4 = 27.3 }   # ... or a table {n = ms} (linear between entries)
 //! [cycle_ms]             # measured whole cycles of a k-draft chain; they override the formula
 //! 2 = 29.0
+//! [[surface]]          # optional: the cost surface (crate::surface), one point per place
+//! concurrency = 16
+//! context = "short"
+//! t_d_ms = 14.0
+//! cycle_ms = { 2 = 31.0 }
 //! [provenance]
 //! measured_where = "8x RTX PRO 6000, TP8, SGLang"
 //! when = "2026-11"
@@ -22,6 +27,10 @@
 //! assumed = ["t_s_ms", "t_v", "overhead_ms"]
 //! ```
 //! cycle(k) = k·T_s + T_v(k+1) + overhead, S(k) = τ(k)·T_d / cycle(k), break-even τ = cycle / T_d.
+//!
+//! The top-level T_d and cycles are one place of the surface, concurrency 1 and short prompts
+//! where measured ([`crate::surface::primary`]): files without `[[surface]]` load as before, and
+//! `project` reads the top level unless asked for a place ([`Costs::at`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,6 +38,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::accept::CurvePoint;
+use crate::surface::{self, Context, SurfacePoint};
 use crate::{Error, Result};
 /// Today's UTC date, `YYYY-MM-DD`: the `when` of a costs file's provenance (the calendar is
 /// aerie-data's, which chat templates' `strftime_now` also reads).
@@ -96,6 +106,9 @@ pub struct Costs {
     pub cycle_ms: BTreeMap<String, f64>,
     /// Provenance.
     pub provenance: Provenance,
+    /// The cost surface: T_d and the cycles at each (concurrency, context) measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub surface: Vec<SurfacePoint>,
 }
 
 fn int_keys(map: &BTreeMap<String, f64>, what: &str) -> std::result::Result<Vec<(usize, f64)>, String> {
@@ -167,6 +180,7 @@ impl Costs {
         if self.t_v.is_none() && self.cycle_ms.is_empty() {
             return Err("no verify cost: give [t_v] or measured [cycle_ms]".into());
         }
+        surface::validate(&self.surface)?;
         if self.provenance.measured_where.trim().is_empty()
             || self.provenance.when.trim().is_empty()
             || self.provenance.by.trim().is_empty()
@@ -174,6 +188,48 @@ impl Costs {
             return Err("provenance: measured_where, when and by are required".into());
         }
         Ok(())
+    }
+
+    /// A costs file measured as a surface: the top level is its primary point (concurrency 1,
+    /// short prompts, where measured), T_v(1) = T_d derived, so `project` without a place reads
+    /// what it read before surfaces.
+    pub fn from_surface(name: String, points: Vec<SurfacePoint>, mut provenance: Provenance) -> Result<Self> {
+        let p = surface::primary(&points)
+            .ok_or_else(|| Error::Report("no point measured: the surface is empty".into()))?
+            .clone();
+        provenance.derived.push(format!(
+            "t_d_ms and cycle_ms (= the surface point at concurrency {}, context {})",
+            p.concurrency, p.context
+        ));
+        provenance.derived.push("t_v.table.1 (= t_d_ms: a verify pass over one token is a decode step)".into());
+        let costs = Costs {
+            name,
+            t_d_ms: p.t_d_ms,
+            t_v: Some(VerifyCost { table: [("1".to_string(), p.t_d_ms)].into(), ..Default::default() }),
+            cycle_ms: p.cycle_ms.clone(),
+            provenance,
+            surface: points,
+            ..Default::default()
+        };
+        costs.validate().map_err(|m| Error::Report(format!("the measured costs are not a costs file: {m}")))?;
+        Ok(costs)
+    }
+
+    /// The costs at one place of the surface, as a costs file of its own (its T_d, its measured
+    /// cycles, T_v(1) = T_d): what `project --concurrency N --context short|long` reads. No T_s
+    /// is carried over, so a k without a cycle measured there is skipped, never modelled from
+    /// another place's costs.
+    pub fn at(&self, concurrency: usize, context: Context) -> std::result::Result<Costs, String> {
+        let p = surface::at(&self.surface, concurrency, context).map_err(|e| format!("{}: {e}", self.name))?;
+        let sim = p.simulated_accept_length.map_or(String::new(), |s| format!(", simulated accept length {s}"));
+        Ok(Costs {
+            name: format!("{} at concurrency {concurrency}, context {context}{sim}", self.name),
+            t_d_ms: p.t_d_ms,
+            t_v: Some(VerifyCost { table: [("1".to_string(), p.t_d_ms)].into(), ..Default::default() }),
+            cycle_ms: p.cycle_ms.clone(),
+            provenance: self.provenance.clone(),
+            ..Default::default()
+        })
     }
 
     /// T_v(n) in ms, when the file gives it for n.
@@ -473,6 +529,32 @@ mod tests {
         assert!(Costs::from_toml(&bad, path).unwrap_err().to_string().contains("provenance"));
         let bad = text.replace("2 = 29.0", "two = 29.0");
         assert!(Costs::from_toml(&bad, path).unwrap_err().to_string().contains("whole number"));
+    }
+
+    /// Issue 46 §1: a file with a surface round-trips, `at` picks a place (today's default is the
+    /// concurrency-1 short point), and a file without one loads as before.
+    #[test]
+    fn surfaces_round_trip_and_old_files_still_load() {
+        let mut one = SurfacePoint::plain(1, Context::Short, 12.1);
+        one.add(2, 29.0, Some(2.0), Some(0.8));
+        let mut busy = SurfacePoint::plain(16, Context::Long, 20.0);
+        busy.add(2, 26.0, None, None);
+        let prov = kimi(1.0, 1.0).provenance;
+        let c = Costs::from_surface("node".into(), vec![busy, one], prov).unwrap();
+        assert_eq!((c.t_d_ms, c.cycle(2, 3)), (12.1, Some((29.0, CycleSource::Measured))));
+        let path = Path::new("s.toml");
+        assert_eq!(Costs::from_toml(&c.to_toml().unwrap(), path).unwrap(), c);
+        let far = c.at(16, Context::Long).unwrap();
+        let be = break_even(&far, 1).unwrap();
+        assert_eq!((be.len(), be[0].k, be[0].break_even_tau), (1, 2, 1.3));
+        assert!(c.at(4, Context::Short).unwrap_err().contains("node: no surface point at concurrency 4"));
+        let old = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/costs/kimi-k25-8x-rtx-pro-6000.toml"),
+        )
+        .unwrap();
+        assert!(Costs::from_toml(&old, path).unwrap().surface.is_empty());
+        let bad = c.to_toml().unwrap().replace("concurrency = 16", "concurrency = 0");
+        assert!(Costs::from_toml(&bad, path).unwrap_err().to_string().contains("concurrency must be"));
     }
 
     #[test]

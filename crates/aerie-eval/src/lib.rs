@@ -25,6 +25,7 @@ pub mod plot;
 pub mod profile;
 pub mod prompts;
 pub mod serve;
+pub mod surface;
 pub mod verify;
 
 pub use error::{Error, Result};

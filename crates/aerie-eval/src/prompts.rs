@@ -146,6 +146,41 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
     Ok(out)
 }
 
+/// The words of the long passage [`long_context`] puts before each prompt by default: about
+/// 2,700 tokens of English, long beside MT-Bench's tens yet inside a 4,096-token context with
+/// room for the answer.
+pub const LONG_CONTEXT_WORDS: usize = 2000;
+
+/// The prompts with a long context (the surface's `long` prompts, [`crate::surface::Context`]):
+/// each first user message behind a passage of `words` words, the prompt file's own first turns
+/// one after another, repeated as needed (deterministic, no data of its own, the same for every
+/// engine and run). Only the prompt length changes: the question and later turns are the same.
+pub fn long_context(prompts: &[Prompt], words: usize) -> Vec<Prompt> {
+    let source: Vec<&str> = prompts
+        .iter()
+        .flat_map(|p| p.context.iter().filter(|m| m.role == Role::User))
+        .flat_map(|m| m.content.split_whitespace())
+        .collect();
+    let passage = if source.is_empty() {
+        String::new()
+    } else {
+        source.iter().cycle().take(words).copied().collect::<Vec<_>>().join(" ")
+    };
+    prompts
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            if let Some(m) = p.context.iter_mut().find(|m| m.role == Role::User) {
+                m.content = format!(
+                    "Here is a document.\n\n{passage}\n\nThe document ends here. Now answer this:\n\n{}",
+                    m.content
+                );
+            }
+            p
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +241,18 @@ mod tests {
         assert_eq!(select(all.clone(), None).unwrap().len(), 2);
         assert_eq!(all[0].first_request(), aerie_engine::meta::Request::Text("a".into()));
         assert_eq!(all[1].first_request(), aerie_engine::meta::Request::Text("c".into()));
+    }
+
+    #[test]
+    fn long_context_puts_the_same_passage_before_each_question() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        std::fs::write(&path, "{\"prompt\": \"one two three\"}\n{\"turns\": [\"four five\", \"six\"]}\n").unwrap();
+        let short = read_prompts(&path).unwrap();
+        let long = long_context(&short, 7);
+        let first = &long[0].context[0].content;
+        assert!(first.contains("one two three four five one two") && first.ends_with("one two three"), "{first}");
+        assert!(long[1].context[0].content.ends_with("four five"));
+        assert_eq!(long[1].follow_ups, short[1].follow_ups, "later turns unchanged");
     }
 }

@@ -1,15 +1,18 @@
 //! `aerie measure`: τ, acceptance by position, tokens/s, inter-token latency and the implied
 //! cycle cost of a running SGLang or vLLM server; against a plain server (any OpenAI-compatible
-//! one too), T_d for a costs file.
+//! one too), T_d for a costs file. Lists of `--concurrency` and `--context` sweep the cost
+//! surface against the one server; its k is the server's own (a server started at another k
+//! extends the same file).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aerie_engine::meta::Endpoint;
 use aerie_eval::cost::{Costs, Provenance};
-use aerie_eval::measure::{MeasureOptions, MeasureReport, costs_from_report, measure};
-use aerie_eval::prompts::{read_prompts, select};
-use anyhow::{Context, Result, bail};
+use aerie_eval::measure::{MeasureOptions, MeasureReport, costs_from_sweep, measure};
+use aerie_eval::prompts::{long_context, read_prompts, select};
+use aerie_eval::surface::Context;
+use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::progress;
@@ -32,9 +35,17 @@ pub struct MeasureArgs {
     /// Use only the first N prompts.
     #[arg(long)]
     pub max_prompts: Option<usize>,
-    /// Requests in flight at once.
-    #[arg(long, default_value_t = 1)]
-    pub concurrency: usize,
+    /// Requests in flight at once; a list (`1,4,16,64`) measures each in turn against the same
+    /// server (the cost surface; k is the server's own).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub concurrency: Vec<usize>,
+    /// Prompt lengths, comma-separated: `short` (the prompts as given), `long` (each behind a
+    /// passage of --long-context-words words).
+    #[arg(long = "context", value_delimiter = ',', default_value = "short")]
+    pub contexts: Vec<Context>,
+    /// Words of the passage before each `long` prompt.
+    #[arg(long, default_value_t = aerie_eval::prompts::LONG_CONTEXT_WORDS)]
+    pub long_context_words: usize,
     /// Tokens per request (greedy, temperature 0).
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
@@ -59,13 +70,18 @@ pub struct MeasureArgs {
     /// Retries per request on connection errors, timeouts, 429 and 5xx (with backoff).
     #[arg(long, default_value_t = 2)]
     pub retries: usize,
-    /// Costs file to write (plain server: T_d) or extend (speculative server: cycle_ms.k).
+    /// Costs file to write (plain server: T_d at each concurrency and context) or extend
+    /// (speculative server: its k's cycle, τ and speedup at the same places).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Write the run's acceptance profile (`speculation_profile.json`: per-position rates, τ by
     /// output position) here, atomically. A speculative server only.
     #[arg(long)]
     pub profile_out: Option<PathBuf>,
+    /// Draw the surface of `--out` (break-even τ, and the speedup where measured, over k ×
+    /// concurrency) as a `.png` or `.svg`; needs a speculative run.
+    #[arg(long, requires = "out")]
+    pub heatmap: Option<PathBuf>,
     /// Provenance: where this was measured (machine, engine, flags).
     #[arg(long, default_value = "")]
     pub measured_where: String,
@@ -77,34 +93,69 @@ pub struct MeasureArgs {
     pub json: bool,
 }
 
-/// Run `aerie measure`.
+/// Run `aerie measure`: one run per place (concurrency × context), each scoped to itself (SGLang's
+/// per-response counts; vLLM's counters read before and after it).
 pub fn run(args: MeasureArgs) -> Result<()> {
-    let prompts: Vec<_> =
-        select(read_prompts(&args.prompts)?, args.max_prompts)?.iter().map(|p| p.first_request()).collect();
+    let short = select(read_prompts(&args.prompts)?, args.max_prompts)?;
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        bail!("--concurrency must be at least 1");
+    }
+    let twice = |n: usize, v: &dyn Fn(usize, usize) -> bool| (0..n).any(|i| (0..i).any(|j| v(i, j)));
+    if twice(args.concurrency.len(), &|i, j| args.concurrency[i] == args.concurrency[j])
+        || twice(args.contexts.len(), &|i, j| args.contexts[i] == args.contexts[j])
+    {
+        bail!("--concurrency and --context: each value once");
+    }
+    if args.profile_out.is_some() && args.concurrency.len() * args.contexts.len() > 1 {
+        bail!("--profile-out writes one run's profile: give one --concurrency and one --context with it");
+    }
+    let long = long_context(&short, args.long_context_words);
     let api = aerie_engine::parse_api(&args.api).map_err(|e| anyhow::anyhow!("--api: {e}"))?;
-    let opts = MeasureOptions {
-        server: args.server.clone(),
-        endpoint: args.endpoint,
-        concurrency: args.concurrency,
-        max_new_tokens: args.max_new_tokens,
-        stream: !args.no_stream,
-        expect_speculation: args.expect_spec,
-        timeout: Duration::from_secs(args.timeout_s.max(1)),
-        retries: args.retries,
-        backoff: Duration::from_millis(500),
-        label: args.label.clone(),
-        model: args.model.clone(),
-        api,
+    let mut reports = Vec::new();
+    for &context in &args.contexts {
+        let prompts: Vec<_> = match context {
+            Context::Short => &short,
+            Context::Long => &long,
+        }
+        .iter()
+        .map(|p| p.first_request())
+        .collect();
+        for &concurrency in &args.concurrency {
+            let opts = MeasureOptions {
+                server: args.server.clone(),
+                endpoint: args.endpoint,
+                concurrency,
+                max_new_tokens: args.max_new_tokens,
+                stream: !args.no_stream,
+                expect_speculation: args.expect_spec,
+                timeout: Duration::from_secs(args.timeout_s.max(1)),
+                retries: args.retries,
+                backoff: Duration::from_millis(500),
+                label: args.label.clone(),
+                model: args.model.clone(),
+                // Asked once: every later place talks to the same server.
+                api: reports.first().map(|r: &MeasureReport| r.api).or(api),
+            };
+            let pb = progress::bar(prompts.len() as u64, "measure", "requests");
+            let result = measure(&prompts, &opts, &|done, _| pb.set_position(done as u64));
+            pb.finish_and_clear();
+            let mut report = result.with_context(|| {
+                format!("measuring {} at concurrency {concurrency}, context {context}", args.server)
+            })?;
+            report.context = context;
+            reports.push(report);
+        }
+    }
+    let costs = match &args.out {
+        Some(out) => Some(write_costs(&args, &reports, out)?),
+        None => None,
     };
-    let pb = progress::bar(prompts.len() as u64, "measure", "requests");
-    let result = measure(&prompts, &opts, &|done, _| pb.set_position(done as u64));
-    pb.finish_and_clear();
-    let report = result.with_context(|| format!("measuring {}", args.server))?;
-    if let Some(out) = &args.out {
-        write_costs(&args, &report, out)?;
+    if let (Some(costs), Some(path)) = (&costs, &args.heatmap) {
+        aerie_eval::plot::surface_heatmap(&aerie_eval::surface::cells(&costs.surface), path)
+            .with_context(|| format!("drawing {}", path.display()))?;
     }
     if let Some(path) = &args.profile_out {
-        let Some(profile) = &report.profile else {
+        let Some(profile) = reports.first().and_then(|r| r.profile.as_ref()) else {
             anyhow::bail!(
                 "--profile-out {}: {} did not speculate (or sent no per-position counts), so there is no acceptance profile",
                 path.display(),
@@ -114,31 +165,43 @@ pub fn run(args: MeasureArgs) -> Result<()> {
         profile.write(path)?;
     }
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        match reports.as_slice() {
+            [one] => println!("{}", serde_json::to_string(one)?),
+            all => println!("{}", serde_json::to_string(&serde_json::json!({"runs": all}))?),
+        }
     } else {
-        print_report(&report);
+        for r in &reports {
+            print_report(r);
+        }
         if let Some(out) = &args.out {
             println!("costs      written to {}", out.display());
+        }
+        if let Some(path) = &args.heatmap {
+            println!("heatmap    written to {}", path.display());
         }
     }
     Ok(())
 }
 
-fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &Path) -> Result<()> {
+fn write_costs(args: &MeasureArgs, reports: &[MeasureReport], out: &Path) -> Result<Costs> {
     let existing =
         if out.exists() { Some(Costs::load(out).context("reading the costs file to extend")?) } else { None };
-    if existing.is_some() && !report.speculative {
+    let speculative = reports.iter().any(|r| r.speculative);
+    if existing.is_some() && !speculative {
         bail!(
             "{}: already exists; a plain-server run starts a new costs file (remove it or pick another path)",
             out.display()
         );
     }
+    let concurrency: Vec<String> = args.concurrency.iter().map(usize::to_string).collect();
+    let contexts: Vec<String> = args.contexts.iter().map(Context::to_string).collect();
     let measured_where = if args.measured_where.is_empty() {
         format!(
-            "{} ({} endpoint, concurrency {}, {} new tokens)",
+            "{} ({} endpoint, concurrency {}, context {}, {} new tokens)",
             args.server,
             args.endpoint.path(),
-            args.concurrency,
+            concurrency.join(","),
+            contexts.join(","),
             args.max_new_tokens
         )
     } else {
@@ -146,21 +209,22 @@ fn write_costs(args: &MeasureArgs, report: &MeasureReport, out: &Path) -> Result
     };
     let provenance =
         Provenance { measured_where, when: aerie_eval::cost::today(), by: args.by.clone(), ..Default::default() };
-    let costs = costs_from_report(report, existing, provenance)?;
+    let costs = costs_from_sweep(reports, existing, provenance)?;
     aerie_data::atomic::write_bytes(out, costs.to_toml()?.as_bytes())
         .with_context(|| format!("writing {}", out.display()))?;
-    Ok(())
+    Ok(costs)
 }
 
 fn print_report(r: &MeasureReport) {
     let opt = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |x| format!("{x:.d$}"));
     println!(
-        "server     {} ({}, {}), {} requests, concurrency {}",
+        "server     {} ({}, {}), {} requests, concurrency {}, context {}",
         r.server,
         r.api,
         r.endpoint.path(),
         r.requests,
-        r.concurrency
+        r.concurrency,
+        r.context
     );
     println!(
         "output     {} tokens in {:.2} s: {:.1} tok/s (server), {:.1} tok/s per request",
@@ -183,6 +247,7 @@ fn print_report(r: &MeasureReport) {
             println!("by output  {}", p.bucket_line());
         }
         println!("cycle      {} ms per draft+verify (implied)", opt(r.implied_cycle_ms, 2));
+        println!("counted    {}", r.counted);
     } else {
         println!("speculation none: T_d {} ms per decode step", opt(r.t_d_ms, 2));
     }

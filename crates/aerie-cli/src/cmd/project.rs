@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use aerie_eval::cost::{Costs, CycleSource, Projection, break_even, load_curve, project};
-use anyhow::{Context, Result};
+use aerie_eval::surface::Context;
+use anyhow::{Context as _, Result, anyhow};
 use clap::Args;
 
 /// Arguments of `aerie project`.
@@ -20,6 +21,15 @@ pub struct ProjectArgs {
     /// `measure --out`).
     #[arg(long)]
     pub costs: PathBuf,
+    /// The place of the cost surface to read (with --context): the costs measured at this
+    /// concurrency. Without either, the file's top level: concurrency 1, short prompts where
+    /// the surface has them (what `project` read before surfaces).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// The prompt length of the surface's place to read: short or long (with --concurrency;
+    /// default short).
+    #[arg(long)]
+    pub context: Option<Context>,
     /// Without --accept: show k = 1..=N (and every measured k).
     #[arg(long, default_value_t = 4)]
     pub max_k: usize,
@@ -31,6 +41,13 @@ pub struct ProjectArgs {
 /// Run `aerie project`.
 pub fn run(args: ProjectArgs) -> Result<()> {
     let costs = Costs::load(&args.costs).context("reading the costs file")?;
+    let costs = if args.concurrency.is_some() || args.context.is_some() {
+        costs
+            .at(args.concurrency.unwrap_or(1), args.context.unwrap_or(Context::Short))
+            .map_err(|e| anyhow!("{}: {e}", args.costs.display()))?
+    } else {
+        costs
+    };
     let Some(accept) = &args.accept else {
         let rows = break_even(&costs, args.max_k)?;
         if args.json {

@@ -117,6 +117,7 @@ impl DecodeTimings {
                     shape.depth()
                 ),
             },
+            surface: Vec::new(),
         })
     }
 }

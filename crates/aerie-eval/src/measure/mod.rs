@@ -23,6 +23,7 @@
 mod client;
 mod pool;
 mod summary;
+mod sweep;
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 pub use client::{RequestResult, agent, send};
 pub use pool::run_pool;
 pub use summary::{COUNTED_BY_DIFFERENCE, COUNTED_PER_RESPONSE, TimedCycles, summarize, timed_cycles};
+pub use sweep::costs_from_sweep;
 
 use summary::apply_counters;
 
@@ -42,6 +44,7 @@ use aerie_engine::meta::{Endpoint, Request};
 use crate::accept::CurvePoint;
 use crate::cost::{Costs, Provenance, VerifyCost};
 use crate::engine_acceptance::RunAcceptance;
+use crate::surface::Context;
 use crate::{Error, Result};
 
 /// What to measure and how.
@@ -105,6 +108,9 @@ pub struct MeasureReport {
     pub endpoint: Endpoint,
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// The prompt length measured at (`--context`; short before surfaces).
+    #[serde(default)]
+    pub context: Context,
     /// Tokens asked per request.
     pub max_new_tokens: usize,
     /// Whether tokens were timed from the stream.

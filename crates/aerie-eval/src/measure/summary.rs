@@ -11,6 +11,7 @@ use crate::Result;
 use crate::accept::{CurvePoint, tau_curve};
 use crate::engine_acceptance::{RunAcceptance, sglang_histogram};
 use crate::profile::{AcceptanceProfile, StreamedAnswer};
+use crate::surface::Context;
 
 /// What [`MeasureReport::counted`] says of SGLang's per-response statistics.
 pub const COUNTED_PER_RESPONSE: &str = "each response's own meta_info (spec_verify_ct, accepted-drafts histogram, \
@@ -224,6 +225,7 @@ pub fn summarize(results: &[RequestResult], wall_s: f64, opts: &MeasureOptions) 
         api: opts.api.unwrap_or(Engine::Sglang),
         endpoint: opts.endpoint,
         concurrency: opts.concurrency,
+        context: Context::Short,
         max_new_tokens: opts.max_new_tokens,
         stream: opts.stream,
         requests: results.len(),

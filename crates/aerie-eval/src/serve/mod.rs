@@ -16,9 +16,10 @@
 
 pub mod answers;
 mod predict;
+mod runs;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,15 +31,14 @@ pub use answers::{
 };
 pub use predict::{predict, predict_from_shards};
 
-use aerie_engine::counters::vllm_counters;
-use aerie_engine::meta::Endpoint;
+use runs::{RunResult, one_run, places, plain_serve, speculative_run};
 
 use crate::accept::{AcceptReport, AcceptRule};
-use crate::cost::{Costs, Provenance, VerifyCost, break_even_tau, speedup};
+use crate::cost::{Costs, Provenance, speedup};
 use crate::engine_acceptance::RunAcceptance;
-use crate::measure::{MeasureOptions, TimedCycles};
 use crate::profile::AcceptanceProfile;
 use crate::prompts::Prompt;
+use crate::surface::{Context, SurfaceCell, SurfacePoint};
 use crate::{Error, Result};
 
 /// How each figure of a report is obtained, measured or derived (printed with the report and
@@ -64,8 +64,17 @@ pub struct ServeOptions {
     pub ks: Vec<usize>,
     /// Tokens per answer at most.
     pub max_new_tokens: usize,
-    /// Conversations in flight at once.
-    pub concurrency: usize,
+    /// Conversations in flight at once, one pass per value (`--concurrency 1,4,16`); the first
+    /// is the report's primary place.
+    pub concurrency: Vec<usize>,
+    /// Prompt lengths, one pass per value (`--context short,long`); the first is primary.
+    pub contexts: Vec<Context>,
+    /// Words of the passage before each long-context prompt
+    /// ([`crate::prompts::long_context`]).
+    pub long_context_words: usize,
+    /// SGLang only: the accept length every verify cycle is made to report
+    /// ([`aerie_engine::simulate::sglang_simulated_acceptance`]), for the cycle at a chosen τ apart from the drafter's quality.
+    pub simulate_accept_length: Option<f64>,
     /// Where each run's engine log goes (`<dir>/<run>/engine.log`).
     pub workdir: PathBuf,
     /// Whole-request timeout.
@@ -186,6 +195,10 @@ pub struct ServeRun {
     /// from the stream's chunks where they are exactly its cycles (the reason where not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<AcceptanceProfile>,
+    /// This drafter at this k at every place of the sweep (`--concurrency`, `--context`), the
+    /// primary place (the figures above) first; empty for a single place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cells: Vec<SurfaceCell>,
 }
 
 impl ServeRun {
@@ -248,7 +261,11 @@ pub struct ServeReport {
     pub max_new_tokens: usize,
     /// Conversations in flight at once.
     pub concurrency: usize,
-    /// The plain run.
+    /// The accept length SGLang was told to simulate in every speculative run
+    /// (`--simulate-accept-length`): τ then is the engine's fixed one, the cycle the cost at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_accept_length: Option<f64>,
+    /// The plain run (at the primary place: the first concurrency and context).
     pub plain: PlainServe,
     /// The plain run's answers, in prompt-file order (each turn after the engine's own earlier
     /// answers): what `--predict-from` checks its shards against.
@@ -262,6 +279,10 @@ pub struct ServeReport {
     pub warnings: Vec<String>,
     /// How each figure is obtained, measured or derived ([`HOW`]).
     pub how: Vec<String>,
+    /// The cost surface: the plain T_d at every place, and the cycle, τ and speedup of the first
+    /// drafter run at each k there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub surface: Vec<SurfacePoint>,
 }
 
 impl ServeReport {
@@ -270,37 +291,47 @@ impl ServeReport {
     /// shape and k, not on its weights); T_v(1) = T_d is derived, by definition. A figure that is
     /// not a positive number is an error, never a NaN in the file.
     pub fn costs(&self, when: &str) -> Result<Costs> {
-        let mut cycle_ms = std::collections::BTreeMap::new();
         let mut measured = vec!["t_d_ms (the plain pass's decode time over its decode tokens)".to_string()];
-        for r in &self.runs {
-            if let std::collections::btree_map::Entry::Vacant(e) = cycle_ms.entry(r.k.to_string()) {
-                e.insert(r.cycle_ms);
-                measured.push(format!(
-                    "cycle_ms.{} (drafter {}: the pass's decode time over the engine's count of draft+verify cycles)",
-                    r.k, r.drafter
-                ));
-            }
+        let mut firsts = std::collections::BTreeSet::new();
+        for r in self.runs.iter().filter(|r| firsts.insert(r.k)) {
+            measured.push(format!(
+                "cycle_ms.{} (drafter {}: the pass's decode time over the engine's count of draft+verify cycles)",
+                r.k, r.drafter
+            ));
         }
-        let costs = Costs {
-            name: format!("{} {} on {}", self.engine, self.engine_version, self.target.display()),
-            t_d_ms: self.plain.t_d_ms,
-            t_v: Some(VerifyCost { table: [("1".to_string(), self.plain.t_d_ms)].into(), ..Default::default() }),
-            cycle_ms,
-            provenance: Provenance {
-                measured_where: format!(
-                    "aerie eval serve: {} {}, {} answers of at most {} tokens, concurrency {}",
-                    self.engine, self.engine_version, self.answers, self.max_new_tokens, self.concurrency
-                ),
-                when: when.to_string(),
-                by: "aerie eval serve".into(),
-                measured,
-                derived: vec!["t_v.table.1 (= t_d_ms: one verify pass over one token is a decode step)".into()],
-                ..Default::default()
-            },
+        if self.surface.len() > 1 {
+            measured.push("surface (the same, at every concurrency and context of the sweep)".into());
+        }
+        let places: Vec<String> = self.surface.iter().map(|p| format!("{} {}", p.concurrency, p.context)).collect();
+        let sim = self
+            .simulated_accept_length
+            .map_or(String::new(), |s| format!(", SGLang's accept length simulated at {s}"));
+        let provenance = Provenance {
+            measured_where: format!(
+                "aerie eval serve: {} {}, {} answers of at most {} tokens, concurrency and context {}{sim}",
+                self.engine,
+                self.engine_version,
+                self.answers,
+                self.max_new_tokens,
+                places.join(", ")
+            ),
+            when: when.to_string(),
+            by: "aerie eval serve".into(),
+            measured,
             ..Default::default()
         };
-        costs.validate().map_err(|m| Error::Report(format!("the engine's costs are not a costs file: {m}")))?;
-        Ok(costs)
+        let name = format!("{} {} on {}", self.engine, self.engine_version, self.target.display());
+        let mut surface = self.surface.clone();
+        if surface.is_empty() {
+            // A report from before surfaces: its one place.
+            let mut p = SurfacePoint::plain(self.concurrency, Context::Short, self.plain.t_d_ms);
+            for r in self.runs.iter().rev() {
+                p.add(r.k, r.cycle_ms, Some(r.tau), Some(r.speedup));
+            }
+            surface.push(p);
+        }
+        Costs::from_surface(name, surface, provenance)
+            .map_err(|e| Error::Report(format!("the engine's costs are not a costs file: {e}")))
     }
 }
 
@@ -327,156 +358,6 @@ pub trait ServeProgress: Sync {
     fn finished(&self, line: &str);
 }
 
-fn measure_options(opts: &ServeOptions, base_url: &str, label: &str) -> MeasureOptions {
-    MeasureOptions {
-        server: base_url.to_string(),
-        endpoint: Endpoint::Chat,
-        concurrency: opts.concurrency,
-        max_new_tokens: opts.max_new_tokens,
-        stream: true,
-        expect_speculation: false,
-        timeout: opts.request_timeout,
-        retries: 0,
-        backoff: Duration::from_millis(500),
-        label: label.to_string(),
-        model: opts.launch.served_name.clone(),
-        api: Some(opts.launch.engine),
-    }
-}
-
-/// What one engine run gave.
-struct RunResult {
-    answers: Vec<Answer>,
-    timings: PassTimings,
-    acceptance: Option<RunAcceptance>,
-    /// The decode time and the cycles of the same answers (speculative runs).
-    cycle: Option<TimedCycles>,
-    startup_s: f64,
-    warnings: Vec<String>,
-}
-
-/// Start the engine for one run, answer every prompt, stop it.
-fn one_run(
-    opts: &ServeOptions,
-    label: &str,
-    speculative: Option<(PathBuf, usize)>,
-    progress: &dyn ServeProgress,
-) -> Result<RunResult> {
-    // Drafter names are unique and hold no path separator (`aerie_hub::served`): one directory
-    // per run.
-    let dir = opts.workdir.join(label.replace(['/', '@'], "_"));
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
-    let mut launch = opts.launch.clone();
-    let k = speculative.as_ref().map(|(_, k)| *k);
-    launch.speculative = speculative;
-    launch.log = dir.join("engine.log");
-    progress.starting(label);
-    let t0 = Instant::now();
-    let mut engine = launch.start()?;
-    let startup_s = t0.elapsed().as_secs_f64();
-    let answers_total: usize = opts.prompts.iter().map(Prompt::turns).sum();
-    progress.serving(label, answers_total);
-    let counted = k.is_some() && opts.launch.engine == Engine::Vllm;
-    let before = if counted { Some(vllm_counters(engine.base_url())?) } else { None };
-    let m = measure_options(opts, engine.base_url(), label);
-    let engine_lock = std::sync::Mutex::new(&mut engine);
-    let check = || engine_lock.lock().expect("no poisoned lock").check_alive().map_err(Error::from);
-    let (answers, timings) = run_pass(&opts.prompts, &m, &|n| progress.answered(n), &check)?;
-    let engine = engine_lock.into_inner().expect("no poisoned lock");
-    let mut warnings = Vec::new();
-    let acceptance = match k {
-        Some(k) => Some(pass_acceptance(label, k, before, engine.base_url(), &answers, &mut warnings)?),
-        None => None,
-    };
-    // The cycle's time and cycles over the same answers (vLLM's one count for the run: all).
-    let run_cycles = |acc: &RunAcceptance| (opts.launch.engine == Engine::Vllm).then_some(acc.drafts);
-    let cycle =
-        acceptance.as_ref().map(|acc| pass_cycle(label, &answers, run_cycles(acc), &mut warnings)).transpose()?;
-    engine.stop(Duration::from_secs(20));
-    Ok(RunResult { answers, timings, acceptance, cycle, startup_s, warnings })
-}
-
-/// The plain run's figures; an error when it timed no decode step.
-fn plain_serve(t: PassTimings, startup_s: f64) -> Result<PlainServe> {
-    if t.decode_tokens == 0 || t.decode_s <= 0.0 {
-        return Err(Error::Incompatible(
-            "the plain run timed no decode step (every answer was one chunk): raise --max-new-tokens".into(),
-        ));
-    }
-    Ok(PlainServe {
-        tokens_per_s: t.decode_tokens_per_s,
-        t_d_ms: 1000.0 / t.decode_tokens_per_s,
-        ttft_ms: t.ttft_ms,
-        timings: t,
-        startup_s,
-    })
-}
-
-/// One speculative run's figures against the plain run (pure). A run that timed no decode step
-/// is an error naming it: its speedup would read 0 and its cycle NaN.
-fn speculative_run(
-    d: &ServedDrafter,
-    k: usize,
-    engine: (Engine, &str),
-    plain: &PlainServe,
-    plain_answers: &[Answer],
-    run: &RunResult,
-    acc: &RunAcceptance,
-) -> Result<ServeRun> {
-    let t = &run.timings;
-    if t.decode_tokens == 0 || t.decode_s <= 0.0 || acc.drafts == 0 {
-        return Err(Error::Incompatible(format!(
-            "{}@k{k}: the speculative run timed no decode step ({} decode tokens in {:.3} s, {} cycles counted): \
-             no speedup or cycle can be measured; raise --max-new-tokens",
-            d.name, t.decode_tokens, t.decode_s, acc.drafts
-        )));
-    }
-    let (identical, first_difference) = compare_answers(plain_answers, &run.answers);
-    let cycle_ms = run.cycle.as_ref().and_then(TimedCycles::cycle_ms).ok_or_else(|| {
-        let why = format!("no answer's decode time could be set against its cycles ({:?})", run.cycle);
-        Error::Incompatible(format!("{}@k{k}: {why}: no cycle can be measured", d.name))
-    })?;
-    let accepted_within_answers = answers::accepted_within_answers(&run.answers, acc.drafts, acc.accepted);
-    let streamed: Vec<_> = run.answers.iter().map(|a| a.result.streamed()).collect();
-    let counted = match engine.0 {
-        Engine::Vllm => crate::measure::COUNTED_BY_DIFFERENCE,
-        _ => crate::measure::COUNTED_PER_RESPONSE,
-    };
-    Ok(ServeRun {
-        drafter: d.name.clone(),
-        drafter_dir: d.dir.clone(),
-        layout: d.layout.clone(),
-        k,
-        engine: engine.0,
-        engine_version: engine.1.to_string(),
-        tau: acc.tau,
-        accept_rate_conditional: acc.accept_rate_conditional.clone(),
-        accept_rate_unconditional: acc.accept_rate_unconditional.clone(),
-        drafts: acc.drafts,
-        accepted_per_pos: acc.accepted_per_pos.clone(),
-        accepted_within_answers,
-        plain_tokens_per_s: plain.tokens_per_s,
-        speculative_tokens_per_s: t.decode_tokens_per_s,
-        speedup: t.decode_tokens_per_s / plain.tokens_per_s,
-        ttft_ms: t.ttft_ms,
-        plain_ttft_ms: plain.ttft_ms,
-        greedy_identical: identical,
-        answers: run.answers.len(),
-        first_difference,
-        t_d_ms: plain.t_d_ms,
-        cycle_ms,
-        break_even_tau: break_even_tau(cycle_ms, plain.t_d_ms),
-        startup_s: run.startup_s,
-        prediction: None,
-        profile: Some(
-            acc.profile(&streamed, "eval serve", counted)
-                .condition("engine", format!("{} {}", engine.0, engine.1))
-                .condition("drafter", &d.name)
-                .condition("answers", run.answers.len()),
-        ),
-    })
-}
-
 /// Evaluate `drafters` in the engine against one plain run of the same prompts.
 pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn ServeProgress) -> Result<ServeReport> {
     if opts.prompts.is_empty() || opts.max_new_tokens == 0 || opts.ks.is_empty() || drafters.is_empty() {
@@ -488,41 +369,93 @@ pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn 
     if let Some(d) = drafters.iter().find(|d| !names.insert(d.name.as_str())) {
         return Err(Error::Incompatible(format!("two drafters are named `{}`: each run needs its own name", d.name)));
     }
-    let version = aerie_engine::launch::engine_version(&opts.launch)?;
-    let mut warnings: Vec<String> = drafters.iter().filter_map(|d| d.warning.clone()).collect();
-    if opts.concurrency > 1 {
-        warnings.push(format!(
-            "concurrency {}: step times are those of a batch of up to {} sequences, not of one",
-            opts.concurrency, opts.concurrency
+    if opts.concurrency.is_empty() || opts.concurrency.contains(&0) || opts.contexts.is_empty() {
+        return Err(Error::Incompatible("eval serve needs at least one concurrency (>= 1) and one context".into()));
+    }
+    if opts.simulate_accept_length.is_some() && opts.launch.engine != Engine::Sglang {
+        return Err(Error::Incompatible(
+            "--simulate-accept-length is SGLang's (SGLANG_SIMULATE_ACC_LEN): give --engine sglang".into(),
         ));
     }
-    let plain_run = one_run(opts, "plain", None, progress)?;
-    let plain = plain_serve(plain_run.timings.clone(), plain_run.startup_s)?;
-    progress.finished(&format!(
-        "plain: {:.1} tokens/s (T_d {:.2} ms), TTFT {:.0} ms",
-        plain.tokens_per_s, plain.t_d_ms, plain.ttft_ms
-    ));
+    let version = aerie_engine::launch::engine_version(&opts.launch)?;
+    let mut warnings: Vec<String> = drafters.iter().filter_map(|d| d.warning.clone()).collect();
+    if let Some(&c) = opts.concurrency.iter().find(|&&c| c > 1) {
+        warnings.push(format!(
+            "concurrency {c}: step times are those of a batch of up to {c} sequences, not of one (T_d and the cycle \
+             per sequence; the speedup the ratio of per-sequence decode rates)"
+        ));
+    }
+    if let Some(len) = opts.simulate_accept_length {
+        warnings.push(format!(
+            "SGLang simulated an accept length of {len} in every speculative run: τ is the simulation's, not the \
+             drafter's, and answers may differ from the plain ones; the cycle is the engine's cost at that τ"
+        ));
+    }
+    let plain_runs = one_run(opts, "plain", None, progress)?;
+    let mut plains = Vec::with_capacity(plain_runs.len());
+    let mut surface = Vec::with_capacity(plain_runs.len());
+    for r in &plain_runs {
+        let p = plain_serve(r.timings.clone(), r.startup_s)?;
+        progress.finished(&format!(
+            "plain{}: {:.1} tokens/s (T_d {:.2} ms), TTFT {:.0} ms",
+            place(opts, r),
+            p.tokens_per_s,
+            p.t_d_ms,
+            p.ttft_ms
+        ));
+        let mut point = SurfacePoint::plain(r.concurrency, r.context, p.t_d_ms);
+        point.simulated_accept_length = opts.simulate_accept_length;
+        surface.push(point);
+        plains.push(p);
+    }
     let mut runs = Vec::new();
     for d in drafters {
         for &k in &opts.ks {
             let label = format!("{}@k{k}", d.name);
-            let r = one_run(opts, &label, Some((d.dir.clone(), k)), progress)?;
-            warnings.extend(r.warnings.iter().cloned());
-            let acc = r.acceptance.as_ref().expect("a speculative run reads its acceptance");
-            let run = speculative_run(d, k, (opts.launch.engine, &version), &plain, &plain_run.answers, &r, acc)?;
-            progress.finished(&format!(
-                "{label}: τ {:.4}, {:.1} tokens/s, speedup {:.3}× (measured), cycle {:.2} ms (measured), break-even τ {:.3} (derived), greedy identical {}/{}",
-                run.tau,
-                run.speculative_tokens_per_s,
-                run.speedup,
-                run.cycle_ms,
-                run.break_even_tau,
-                run.greedy_identical,
-                run.answers
-            ));
+            let passes = one_run(opts, &label, Some((d.dir.clone(), k)), progress)?;
+            let mut first: Option<ServeRun> = None;
+            let mut cells = Vec::new();
+            for (i, r) in passes.iter().enumerate() {
+                warnings.extend(r.warnings.iter().cloned());
+                let acc = r.acceptance.as_ref().expect("a speculative run reads its acceptance");
+                let engine = (opts.launch.engine, version.as_str());
+                let run = speculative_run(d, k, engine, &plains[i], &plain_runs[i].answers, r, acc)?;
+                progress.finished(&format!(
+                    "{label}{}: τ {:.4}, {:.1} tokens/s, speedup {:.3}× (measured), cycle {:.2} ms (measured), break-even τ {:.3} (derived), greedy identical {}/{}",
+                    place(opts, r),
+                    run.tau,
+                    run.speculative_tokens_per_s,
+                    run.speedup,
+                    run.cycle_ms,
+                    run.break_even_tau,
+                    run.greedy_identical,
+                    run.answers
+                ));
+                let point = &mut surface[i];
+                if !point.cycle_ms.contains_key(&k.to_string()) {
+                    point.add(k, run.cycle_ms, Some(run.tau), Some(run.speedup));
+                }
+                cells.push(SurfaceCell {
+                    k,
+                    concurrency: r.concurrency,
+                    context: r.context,
+                    simulated_accept_length: opts.simulate_accept_length,
+                    t_d_ms: run.t_d_ms,
+                    cycle_ms: run.cycle_ms,
+                    break_even_tau: run.break_even_tau,
+                    tau: Some(run.tau),
+                    speedup: Some(run.speedup),
+                });
+                first.get_or_insert(run);
+            }
+            let mut run = first.expect("at least one place");
+            if cells.len() > 1 {
+                run.cells = cells;
+            }
             runs.push(run);
         }
     }
+    let plain_run = &plain_runs[0];
     let plain_answers = plain_run
         .answers
         .iter()
@@ -536,15 +469,23 @@ pub fn evaluate(opts: &ServeOptions, drafters: &[ServedDrafter], progress: &dyn 
         prompts: opts.prompts_path.clone(),
         answers: plain_run.answers.len(),
         max_new_tokens: opts.max_new_tokens,
-        concurrency: opts.concurrency,
-        plain,
+        concurrency: opts.concurrency[0],
+        simulated_accept_length: opts.simulate_accept_length,
+        plain: plains.swap_remove(0),
         plain_answers,
         runs,
         workdir: opts.workdir.clone(),
         warnings,
         how: HOW.iter().map(|s| s.to_string()).collect(),
+        surface,
     })
 }
 
-#[cfg(test)]
-mod tests;
+/// ` (concurrency C, context X)` in progress lines when the sweep has more than one place.
+fn place(opts: &ServeOptions, r: &RunResult) -> String {
+    if places(opts).len() > 1 {
+        format!(" (concurrency {}, context {})", r.concurrency, r.context)
+    } else {
+        String::new()
+    }
+}

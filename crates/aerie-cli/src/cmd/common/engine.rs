@@ -54,9 +54,11 @@ pub struct EngineArgs {
     /// Seconds to wait for the engine to answer after it starts.
     #[arg(long, default_value_t = 900)]
     pub startup_timeout_s: u64,
-    /// Conversations in flight at once (1 times a single sequence's decode step).
-    #[arg(long, default_value_t = 1)]
-    pub concurrency: usize,
+    /// Conversations in flight at once (1 times a single sequence's decode step); a list
+    /// (`1,4,16,64`) sweeps them, each engine answering the prompts once per value (the cost
+    /// surface, docs/serving.md); the first is the report's primary figure.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub concurrency: Vec<usize>,
     /// Directory for the engine logs and the drafters exported to the engine's layout
     /// (default: a new `aerie-serve-*` directory under the system's temporary directory).
     #[arg(long)]
@@ -151,7 +153,8 @@ pub fn served_drafters(
 
 /// The launch of `engine` for `target` (speculation set per run).
 pub fn engine_launch(engine: &EngineArgs, target: &Path, workdir: &Path) -> Result<EngineLaunch> {
-    let kv = KvCache::for_run(target, engine.max_model_len, engine.concurrency, engine.kv_cache_gb)
+    let most = engine.concurrency.iter().copied().max().unwrap_or(1);
+    let kv = KvCache::for_run(target, engine.max_model_len, most, engine.kv_cache_gb)
         .context("sizing the engine's KV cache")?;
     Ok(EngineLaunch {
         engine: engine.kind(),
@@ -200,8 +203,11 @@ pub fn serve_options(
     if max_new_tokens < 2 {
         bail!("--max-new-tokens must be at least 2 (the first token is prefill; decode steps are timed after it)");
     }
-    if engine.concurrency == 0 {
+    if engine.concurrency.is_empty() || engine.concurrency.contains(&0) {
         bail!("--concurrency must be at least 1");
+    }
+    if let Some((i, c)) = engine.concurrency.iter().enumerate().find(|(i, c)| engine.concurrency[..*i].contains(c)) {
+        bail!("--concurrency: {c} is given twice (value {})", i + 1);
     }
     if !target.join("config.json").is_file() {
         bail!("{}: not a model directory (no config.json): give the target as the engine loads it", target.display());
@@ -214,7 +220,10 @@ pub fn serve_options(
         prompts_path: prompts.to_path_buf(),
         ks: ks.to_vec(),
         max_new_tokens,
-        concurrency: engine.concurrency,
+        concurrency: engine.concurrency.clone(),
+        contexts: vec![aerie_eval::surface::Context::Short],
+        long_context_words: aerie_eval::prompts::LONG_CONTEXT_WORDS,
+        simulate_accept_length: None,
         workdir: workdir.to_path_buf(),
         request_timeout: Duration::from_secs(1800),
     })

@@ -33,7 +33,7 @@ pub enum EvalCommand {
     /// Inside a serving engine aerie starts (vLLM, or SGLang): τ and per-position acceptance
     /// from the engine's own numbers, plain and speculative tokens/s, greedy identity, the
     /// measured speedup, T_d and cycle, and the break-even τ derived from them.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 /// Arguments of `aerie eval loss`.
@@ -74,7 +74,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
         EvalCommand::Loss(args) => with_backend!(args.pass.device, |B, dev| loss::<B>(&args, &dev)),
         EvalCommand::Accept(args) => accept::run(args),
         EvalCommand::Decode(args) => decode::run(args),
-        EvalCommand::Serve(args) => serve::run(args),
+        EvalCommand::Serve(args) => serve::run(*args),
     }
 }
 

@@ -63,9 +63,26 @@ pub struct ServeArgs {
     /// `--predict`: `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
-    /// Write the engine's measured T_d and cycle costs as a costs TOML for `aerie project`.
+    /// Write the engine's measured T_d and cycle costs as a costs TOML for `aerie project`
+    /// (with the surface: every concurrency and context measured).
     #[arg(long)]
     pub costs_out: Option<PathBuf>,
+    /// Prompt lengths, comma-separated: `short` (the prompts as given), `long` (each behind a
+    /// passage of --long-context-words words); each engine answers the prompts once per value.
+    #[arg(long = "context", value_delimiter = ',', default_value = "short")]
+    pub contexts: Vec<aerie_eval::surface::Context>,
+    /// Words of the passage before each `long` prompt.
+    #[arg(long, default_value_t = aerie_eval::prompts::LONG_CONTEXT_WORDS)]
+    pub long_context_words: usize,
+    /// SGLang only: make every verify cycle report this accept length
+    /// (`SGLANG_SIMULATE_ACC_LEN`), so the cycle is measured at a chosen τ with any drafter;
+    /// 1.0 measures the tax of speculation enabled with nothing accepted.
+    #[arg(long)]
+    pub simulate_accept_length: Option<f64>,
+    /// Draw the surface (break-even τ and measured speedup over k × concurrency, a panel per
+    /// context) as a `.png` or `.svg`.
+    #[arg(long)]
+    pub heatmap: Option<PathBuf>,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -91,6 +108,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     )?;
     let drafters = served_drafters(&args.engine, &args.target, &args.drafters, &args.names, &dir)?;
     resolve_engine_dtype(&args.engine, &mut opts)?;
+    opts.contexts = args.contexts.clone();
+    opts.long_context_words = args.long_context_words;
+    opts.simulate_accept_length = args.simulate_accept_length;
     let bars = Bars::new();
     let result = evaluate(&opts, &drafters, &bars);
     bars.bar.finish_and_clear();
@@ -130,6 +150,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if let Some(p) = &args.costs_out {
             println!("costs      written to {} (aerie project --costs {})", p.display(), p.display());
         }
+        if let Some(p) = &args.heatmap {
+            println!("heatmap    written to {}", p.display());
+        }
     }
     Ok(())
 }
@@ -165,6 +188,29 @@ fn preflight(args: &ServeArgs) -> Result<()> {
     if let Some(path) = &args.costs_out {
         writable(path).context("--costs-out")?;
     }
+    if let Some(path) = &args.heatmap {
+        writable(path).context("--heatmap")?;
+        if !path.extension().is_some_and(|e| e == "png" || e == "svg") {
+            bail!("--heatmap {}: give a .png or .svg file", path.display());
+        }
+    }
+    if args.contexts.is_empty() || args.contexts.iter().enumerate().any(|(i, c)| args.contexts[..i].contains(c)) {
+        bail!("--context: give short, long or short,long, each once");
+    }
+    if args.contexts.contains(&aerie_eval::surface::Context::Long) && args.long_context_words == 0 {
+        bail!("--long-context-words 0: a long context needs a passage");
+    }
+    if let Some(len) = args.simulate_accept_length {
+        if args.engine.kind() != aerie_eval::serve::Engine::Sglang {
+            bail!("--simulate-accept-length is SGLang's (SGLANG_SIMULATE_ACC_LEN): give --engine sglang");
+        }
+        if !(len >= 1.0 && len.is_finite()) {
+            bail!("--simulate-accept-length {len}: an accept length counts the bonus token, at least 1");
+        }
+        if args.predict || args.predict_from.is_some() {
+            bail!("--simulate-accept-length fixes the engine's τ: there is no drafter's τ to predict");
+        }
+    }
     Ok(())
 }
 
@@ -191,6 +237,11 @@ fn save(args: &ServeArgs, report: &ServeReport, dir: &std::path::Path) -> Result
             .with_context(|| format!("writing {}", path.display()))
             .with_context(on_disk)?;
         saved.push_str(&format!(", the costs in {}", path.display()));
+    }
+    if let Some(path) = &args.heatmap {
+        let cells = aerie_eval::surface::cells(&report.costs(&today())?.surface);
+        aerie_eval::plot::surface_heatmap(&cells, path).with_context(|| format!("drawing {}", path.display()))?;
+        saved.push_str(&format!(", the heatmap in {}", path.display()));
     }
     Ok(saved)
 }
@@ -290,11 +341,35 @@ fn print_report(r: &ServeReport) {
             x.break_even_tau
         );
     }
+    if r.surface.len() > 1 {
+        print_surface(r);
+    }
     for h in &r.how {
         println!("how        {h}");
     }
     println!("logs       {}", r.workdir.display());
     for w in &r.warnings {
         eprintln!("warning: {w}");
+    }
+}
+
+/// The surface, a line per cell: where the sweep says speculation pays and where it does not.
+fn print_surface(r: &ServeReport) {
+    println!("surface    drafter @k  concurrency  context  T_d ms  cycle ms  break-even τ  τ       speedup");
+    for x in &r.runs {
+        for c in &x.cells {
+            println!(
+                "           {:<10} {:<2} {:<12} {:<8} {:<7.2} {:<9.2} {:<13.3} {:<7} {}",
+                x.drafter,
+                c.k,
+                c.concurrency,
+                c.context,
+                c.t_d_ms,
+                c.cycle_ms,
+                c.break_even_tau,
+                c.tau.map_or("–".into(), |t| format!("{t:.3}")),
+                c.speedup.map_or("–".into(), |s| format!("{s:.3}"))
+            );
+        }
     }
 }
