@@ -309,7 +309,7 @@ pub fn stream_buckets(
         let kept: u64 = own.iter().map(|c| c.1).sum();
         match (a.accepted_drafts, own.last_mut()) {
             (Some(raw), Some(last)) if raw >= kept && last.1 + raw - kept <= k as u64 => last.1 += raw - kept,
-            (Some(raw), None) if raw == 0 => {}
+            (Some(0), None) => {}
             (Some(raw), _) => {
                 return Err(format!("answer {n} counts {raw} accepted drafts where its chunks keep {kept}"));
             }
