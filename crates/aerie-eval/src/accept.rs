@@ -18,7 +18,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cycles::CycleCount;
+// The rate arithmetic every profile shares lives with the profile.
 use crate::profile::AcceptanceProfile;
+pub use crate::profile::{conditional_from_unconditional, tau_from_unconditional};
 
 /// Accepted drafts of one chain under greedy verification: the length of the leading run of hits.
 pub fn chain_accept(hits: &[bool]) -> usize {
@@ -43,18 +45,6 @@ pub fn unconditional_from_lengths(lengths: &[usize], k: usize) -> Vec<f64> {
     (1..=k).map(|i| if n == 0 { 0.0 } else { lengths.iter().filter(|&&a| a >= i).count() as f64 / n as f64 }).collect()
 }
 
-/// Conditional rates `α_i = r_i / r_{i-1}` (r_0 = 1); 0 once nothing survives.
-pub fn conditional_from_unconditional(r: &[f64]) -> Vec<f64> {
-    let mut prev = 1.0;
-    r.iter()
-        .map(|&ri| {
-            let a = if prev > 0.0 { ri / prev } else { 0.0 };
-            prev = ri;
-            a
-        })
-        .collect()
-}
-
 /// Unconditional rates from conditional ones: `r_i = Π_{j≤i} α_j`.
 pub fn unconditional_from_conditional(alpha: &[f64]) -> Vec<f64> {
     chain_survival(alpha)
@@ -63,11 +53,6 @@ pub fn unconditional_from_conditional(alpha: &[f64]) -> Vec<f64> {
 /// τ = 1 + Σ_k Π_{i≤k} α_i from conditional rates.
 pub fn tau_from_conditional(alpha: &[f64]) -> f64 {
     1.0 + chain_survival(alpha).iter().sum::<f64>()
-}
-
-/// τ = 1 + Σ_i r_i from unconditional rates.
-pub fn tau_from_unconditional(r: &[f64]) -> f64 {
-    1.0 + r.iter().sum::<f64>()
 }
 
 /// τ(k) for k = 1..=K from the unconditional rates of a K-chain.

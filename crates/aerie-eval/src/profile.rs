@@ -93,6 +93,23 @@ fn bucket_name(b: usize) -> &'static str {
     ["0-256", "256-1k", "1k-4k", "4k+"][b]
 }
 
+/// Conditional rates `α_i = r_i / r_{i-1}` (r_0 = 1); 0 once nothing survives.
+pub fn conditional_from_unconditional(r: &[f64]) -> Vec<f64> {
+    let mut prev = 1.0;
+    r.iter()
+        .map(|&ri| {
+            let a = if prev > 0.0 { ri / prev } else { 0.0 };
+            prev = ri;
+            a
+        })
+        .collect()
+}
+
+/// τ = 1 + Σ_i r_i from unconditional rates.
+pub fn tau_from_unconditional(r: &[f64]) -> f64 {
+    1.0 + r.iter().sum::<f64>()
+}
+
 /// The acceptance profile of one drafter at one draft depth, as every τ report gives it and as
 /// `speculation_profile.json` is written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,16 +159,7 @@ impl AcceptanceProfile {
         let marginal: Vec<f64> =
             (1..=k).map(|i| if cycles > 0.0 { histogram[i..].iter().sum::<f64>() / cycles } else { 0.0 }).collect();
         let accepted: f64 = histogram.iter().enumerate().map(|(a, h)| a as f64 * h).sum();
-        // As `accept::conditional_from_unconditional` and `tau_from_unconditional` (not imported:
-        // `accept` builds its reports' profiles here, and modules import in one direction).
-        let conditional = marginal
-            .iter()
-            .scan(1.0, |prev: &mut f64, &m| {
-                let c = if *prev > 0.0 { m / *prev } else { 0.0 };
-                *prev = m;
-                Some(c)
-            })
-            .collect();
+        let conditional = conditional_from_unconditional(&marginal);
         let conditions =
             [("source", source), ("counted", counted)].into_iter().map(|(a, b)| (a.to_string(), b.to_string()));
         Self {
@@ -161,7 +169,7 @@ impl AcceptanceProfile {
             verification_method: (if tree { "tree" } else { "longest_prefix" }).into(),
             accept_length_model: (if tree { "measured_per_k" } else { "chain_analytic" }).into(),
             conditional_accept_rates: conditional,
-            mean_accept_length: 1.0 + marginal.iter().sum::<f64>(),
+            mean_accept_length: tau_from_unconditional(&marginal),
             marginal_accept_rates: marginal,
             acceptance_length_histogram: histogram.iter().enumerate().map(|(a, &h)| ((a + 1).to_string(), h)).collect(),
             cycles,

@@ -97,14 +97,10 @@ pub struct MeasureArgs {
 /// per-response counts; vLLM's counters read before and after it).
 pub fn run(args: MeasureArgs) -> Result<()> {
     let short = select(read_prompts(&args.prompts)?, args.max_prompts)?;
-    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+    crate::cmd::common::sweep_list("--concurrency", &args.concurrency)?;
+    crate::cmd::common::sweep_list("--context", &args.contexts)?;
+    if args.concurrency.contains(&0) {
         bail!("--concurrency must be at least 1");
-    }
-    let twice = |n: usize, v: &dyn Fn(usize, usize) -> bool| (0..n).any(|i| (0..i).any(|j| v(i, j)));
-    if twice(args.concurrency.len(), &|i, j| args.concurrency[i] == args.concurrency[j])
-        || twice(args.contexts.len(), &|i, j| args.contexts[i] == args.contexts[j])
-    {
-        bail!("--concurrency and --context: each value once");
     }
     if args.profile_out.is_some() && args.concurrency.len() * args.contexts.len() > 1 {
         bail!("--profile-out writes one run's profile: give one --concurrency and one --context with it");

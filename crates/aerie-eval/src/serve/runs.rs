@@ -229,6 +229,33 @@ mod tests {
         }
     }
 
+    /// A one-answer report of `engine` with these runs and surface (the rest fixed).
+    fn report(
+        engine: (Engine, &str),
+        plain: PlainServe,
+        runs: Vec<ServeRun>,
+        surface: Vec<SurfacePoint>,
+    ) -> ServeReport {
+        ServeReport {
+            engine: engine.0,
+            engine_version: engine.1.into(),
+            dtype: "float32".into(),
+            target: "/t".into(),
+            prompts: "/p".into(),
+            answers: 1,
+            max_new_tokens: 8,
+            concurrency: 1,
+            simulated_accept_length: None,
+            plain,
+            plain_answers: Vec::new(),
+            runs,
+            workdir: "/w".into(),
+            warnings: Vec::new(),
+            how: Vec::new(),
+            surface,
+        }
+    }
+
     /// Issue 34 §2: a speculative run with no timed decode used to report speedup 0 and a NaN
     /// cycle (written into the costs file); measured and derived figures are labelled.
     #[test]
@@ -247,24 +274,7 @@ mod tests {
         assert!((r.cycle_ms - 40.0).abs() < 1e-9, "{}", r.cycle_ms);
         assert!((r.break_even_tau - 2.0).abs() < 1e-9);
         assert!((r.speedup - 62.5 / 50.0).abs() < 1e-9);
-        let report = ServeReport {
-            engine: Engine::Vllm,
-            engine_version: "0.32".into(),
-            dtype: "float32".into(),
-            target: "/t".into(),
-            prompts: "/p".into(),
-            answers: 1,
-            max_new_tokens: 8,
-            concurrency: 1,
-            simulated_accept_length: None,
-            plain: plain.clone(),
-            plain_answers: Vec::new(),
-            runs: vec![r.clone()],
-            workdir: "/w".into(),
-            warnings: Vec::new(),
-            how: Vec::new(),
-            surface: Vec::new(),
-        };
+        let report = report((Engine::Vllm, "0.32"), plain.clone(), vec![r.clone()], Vec::new());
         let costs = report.costs("today").unwrap();
         let p = &costs.provenance;
         assert!(p.measured.iter().any(|m| m.starts_with("cycle_ms.2") && m.contains("count of draft+verify cycles")));
@@ -291,24 +301,7 @@ mod tests {
         one.add(2, 40.0, Some(2.5), Some(1.25));
         let mut four = SurfacePoint::plain(4, Context::Short, 25.0);
         four.add(2, 45.0, Some(2.5), Some(1.4));
-        let report = ServeReport {
-            engine: Engine::Sglang,
-            engine_version: "0.5.23".into(),
-            dtype: "float32".into(),
-            target: "/t".into(),
-            prompts: "/p".into(),
-            answers: 1,
-            max_new_tokens: 8,
-            concurrency: 1,
-            simulated_accept_length: None,
-            plain,
-            plain_answers: Vec::new(),
-            runs: vec![r],
-            workdir: "/w".into(),
-            warnings: Vec::new(),
-            how: Vec::new(),
-            surface: vec![one, four],
-        };
+        let report = report((Engine::Sglang, "0.5.23"), plain, vec![r], vec![one, four]);
         let costs = report.costs("today").unwrap();
         assert_eq!((costs.t_d_ms, costs.cycle_ms.get("2")), (20.0, Some(&40.0)));
         assert!(costs.provenance.measured_where.contains("1 short, 4 short"), "{:?}", costs.provenance);

@@ -203,11 +203,9 @@ pub fn serve_options(
     if max_new_tokens < 2 {
         bail!("--max-new-tokens must be at least 2 (the first token is prefill; decode steps are timed after it)");
     }
-    if engine.concurrency.is_empty() || engine.concurrency.contains(&0) {
+    super::sweep_list("--concurrency", &engine.concurrency)?;
+    if engine.concurrency.contains(&0) {
         bail!("--concurrency must be at least 1");
-    }
-    if let Some((i, c)) = engine.concurrency.iter().enumerate().find(|(i, c)| engine.concurrency[..*i].contains(c)) {
-        bail!("--concurrency: {c} is given twice (value {})", i + 1);
     }
     if !target.join("config.json").is_file() {
         bail!("{}: not a model directory (no config.json): give the target as the engine loads it", target.display());

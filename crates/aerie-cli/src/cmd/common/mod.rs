@@ -207,3 +207,15 @@ impl AcceptCommon {
         self.target.clone().or_else(|| self.target_head.clone().filter(|p| p.is_dir()))
     }
 }
+
+/// A sweep's list flag (`--concurrency 1,4`, `--context short,long`): at least one value, each
+/// once (a value given twice would measure one place twice and write it once).
+pub fn sweep_list<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> anyhow::Result<()> {
+    if values.is_empty() {
+        anyhow::bail!("{flag} needs at least one value");
+    }
+    if let Some((i, v)) = values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
+        anyhow::bail!("{flag}: {v} is given twice (value {})", i + 1);
+    }
+    Ok(())
+}

@@ -194,9 +194,7 @@ fn preflight(args: &ServeArgs) -> Result<()> {
             bail!("--heatmap {}: give a .png or .svg file", path.display());
         }
     }
-    if args.contexts.is_empty() || args.contexts.iter().enumerate().any(|(i, c)| args.contexts[..i].contains(c)) {
-        bail!("--context: give short, long or short,long, each once");
-    }
+    crate::cmd::common::sweep_list("--context", &args.contexts)?;
     if args.contexts.contains(&aerie_eval::surface::Context::Long) && args.long_context_words == 0 {
         bail!("--long-context-words 0: a long context needs a passage");
     }
