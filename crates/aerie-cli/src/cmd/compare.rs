@@ -16,10 +16,8 @@ use burn::tensor::backend::Backend;
 use clap::Args;
 use indicatif::ProgressBar;
 
-use crate::cmd::common::AcceptCommon;
-use crate::cmd::common::engine::{
-    Bars, EngineArgs, resolve_engine_dtype, serve_options, served_drafters, workdir, writable,
-};
+use crate::cmd::common::engine::{Bars, EngineArgs, resolve_engine_dtype, serve_options, served_drafters, workdir};
+use crate::cmd::common::{AcceptCommon, writable};
 use crate::device::with_backend;
 
 /// Arguments of `aerie compare`.

@@ -226,27 +226,3 @@ pub fn serve_options(
         request_timeout: Duration::from_secs(1800),
     })
 }
-
-/// `Ok` when a file can be written at `path`: its parent directory exists (or is created) and a
-/// file created in it can be removed again. Checked before an engine starts, so an output that
-/// cannot be written fails in a second, not after hours of measurement.
-pub fn writable(path: &Path) -> Result<()> {
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if path.is_dir() {
-        bail!("{} is a directory, not a file to write", path.display());
-    }
-    std::fs::create_dir_all(&parent).with_context(|| format!("{}: cannot create its directory", path.display()))?;
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let probe = parent.join(format!(".aerie-write-check-{}-{nanos}", std::process::id()));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .with_context(|| format!("{}: cannot write in {}", path.display(), parent.display()))?;
-    std::fs::remove_file(&probe)
-        .with_context(|| format!("{}: cannot remove a file from {}", path.display(), parent.display()))?;
-    Ok(())
-}

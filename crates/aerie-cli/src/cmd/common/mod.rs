@@ -13,7 +13,7 @@ use aerie_data::readers::{InputFormat, ReadOptions};
 use aerie_eval::accept::AcceptRule;
 use aerie_eval::verify::AcceptOptions;
 use aerie_model::drafter::shape::{DraftShape, TreeShape};
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::device::DeviceArg;
@@ -210,12 +210,36 @@ impl AcceptCommon {
 
 /// A sweep's list flag (`--concurrency 1,4`, `--context short,long`): at least one value, each
 /// once (a value given twice would measure one place twice and write it once).
-pub fn sweep_list<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> anyhow::Result<()> {
+pub fn sweep_list<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
     if values.is_empty() {
-        anyhow::bail!("{flag} needs at least one value");
+        bail!("{flag} needs at least one value");
     }
     if let Some((i, v)) = values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
-        anyhow::bail!("{flag}: {v} is given twice (value {})", i + 1);
+        bail!("{flag}: {v} is given twice (value {})", i + 1);
     }
+    Ok(())
+}
+
+/// `Ok` when a file can be written at `path`: its parent directory exists (or is created) and a
+/// file created in it can be removed again. Checked before an engine starts, so an output that
+/// cannot be written fails in a second, not after hours of measurement.
+pub fn writable(path: &Path) -> Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if path.is_dir() {
+        bail!("{} is a directory, not a file to write", path.display());
+    }
+    std::fs::create_dir_all(&parent).with_context(|| format!("{}: cannot create its directory", path.display()))?;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let probe = parent.join(format!(".aerie-write-check-{}-{nanos}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .with_context(|| format!("{}: cannot write in {}", path.display(), parent.display()))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("{}: cannot remove a file from {}", path.display(), parent.display()))?;
     Ok(())
 }

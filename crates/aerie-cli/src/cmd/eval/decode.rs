@@ -102,7 +102,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     for (flag, out) in [("--out", &args.out), ("--costs-out", &args.costs_out), ("--profile-out", &args.profile_out)] {
         if let Some(out) = out {
             aerie_data::owned::check_not_input(out, flag, &inputs)?;
-            crate::cmd::common::engine::writable(out).with_context(|| flag.to_string())?;
+            crate::cmd::common::writable(out).with_context(|| flag.to_string())?;
         }
     }
     with_backend!(args.device, |B, dev| decode::<B>(&args, &dev))

@@ -13,9 +13,8 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
-use crate::cmd::common::engine::{
-    Bars, EngineArgs, resolve_engine_dtype, serve_options, served_drafters, workdir, writable,
-};
+use crate::cmd::common::engine::{Bars, EngineArgs, resolve_engine_dtype, serve_options, served_drafters, workdir};
+use crate::cmd::common::writable;
 use crate::device::{DeviceArg, with_backend};
 
 /// Arguments of `aerie eval serve`.
