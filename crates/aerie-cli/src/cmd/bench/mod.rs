@@ -5,9 +5,12 @@
 //! - `shards`: read and decode rate of a shard dataset against the disk (`aerie_data::shard::bench`);
 //! - `tokenizer`: load time and encode rate of a tokenizer (`aerie_data::tokenizer::measure`);
 //! - `ttt` / `train`: forward(+backward) throughput and peak memory of the TTT objective for a
-//!   drafter shape, named or from a training config (`aerie_train::bench`).
+//!   drafter shape, named or from a training config (`aerie_train::bench`);
+//! - `shift`: decoded τ of fine-tuning methods after a domain shift, a pipeline of `aerie`
+//!   commands (`shift.rs`).
 
 mod generate;
+mod shift;
 
 use std::path::PathBuf;
 
@@ -38,6 +41,11 @@ pub enum BenchCommand {
     /// Tokens/s of the native target's batched greedy generation at several batch sizes, beside
     /// the machine's bandwidth and matmul limits.
     Generate(generate::GenerateBenchArgs),
+    /// Fine-tuning methods after a domain shift: the quickstart's chat drafter fine-tuned on
+    /// SmolLM2's answers to HumanEval by each method and seed, scored by decoded τ (greedy verify
+    /// cycles over held-out answers) on both domains. About 45 minutes on 2 cores after the
+    /// quickstart; writes WORKDIR/shift.json and the table WORKDIR/shift.md.
+    Shift(shift::ShiftArgs),
 }
 
 /// Arguments of `aerie bench shards`.
@@ -202,6 +210,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Shards(a) => return bench_shards(&a),
         BenchCommand::Tokenizer(a) => return bench_tokenizer(&a),
         BenchCommand::Generate(a) => return generate::run(&a),
+        BenchCommand::Shift(a) => return shift::run(&a),
     };
     let opts =
         TttBenchOptions { batch: run.batch, steps: run.steps, warmup: run.warmup, forward_only: run.forward_only };

@@ -1,10 +1,12 @@
 //! What several subcommands share on the command line: flag groups (draft layout, shard walk,
 //! chat input, `eval accept` and `compare`, the serving engine of `eval serve` and `compare
 //! --engine` in [`engine`]), `--set KEY=VALUE` and `--same-role` parsing, and the reports one
-//! subcommand writes and another reads ([`reports`]).
+//! subcommand writes and another reads ([`reports`]), and the stages of commands built from
+//! other commands ([`stages`]).
 
 pub mod engine;
 pub mod reports;
+pub mod stages;
 
 use std::path::{Path, PathBuf};
 
