@@ -682,6 +682,7 @@ fn write_run(dir: &Path) {
                 tokens: 1000.0 * step as f64,
                 elapsed_s: 10.0 * step as f64,
                 anchor_penalty: None,
+                replay_starts: None,
             };
             serde_json::to_string(&r).unwrap()
         })

@@ -391,6 +391,32 @@ fn fused_and_tensor_loss_paths_agree() {
             assert!((x - y).abs() <= 1e-10 * scale.max(1e-3), "{what} gradient {i}: fused {x} vs tensor {y}");
         }
     }
+    // The per-position hits (0 or pm_k) are the same on both paths, and `correct` is their row
+    // sum. A random drafter's argmax meets the teacher's about once in Vd, so they are compared
+    // on a bigger batch (forward only) where some do.
+    let more: Vec<RefSequence> = [16, 11, 16, 14, 16, 9, 16, 13]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| random_sequence(&cfg, n, 70 + i as u64))
+        .collect();
+    let refs: Vec<&RefSequence> = more.iter().collect();
+    let big = crate::batch::<AD>(&cfg, &w, &refs, &more[0], DType::F64, 16);
+    let l = big.input_ids.dims()[1];
+    let hits = |path| {
+        let out = ttt_forward_with(&drafter, &big, &opts, path).unwrap();
+        let v = |t: &Tensor<AD, 2>| t.clone().into_data().into_vec::<f64>().unwrap();
+        let c = |t: &Tensor<AD, 1>| t.clone().into_data().into_vec::<f64>().unwrap();
+        out.steps.iter().map(|s| (v(&s.hit_tok), c(&s.correct))).collect::<Vec<_>>()
+    };
+    let (fused_hits, tensor_hits) = (hits(LossPath::Fused), hits(LossPath::Tensor));
+    assert_eq!(fused_hits, tensor_hits, "hit_tok or correct differ between the paths");
+    for (k, (hit, correct)) in fused_hits.iter().enumerate() {
+        assert!(hit.iter().all(|&h| h == 0.0 || h == 1.0), "step {k}: {hit:?}");
+        let rows: Vec<f64> = hit.chunks(l).map(|r| r.iter().sum()).collect();
+        assert_eq!(&rows, correct, "step {k}: correct is not the row sum of hit_tok");
+    }
+    let n = fused_hits.iter().map(|(h, _)| h.iter().filter(|&&x| x > 0.0).count()).sum::<usize>();
+    assert!(n >= 3, "{n} hits: the comparison would be nearly vacuous");
 }
 
 #[test]

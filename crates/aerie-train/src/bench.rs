@@ -235,7 +235,7 @@ pub fn bench_ttt<B: AutodiffBackend>(
             let _ = out.loss.into_data();
         } else {
             let loss = aerie_model::autodiff::record(|| {
-                micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights)
+                micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights, None)
             });
             let grads = aerie_model::autodiff::backward(loss);
             let g = drafter.lm_head.weight.grad(&grads).expect("lm_head gradient");

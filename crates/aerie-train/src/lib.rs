@@ -8,6 +8,8 @@
 //! - [`data`]: hold-out split, seeded per-epoch shuffle, length bucketing under a token budget.
 //! - [`objective`]: soft-CE, TV and LK losses normalised over the whole optimizer step.
 //! - [`anchor`]: L2-SP, the pull toward a warm start's weights (`optim.anchor_weight`).
+//! - [`replay`]: on-policy replay of the positions greedy decoding drafts from
+//!   (`optim.replay_weight`).
 //! - [`grads`]: stable parameter ids, gradient sums across micro-batches, global norm clipping.
 //! - [`collective`]: the all-reduce that sums the replicas' gradients (host memory on every
 //!   backend, NCCL on CUDA).
@@ -50,6 +52,7 @@ pub mod grads;
 pub mod init;
 pub mod metrics;
 pub mod objective;
+pub mod replay;
 pub mod run;
 pub mod schedule;
 pub mod select;

@@ -11,6 +11,10 @@
 //!
 //! The normalisers need pm_k = m · in_draft shifted as the forward shifts it; [`Normalisers`]
 //! computes them on the host from a collated batch before any forward runs.
+//!
+//! With `optim.replay_weight` β > 0 the soft-CE gains β · Σ_k w_k · Σ_t r_k[t]·ce_tok_k[t] /
+//! positions, r the cycle starts of greedy decoding walked over the same forward's hits
+//! ([`crate::replay`]).
 
 use aerie_model::TttBatch;
 use aerie_model::precision::host_f32;
@@ -19,6 +23,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::LossKind;
+use crate::replay::Replay;
 
 /// The masks of one collated micro-batch that the objectives need, on the host.
 #[derive(Debug, Clone)]
@@ -100,7 +105,9 @@ fn shift_left<B: Backend>(x: Tensor<B, 2>, k: usize) -> Tensor<B, 2> {
 }
 
 /// This micro-batch's share of the step's objective (scalar, differentiable); the step's
-/// objective is the sum of the shares of its micro-batches.
+/// objective is the sum of the shares of its micro-batches. `replay` (β and the walk of this
+/// forward's hits) adds the replay term to the soft-CE; the other objectives take none (the
+/// config refuses the combination).
 pub fn micro_loss<B: Backend>(
     kind: LossKind,
     out: &TttOutput<B>,
@@ -108,6 +115,7 @@ pub fn micro_loss<B: Backend>(
     masks: &BatchMasks,
     norm: &Normalisers,
     weights: &[f64],
+    replay: Option<(f64, &Replay)>,
 ) -> Tensor<B, 1> {
     let device = batch.aux.device();
     match kind {
@@ -115,7 +123,11 @@ pub fn micro_loss<B: Backend>(
             // ttt_forward normalises by this batch's positions; rescale to the step's. The factor
             // is exactly 1 when the step is one micro-batch.
             let share = out.positions as f64 / norm.positions.max(1.0);
-            if share == 1.0 { out.loss.clone() } else { out.loss.clone().mul_scalar(share) }
+            let ce = if share == 1.0 { out.loss.clone() } else { out.loss.clone().mul_scalar(share) };
+            match replay.and_then(|(beta, r)| Some(r.term(out, weights, norm.positions)?.mul_scalar(beta))) {
+                Some(term) => ce + term,
+                None => ce,
+            }
         }
         LossKind::Tv | LossKind::Lk => {
             let entropy = (kind == LossKind::Lk).then(|| {

@@ -29,6 +29,7 @@ use crate::collective::{AllReduce, HostExchange, all_reduce_grads, copy_model, c
 use crate::config::{LossKind, OptimConfig};
 use crate::grads::{accumulate, clip_factor, global_norm, make_contiguous, scale_grads, weights_checksum};
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
+use crate::replay::Replay;
 use crate::{Error, Result};
 
 /// AdamW over a drafter.
@@ -99,6 +100,9 @@ pub struct StepReport {
     /// The L2-SP penalty λ/2·Σ‖θ − θ₀‖² at the step's weights (before its update), when the run
     /// is anchored; not part of `loss`, which stays the distillation objective.
     pub anchor_penalty: Option<f64>,
+    /// With on-policy replay (`optim.replay_weight`): the share of the step's pm positions that
+    /// were cycle starts of the greedy walk ([`crate::replay`]). `loss` includes the replay term.
+    pub replay_starts: Option<f64>,
 }
 
 /// The replicas (each with its weights and optimizer) and how their gradients are summed.
@@ -110,6 +114,8 @@ pub struct Trainer<B: AutodiffBackend> {
     max_grad_norm: f64,
     /// λ of the L2-SP anchor (0: none; [`Trainer::with_anchor`]).
     anchor_weight: f64,
+    /// β of on-policy replay (0: none; [`Trainer::with_replay`]).
+    replay_weight: f64,
     /// Activation dtype of the forward (the weights stay f32; see [`Trainer::with_compute_dtype`]).
     compute: DType,
     /// Each training sample's full-vocabulary teacher statistics after its first step, so the
@@ -128,6 +134,8 @@ struct ReplicaOut {
     grads: Option<GradientsParams>,
     sums: TttSums,
     loss: f64,
+    /// Cycle starts and pm positions of the replay walks (0 without replay).
+    replay: (f64, f64),
 }
 
 fn lift<B: AutodiffBackend>(b: TttBatch<B::InnerBackend>) -> TttBatch<B> {
@@ -172,6 +180,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             loss,
             max_grad_norm: optim.max_grad_norm,
             anchor_weight: 0.0,
+            replay_weight: 0.0,
             compute: DType::F32,
             vocab_stats: VocabStatsCache::new(),
         })
@@ -199,6 +208,22 @@ impl<B: AutodiffBackend> Trainer<B> {
             rep.anchor = Some(anchor_of(&own));
         }
         self.anchor_weight = weight;
+        Ok(self)
+    }
+
+    /// Add on-policy replay with weight `weight` to the soft-CE ([`crate::replay`]); 0 adds
+    /// nothing and computes nothing. The TV and LK objectives take no replay.
+    pub fn with_replay(mut self, weight: f64) -> Result<Self> {
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(Error::Options(format!("replay weight {weight}: must be a non-negative number")));
+        }
+        if weight > 0.0 && self.loss != LossKind::SoftCe {
+            return Err(Error::Options(format!(
+                "on-policy replay (optim.replay_weight) extends the soft_ce objective, not {:?}",
+                self.loss
+            )));
+        }
+        self.replay_weight = weight;
         Ok(self)
     }
 
@@ -291,11 +316,18 @@ impl<B: AutodiffBackend> Trainer<B> {
         step: u64,
     ) -> Result<ReplicaOut> {
         let model = rep.model();
-        let mut out = ReplicaOut { grads: None, sums: TttSums::default(), loss: 0.0 };
+        let mut out = ReplicaOut { grads: None, sums: TttSums::default(), loss: 0.0, replay: (0.0, 0.0) };
         for p in batches {
             let (fwd, loss) = autodiff::record(|| -> Result<_> {
                 let fwd = ttt_forward(model, &p.batch, &self.ttt)?;
-                let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights);
+                // The walk reads this forward's hits: on-policy, no second forward.
+                let replay = (self.replay_weight > 0.0).then(|| Replay::of(&fwd, &p.masks));
+                if let Some(r) = &replay {
+                    out.replay.0 += r.starts;
+                    out.replay.1 += r.pm_positions;
+                }
+                let beta = replay.as_ref().map(|r| (self.replay_weight, r));
+                let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights, beta);
                 Ok((fwd, loss))
             })?;
             let value = loss.clone().into_scalar().elem::<f64>();
@@ -343,11 +375,16 @@ impl<B: AutodiffBackend> Trainer<B> {
         // never joins would wait for it forever.
         let mut report = StepReport { positions: norm.positions, padded_tokens: padded, ..StepReport::default() };
         let mut local = Vec::with_capacity(outs.len());
+        let mut replay = (0.0, 0.0);
         for out in outs {
             let o = out?;
             report.loss += o.loss;
+            replay = (replay.0 + o.replay.0, replay.1 + o.replay.1);
             merge_sums(&mut report.sums, &o.sums);
             local.push(o.grads);
+        }
+        if self.replay_weight > 0.0 {
+            report.replay_starts = Some(if replay.1 > 0.0 { replay.0 / replay.1 } else { 0.0 });
         }
         let devices: Vec<B::Device> = self.replicas.iter().map(|r| r.device.clone()).collect();
         let summed = all_reduce_grads(self.all_reduce.as_ref(), self.model(), &devices, local)

@@ -86,7 +86,9 @@ pub(super) struct StepStats<T> {
     pub ce: Vec<T>,
     /// pm·α per position `[B·L]`.
     pub alpha: Vec<T>,
-    /// Σ_t pm·[argmax z = argmax p_k] per sequence `[B]`.
+    /// pm·[argmax z = argmax p_k] per position `[B·L]`.
+    pub hit: Vec<T>,
+    /// Σ_t pm·[argmax z = argmax p_k] per sequence `[B]` (the row sums of `hit`).
     pub correct: Vec<f64>,
     /// pm·∂CE/∂z `[B·L·Vd]`, when asked for.
     pub g_ce: Option<Vec<T>>,
@@ -147,6 +149,7 @@ pub(super) fn step<T: HostFloat>(
     StepStats {
         ce: rows.iter().map(|r| T::from_f64(r.0)).collect(),
         alpha: rows.iter().map(|r| T::from_f64(r.1)).collect(),
+        hit: rows.iter().map(|r| T::from_f64(r.2)).collect(),
         correct,
         g_ce: grads[0].then_some(g_ce),
         g_alpha: grads[1].then_some(g_alpha),

@@ -106,7 +106,7 @@ impl Default for TttOptions {
 pub struct StepStats<B: Backend> {
     /// Σ_t pm·CE(p_k, q) (differentiable).
     pub ce_sum: Tensor<B, 1>,
-    /// Σ_t pm·[argmax q = argmax p_k].
+    /// Σ_t pm·[argmax q = argmax p_k]; the row sum of `hit_tok`.
     pub correct: Tensor<B, 1>,
     /// Σ_t m (the acc denominator).
     pub m_count: Tensor<B, 1>,
@@ -119,6 +119,11 @@ pub struct StepStats<B: Backend> {
     /// Per position pm·Σ_v min(pf_k, q) `[B, L]` (differentiable); `alpha_sum` is its row sum.
     /// Training objectives built on α per token (TV, LK) use it.
     pub alpha_tok: Tensor<B, 2>,
+    /// Per position pm_k·[argmax q = argmax p_k] `[B, L]` (a constant: argmax has no gradient).
+    /// Under the greedy rule a draft is accepted exactly when it is the target's argmax, so this
+    /// says which drafts a verify cycle would accept; on-policy replay (aerie-train's
+    /// `optim.replay_weight`) walks decoding's cycles over it.
+    pub hit_tok: Tensor<B, 2>,
 }
 
 /// Result of one TTT forward.
@@ -328,7 +333,8 @@ fn tensor_step<B: Backend>(
     let alpha_tok = pm_k.clone() * q.min_pair(pf_k).sum_dim(2).reshape([b, l]);
     let alpha_sum = alpha_tok.clone().sum_dim(1).reshape([b]);
     let hit = logq.detach().argmax(2).equal(p_k.argmax(2)).float().cast(pm_k.dtype()).reshape([b, l]);
-    let correct = (pm_k.clone() * hit).sum_dim(1).reshape([b]);
+    let hit_tok = pm_k.clone() * hit;
+    let correct = hit_tok.clone().sum_dim(1).reshape([b]);
     StepStats {
         ce_sum,
         correct,
@@ -337,6 +343,7 @@ fn tensor_step<B: Backend>(
         alpha_sum,
         ce_tok,
         alpha_tok,
+        hit_tok,
     }
 }
 
@@ -380,6 +387,7 @@ fn host_step<B: Backend, T: HostFloat>(
         alpha_sum: alpha_tok.clone().sum_dim(1).reshape([b]),
         ce_tok,
         alpha_tok,
+        hit_tok: tok(r.hit),
     }
 }
 

@@ -123,6 +123,12 @@ pub const KEYS: &[KeyDoc] = &[
         true,
         "L2-SP: λ of λ/2·Σ‖θ − θ₀‖² toward the warm start's weights θ₀ (0: off; needs init.kind = \"warm_start\")",
     ),
+    k(
+        "optim.replay_weight",
+        "0.0",
+        true,
+        "on-policy replay: β of the soft-CE added again at greedy decoding's cycle starts (0: off; soft_ce only)",
+    ),
     k("select.every_steps", "0", false, "decode held-out prompts every N steps and after the last (0: the last only)"),
     k("select.prompts", "required", false, "held-out prompts (JSONL in eval decode's formats, or a named set)"),
     k("select.k", "2", false, "drafts per cycle of the greedy chain decoded"),

@@ -319,6 +319,12 @@ pub struct OptimConfig {
     /// unchanged.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub anchor_weight: f64,
+    /// On-policy replay (after Draft-OPD, arXiv 2605.29343): β of the term that adds the soft-CE
+    /// again at the positions greedy chain decoding drafts from, walked over the current
+    /// drafter's hits in each step ([`crate::replay`]). Soft-CE only. 0, the default, is off and
+    /// not serialised, as `anchor_weight`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replay_weight: f64,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -338,6 +344,7 @@ impl Default for OptimConfig {
             epochs: 1,
             max_steps: None,
             anchor_weight: 0.0,
+            replay_weight: 0.0,
         }
     }
 }
@@ -490,6 +497,15 @@ impl TrainConfig {
                 "optim.anchor_weight",
                 "anchors the drafter to its warm start's weights: it needs init.kind = \"warm_start\" (a fresh \
                  drafter has no weights worth keeping; set it to 0)",
+            );
+        }
+        if !(o.replay_weight.is_finite() && o.replay_weight >= 0.0) {
+            bad("optim.replay_weight", "must be a non-negative number (0 turns replay off)");
+        } else if o.replay_weight > 0.0 && self.loss != LossKind::SoftCe {
+            bad(
+                "optim.replay_weight",
+                "replays the soft cross-entropy at decoding's cycle starts: it needs loss = \"soft_ce\" (set it \
+                 to 0 for the tv and lk objectives)",
             );
         }
         if o.max_steps.is_none() && o.epochs == 0 {

@@ -50,6 +50,10 @@ pub struct TrainRecord {
     /// anchored; `loss` does not include it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor_penalty: Option<f64>,
+    /// Mean share of the pm positions that were cycle starts of the replay walk
+    /// (`optim.replay_weight`), absent without replay; `loss` includes the replay term.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_starts: Option<f64>,
 }
 
 /// A `kind: "eval"` line.
@@ -214,6 +218,7 @@ impl Record for TrainRecord {
             ("train/elapsed_s".into(), self.elapsed_s),
         ]);
         out.extend(self.anchor_penalty.map(|p| ("train/anchor_penalty".to_string(), p)));
+        out.extend(self.replay_starts.map(|p| ("train/replay_starts".to_string(), p)));
         out
     }
 }

@@ -72,6 +72,8 @@ struct Window {
     seconds: f64,
     /// Σ of the anchored steps' L2-SP penalties, and how many steps that is.
     anchor: (f64, u64),
+    /// Σ of the replay steps' shares of cycle starts, and how many steps that is.
+    replay: (f64, u64),
 }
 
 impl Window {
@@ -85,6 +87,10 @@ impl Window {
         if let Some(p) = report.anchor_penalty {
             self.anchor.0 += p;
             self.anchor.1 += 1;
+        }
+        if let Some(s) = report.replay_starts {
+            self.replay.0 += s;
+            self.replay.1 += 1;
         }
         merge_sums(&mut self.sums, &report.sums);
     }
@@ -386,6 +392,7 @@ impl<'a, B: AutodiffBackend> Run<'a, B> {
             tokens: self.pos.tokens,
             elapsed_s: elapsed,
             anchor_penalty: (w.anchor.1 > 0).then(|| w.anchor.0 / w.anchor.1 as f64),
+            replay_starts: (w.replay.1 > 0).then(|| w.replay.0 / w.replay.1 as f64),
         };
         self.log.write(&rec)?;
         let _ = observer(&Event::Log(&rec));

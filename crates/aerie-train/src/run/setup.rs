@@ -142,7 +142,8 @@ pub(super) fn build_trainer<B: AutodiffBackend>(
     let warm_start = anchor_weights::<B>(cfg, st, &model, main)?;
     let mut trainer =
         Trainer::new(model, devices.iter().cloned().zip(heads).collect(), cfg.ttt_options(), cfg.loss, &cfg.optim)?
-            .with_compute_dtype(cfg.precision.dtype());
+            .with_compute_dtype(cfg.precision.dtype())
+            .with_replay(cfg.optim.replay_weight)?;
     let mut anchor_checksum = None;
     if let Some(w) = warm_start {
         anchor_checksum = Some(weights_checksum(&w));

@@ -92,6 +92,7 @@ fn every_key_is_documented_and_the_examples_parse() {
         ("data.max_length", "9"),
         ("data.eval_max_samples", "9"),
         ("optim.max_steps", "9"),
+        ("optim.replay_weight", "0.5"),
         ("target.path", "p"),
         ("target.head", "h"),
         ("target.embedding", "e"),

@@ -8,6 +8,7 @@ mod curves;
 mod dp;
 mod mla;
 mod nan;
+mod replay;
 mod resume;
 mod select;
 mod throughput;
