@@ -23,7 +23,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::LossKind;
-use crate::replay::Replay;
 
 /// The masks of one collated micro-batch that the objectives need, on the host.
 #[derive(Debug, Clone)]
@@ -105,8 +104,8 @@ fn shift_left<B: Backend>(x: Tensor<B, 2>, k: usize) -> Tensor<B, 2> {
 }
 
 /// This micro-batch's share of the step's objective (scalar, differentiable); the step's
-/// objective is the sum of the shares of its micro-batches. `replay` (β and the walk of this
-/// forward's hits) adds the replay term to the soft-CE; the other objectives take none (the
+/// objective is the sum of the shares of its micro-batches. `extra` (the replay term, β times
+/// [`crate::replay::Replay::term`]) is added to the soft-CE; the other objectives take none (the
 /// config refuses the combination).
 pub fn micro_loss<B: Backend>(
     kind: LossKind,
@@ -115,7 +114,7 @@ pub fn micro_loss<B: Backend>(
     masks: &BatchMasks,
     norm: &Normalisers,
     weights: &[f64],
-    replay: Option<(f64, &Replay)>,
+    extra: Option<Tensor<B, 1>>,
 ) -> Tensor<B, 1> {
     let device = batch.aux.device();
     match kind {
@@ -124,7 +123,7 @@ pub fn micro_loss<B: Backend>(
             // is exactly 1 when the step is one micro-batch.
             let share = out.positions as f64 / norm.positions.max(1.0);
             let ce = if share == 1.0 { out.loss.clone() } else { out.loss.clone().mul_scalar(share) };
-            match replay.and_then(|(beta, r)| Some(r.term(out, weights, norm.positions)?.mul_scalar(beta))) {
+            match extra {
                 Some(term) => ce + term,
                 None => ce,
             }

@@ -318,7 +318,15 @@ mod tests {
             let got: Vec<Vec<f64>> = replay.weights.iter().map(|r| r.iter().map(|&v| v as f64).collect()).collect();
             assert_eq!(got, want);
             assert!(replay.starts > 0.0 && replay.starts <= replay.pm_positions);
-            let with = value(micro_loss(LossKind::SoftCe, &out, &batch, &masks, &norm, w, Some((beta, &replay))));
+            let with = value(micro_loss(
+                LossKind::SoftCe,
+                &out,
+                &batch,
+                &masks,
+                &norm,
+                w,
+                replay.term(&out, w, norm.positions).map(|t| t.mul_scalar(beta)),
+            ));
             let host = beta * host_term(&want);
             assert!(host > 0.0);
             assert!(((with - base) - host).abs() <= 1e-12 * host.max(base), "{} vs {host}", with - base);

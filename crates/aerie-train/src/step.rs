@@ -326,8 +326,9 @@ impl<B: AutodiffBackend> Trainer<B> {
                     out.replay.0 += r.starts;
                     out.replay.1 += r.pm_positions;
                 }
-                let beta = replay.as_ref().map(|r| (self.replay_weight, r));
-                let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights, beta);
+                let term = replay.as_ref().and_then(|r| r.term(&fwd, &self.ttt.step_weights, norm.positions));
+                let extra = term.map(|t| t.mul_scalar(self.replay_weight));
+                let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights, extra);
                 Ok((fwd, loss))
             })?;
             let value = loss.clone().into_scalar().elem::<f64>();

@@ -16,60 +16,27 @@
 //!
 //! Every stage is a public `aerie` command, printed before it runs and skipped when its output
 //! exists, so an interrupted benchmark resumes. The result is `WORKDIR/shift.json` and the table
-//! `WORKDIR/shift.md`.
+//! `WORKDIR/shift.md` (`report.rs`); the code data is `humaneval.rs`.
 
-use std::io::{BufRead, BufReader};
+mod humaneval;
+mod method;
+mod report;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aerie_hub::assets::{Asset, AssetStore};
 use aerie_train::metrics::Summary;
 use anyhow::{Context, Result, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::cmd::common::reports;
-use crate::cmd::common::stages::{Argv, Runner, StageTime, latest_checkpoint};
+use crate::cmd::common::stages::{Argv, Runner, latest_checkpoint};
 
-/// A fine-tuning method of the benchmark: which switches of the training config it sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Method {
-    /// Plain EAGLE-3 distillation from the warm start (the reference trainers' recipe).
-    Plain,
-    /// `optim.anchor_weight`: L2-SP toward the warm start's weights.
-    Anchor,
-    /// `optim.replay_weight`: the positions greedy decoding drafts from weigh more.
-    Replay,
-    /// `[select]`: the checkpoint of the best decoded τ on selection prompts of both domains.
-    Select,
-    /// Anchor, replay and select together.
-    Combined,
-}
-
-impl Method {
-    fn name(self) -> &'static str {
-        match self {
-            Method::Plain => "plain",
-            Method::Anchor => "anchor",
-            Method::Replay => "replay",
-            Method::Select => "select",
-            Method::Combined => "combined",
-        }
-    }
-
-    fn anchors(self) -> bool {
-        matches!(self, Method::Anchor | Method::Combined)
-    }
-
-    fn replays(self) -> bool {
-        matches!(self, Method::Replay | Method::Combined)
-    }
-
-    fn selects(self) -> bool {
-        matches!(self, Method::Select | Method::Combined)
-    }
-}
+use humaneval::write_inputs;
+pub use method::Method;
+use report::{Report, Row, Scores, summarise, table};
 
 /// Arguments of `aerie bench shift`.
 #[derive(Debug, Args)]
@@ -111,145 +78,6 @@ pub struct ShiftArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Held-out τ of one drafter on both domains.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Scores {
-    /// Decoded τ on the chat domain's held-out answers (the quickstart's held-out samples).
-    pub chat: f64,
-    /// Decoded τ on held-out HumanEval answers.
-    pub code: f64,
-}
-
-impl Scores {
-    fn mean(&self) -> f64 {
-        (self.chat + self.code) / 2.0
-    }
-}
-
-/// One fine-tune.
-#[derive(Debug, Serialize)]
-struct Row {
-    method: Method,
-    seed: u64,
-    tau: Scores,
-    /// Wall time of `aerie train` (with `[select]`, its decoding included).
-    train_seconds: f64,
-    /// Optimizer steps and token positions of the run (the same for every method).
-    steps: u64,
-    tokens: f64,
-    /// The drafter scored: the final checkpoint, or `best/` with `[select]`.
-    drafter: PathBuf,
-}
-
-/// A method over its seeds.
-#[derive(Debug, Serialize)]
-struct MethodSummary {
-    method: Method,
-    seeds: usize,
-    tau: Scores,
-    /// Mean over seeds of each domain's τ relative to plain's (percent), and of their mean.
-    vs_plain_percent: Option<Scores>,
-    vs_plain_mean_percent: Option<f64>,
-}
-
-#[derive(Debug, Serialize)]
-struct Report {
-    workdir: PathBuf,
-    k: usize,
-    warm_start: PathBuf,
-    /// The warm start scored before any fine-tune.
-    warm_start_tau: Scores,
-    /// Held-out answer tokens that are not the target's f32 argmax (0: the walk is exact).
-    captured_not_target_argmax: Scores,
-    code_train_samples: usize,
-    rows: Vec<Row>,
-    methods: Vec<MethodSummary>,
-    stages: Vec<StageTime>,
-    total_seconds: f64,
-}
-
-/// HumanEval tasks by split: every 8th task (0, 8, ...) is held out for evaluation, every 8th
-/// from 4 (4, 12, ...) is a selection prompt, the rest are trained on.
-fn split_of(index: usize) -> &'static str {
-    match index % 8 {
-        0 => "heldout",
-        4 => "select",
-        _ => "train",
-    }
-}
-
-/// The user turn a HumanEval task becomes.
-fn code_request(stub: &str) -> String {
-    format!("Complete the following Python function.\n\n```python\n{stub}```")
-}
-
-/// Read HumanEval's gzipped JSONL: (task_id, prompt) per line.
-fn read_humaneval(path: &Path) -> Result<Vec<(String, String)>> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in BufReader::new(flate2::read::GzDecoder::new(file)).lines().enumerate() {
-        let line = line.with_context(|| format!("{}: not gzipped text at line {}", path.display(), i + 1))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(&line).with_context(|| format!("{}: line {} is not JSON", path.display(), i + 1))?;
-        let field = |k: &str| {
-            v.get(k).and_then(|x| x.as_str()).map(str::to_owned).with_context(|| {
-                format!("{}: line {} has no string `{k}` (not HumanEval's format)", path.display(), i + 1)
-            })
-        };
-        out.push((field("task_id")?, field("prompt")?));
-    }
-    if out.is_empty() {
-        bail!("{}: no HumanEval task in the file", path.display());
-    }
-    Ok(out)
-}
-
-/// Write `lines` (JSON values, one per line) to `path` atomically.
-fn write_jsonl(path: &Path, lines: &[serde_json::Value]) -> Result<()> {
-    let mut text = String::new();
-    for v in lines {
-        text += &format!("{v}\n");
-    }
-    aerie_data::atomic::write_bytes(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
-}
-
-/// The code prompts of each split as regenerate's input (ShareGPT records) and the selection
-/// prompts of both domains as decode prompts.
-fn write_inputs(code: &Path, humaneval: &Path, mtbench: &Path, select: &Path) -> Result<usize> {
-    let tasks = read_humaneval(humaneval)?;
-    let mut train = 0;
-    for split in ["train", "heldout"] {
-        let records: Vec<serde_json::Value> = tasks
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| split_of(*i) == split)
-            .map(|(_, (id, stub))| {
-                serde_json::json!({"id": id, "conversations": [{"from": "human", "value": code_request(stub)}]})
-            })
-            .collect();
-        if split == "train" {
-            train = records.len();
-        }
-        write_jsonl(&code.join(format!("{split}.jsonl")), &records)?;
-    }
-    // Selection prompts alternate the domains, so that `select.max_prompts` would keep both:
-    // HumanEval's selection tasks and MT-Bench's first turns (neither trained on nor held out).
-    let code_sel: Vec<String> =
-        tasks.iter().enumerate().filter(|(i, _)| split_of(*i) == "select").map(|(_, (_, s))| code_request(s)).collect();
-    let chat_sel = aerie_eval::prompts::read_prompts(mtbench)?;
-    let mut lines = Vec::new();
-    for (i, (code, chat)) in code_sel.iter().zip(&chat_sel).take(2).enumerate() {
-        let first = chat.context.last().map(|m| m.content.clone()).unwrap_or_default();
-        lines.push(serde_json::json!({"id": format!("mtbench-{}", chat.id), "prompt": first}));
-        lines.push(serde_json::json!({"id": format!("humaneval-select-{i}"), "prompt": code}));
-    }
-    write_jsonl(select, &lines)?;
-    Ok(train)
 }
 
 /// The fine-tune's training config.
@@ -532,95 +360,9 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
     Ok(())
 }
 
-fn mean(xs: impl Iterator<Item = f64>) -> f64 {
-    let v: Vec<f64> = xs.collect();
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-/// Each method's mean over seeds, and its gain over plain's mean (percent).
-fn summarise(rows: &[Row], methods: &[Method]) -> Vec<MethodSummary> {
-    let of = |m: Method| rows.iter().filter(move |r| r.method == m);
-    let avg = |m: Method| Scores { chat: mean(of(m).map(|r| r.tau.chat)), code: mean(of(m).map(|r| r.tau.code)) };
-    let plain = methods.contains(&Method::Plain).then(|| avg(Method::Plain));
-    methods
-        .iter()
-        .map(|&m| {
-            let tau = avg(m);
-            let pct = |x: f64, base: f64| 100.0 * (x / base - 1.0);
-            MethodSummary {
-                method: m,
-                seeds: of(m).count(),
-                vs_plain_percent: plain
-                    .as_ref()
-                    .map(|p| Scores { chat: pct(tau.chat, p.chat), code: pct(tau.code, p.code) }),
-                vs_plain_mean_percent: plain.as_ref().map(|p| pct(tau.mean(), p.mean())),
-                tau,
-            }
-        })
-        .collect()
-}
-
-/// The report as a markdown table (what docs/training.md quotes).
-fn table(r: &Report) -> String {
-    let mut s = format!(
-        "Decoded τ at k = {} (greedy verify cycles over the target's own held-out answers), warm start: chat {:.3}, code {:.3}\n\n\
-         | method | seeds | τ chat | τ code | τ mean | vs plain (chat / code / mean) | per seed (chat / code) |\n|---|---:|---:|---:|---:|---|---|\n",
-        r.k, r.warm_start_tau.chat, r.warm_start_tau.code
-    );
-    for m in &r.methods {
-        let per: Vec<String> = r
-            .rows
-            .iter()
-            .filter(|x| x.method == m.method)
-            .map(|x| format!("s{}: {:.3} / {:.3}", x.seed, x.tau.chat, x.tau.code))
-            .collect();
-        let vs = match (&m.vs_plain_percent, m.vs_plain_mean_percent) {
-            (Some(v), Some(mean)) => format!("{:+.1}% / {:+.1}% / {:+.1}%", v.chat, v.code, mean),
-            _ => "-".into(),
-        };
-        s += &format!(
-            "| {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
-            m.method.name(),
-            m.seeds,
-            m.tau.chat,
-            m.tau.code,
-            m.tau.mean(),
-            vs,
-            per.join("; ")
-        );
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-
     use super::*;
-
-    #[test]
-    fn humaneval_splits_hold_out_every_eighth_task() {
-        let split: Vec<&str> = (0..16).map(split_of).collect();
-        assert_eq!(split.iter().filter(|s| **s == "heldout").count(), 2);
-        assert_eq!(split.iter().filter(|s| **s == "select").count(), 2);
-        assert_eq!(split[0], "heldout");
-        assert_eq!(split[4], "select");
-        // HumanEval's 164 tasks: 21 held out, 20 for selection, 123 trained on.
-        let n = |w: &str| (0..164).filter(|&i| split_of(i) == w).count();
-        assert_eq!((n("heldout"), n("select"), n("train")), (21, 20, 123));
-    }
-
-    #[test]
-    fn a_bad_humaneval_file_is_named_with_its_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("h.jsonl.gz");
-        let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(&p).unwrap(), flate2::Compression::fast());
-        writeln!(gz, "{{\"task_id\": \"HumanEval/0\", \"prompt\": \"def f():\\n\"}}").unwrap();
-        writeln!(gz, "{{\"task_id\": \"HumanEval/1\"}}").unwrap();
-        gz.finish().unwrap();
-        let err = format!("{:#}", read_humaneval(&p).unwrap_err());
-        assert!(err.contains("line 2") && err.contains("`prompt`"), "{err}");
-    }
 
     #[test]
     fn method_switches_reach_the_config() {
