@@ -30,15 +30,74 @@ impl Method {
         }
     }
 
-    pub fn anchors(self) -> bool {
-        matches!(self, Method::Anchor | Method::Combined)
-    }
-
-    pub fn replays(self) -> bool {
-        matches!(self, Method::Replay | Method::Combined)
-    }
-
     pub fn selects(self) -> bool {
         matches!(self, Method::Select | Method::Combined)
+    }
+}
+
+/// One method at one setting of its weights: a row of the table, a run directory per seed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Variant {
+    pub method: Method,
+    /// λ of `optim.anchor_weight` (anchor, combined).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchor_weight: Option<f64>,
+    /// β of `optim.replay_weight` (replay, combined).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_weight: Option<f64>,
+}
+
+impl Variant {
+    /// Every method at each of its weights: anchor once per λ, replay once per β, combined at
+    /// the first λ and the first β (list the setting to combine first).
+    pub fn all(methods: &[Method], anchors: &[f64], replays: &[f64]) -> Vec<Variant> {
+        let v = |method, anchor_weight, replay_weight| Variant { method, anchor_weight, replay_weight };
+        let mut out = Vec::new();
+        for &m in methods {
+            match m {
+                Method::Plain | Method::Select => out.push(v(m, None, None)),
+                Method::Anchor => out.extend(anchors.iter().map(|&l| v(m, Some(l), None))),
+                Method::Replay => out.extend(replays.iter().map(|&b| v(m, None, Some(b)))),
+                Method::Combined => out.push(v(m, anchors.first().copied(), replays.first().copied())),
+            }
+        }
+        out
+    }
+
+    /// The table's name for it, e.g. `anchor λ=0.1`.
+    pub fn label(&self) -> String {
+        let mut s = self.method.name().to_string();
+        if let Some(l) = self.anchor_weight {
+            s += &format!(" λ={l}");
+        }
+        if let Some(b) = self.replay_weight {
+            s += &format!(" β={b}");
+        }
+        s
+    }
+
+    /// Its run directory's name for `seed`, e.g. `anchor-l0.1-s0`.
+    pub fn run_name(&self, seed: u64) -> String {
+        let mut s = self.method.name().to_string();
+        if let Some(l) = self.anchor_weight {
+            s += &format!("-l{l}");
+        }
+        if let Some(b) = self.replay_weight {
+            s += &format!("-b{b}");
+        }
+        format!("{s}-s{seed}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_weight_is_its_own_variant_and_combined_takes_the_first() {
+        let all = Variant::all(&[Method::Plain, Method::Anchor, Method::Combined], &[0.01, 0.1], &[1.0]);
+        let names: Vec<String> = all.iter().map(|v| v.run_name(0)).collect();
+        assert_eq!(names, ["plain-s0", "anchor-l0.01-s0", "anchor-l0.1-s0", "combined-l0.01-b1-s0"]);
+        assert_eq!(all[3].label(), "combined λ=0.01 β=1");
     }
 }

@@ -35,7 +35,7 @@ use crate::cmd::common::reports;
 use crate::cmd::common::stages::{Argv, Runner, latest_checkpoint};
 
 use humaneval::write_inputs;
-pub use method::Method;
+pub use method::{Method, Variant};
 use report::{Report, Row, Scores, summarise, table};
 
 /// Arguments of `aerie bench shift`.
@@ -63,12 +63,14 @@ pub struct ShiftArgs {
     /// Peak learning rate of the fine-tune.
     #[arg(long, default_value_t = 5e-4)]
     pub lr: f64,
-    /// λ of `optim.anchor_weight` for the anchored methods.
-    #[arg(long, default_value_t = 0.1)]
-    pub anchor_weight: f64,
-    /// β of `optim.replay_weight` for the replaying methods.
-    #[arg(long, default_value_t = 1.0)]
-    pub replay_weight: f64,
+    /// λ of `optim.anchor_weight` (comma-separated): `anchor` runs once per value, `combined`
+    /// with the first.
+    #[arg(long, value_delimiter = ',', default_value = "0.01,0.1")]
+    pub anchor_weight: Vec<f64>,
+    /// β of `optim.replay_weight` (comma-separated): `replay` runs once per value, `combined`
+    /// with the first.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub replay_weight: Vec<f64>,
     /// Decodes of the selection prompts per fine-tune (`[select]`; one more after the last step).
     #[arg(long, default_value_t = 4)]
     pub selections: u64,
@@ -81,7 +83,8 @@ pub struct ShiftArgs {
 }
 
 /// The fine-tune's training config.
-fn config(a: &ShiftArgs, m: Method, seed: u64, run: &Path, paths: &Paths, steps: u64) -> String {
+fn config(a: &ShiftArgs, v: &Variant, seed: u64, run: &Path, paths: &Paths, steps: u64) -> String {
+    let m = v.method;
     let mut s = format!(
         "# `aerie bench shift`: {method}, seed {seed}.\n\
          seed = {seed}\noutput_dir = {run:?}\nttt_length = {k}\nstep_weight_decay = 0.8\nloss = \"soft_ce\"\n\
@@ -90,7 +93,7 @@ fn config(a: &ShiftArgs, m: Method, seed: u64, run: &Path, paths: &Paths, steps:
          [init]\nkind = \"warm_start\"\ndrafter = {drafter:?}\n\n\
          [target]\npath = {target:?}\n\n\
          [optim]\nlr = {lr:e}\nwarmup_ratio = 0.05\nmax_grad_norm = 0.5\nepochs = {epochs}\n",
-        method = m.name(),
+        method = v.label(),
         k = a.k,
         train = paths.code_shards("train"),
         drafter = paths.warm_start,
@@ -98,11 +101,11 @@ fn config(a: &ShiftArgs, m: Method, seed: u64, run: &Path, paths: &Paths, steps:
         lr = a.lr,
         epochs = a.epochs,
     );
-    if m.anchors() {
-        s += &format!("anchor_weight = {:e}\n", a.anchor_weight);
+    if let Some(l) = v.anchor_weight {
+        s += &format!("anchor_weight = {l:e}\n");
     }
-    if m.replays() {
-        s += &format!("replay_weight = {:e}\n", a.replay_weight);
+    if let Some(b) = v.replay_weight {
+        s += &format!("replay_weight = {b:e}\n");
     }
     if m.selects() {
         let every = (steps / a.selections.max(1)).max(1);
@@ -209,8 +212,12 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
     if a.methods.is_empty() || a.seeds.is_empty() {
         bail!("--methods and --seeds must each name at least one");
     }
-    if !(a.anchor_weight.is_finite() && a.anchor_weight > 0.0 && a.replay_weight.is_finite() && a.replay_weight > 0.0) {
-        bail!("--anchor-weight and --replay-weight must be positive and finite");
+    if a.anchor_weight.iter().chain(&a.replay_weight).any(|w| !(w.is_finite() && *w > 0.0)) {
+        bail!("--anchor-weight and --replay-weight take positive, finite values");
+    }
+    let variants = Variant::all(&a.methods, &a.anchor_weight, &a.replay_weight);
+    if variants.is_empty() {
+        bail!("--methods anchor needs an --anchor-weight and replay a --replay-weight");
     }
     let start = Instant::now();
     let work = std::path::absolute(&a.workdir)?;
@@ -308,13 +315,14 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
     // Optimizer steps of one fine-tune: one sample per step (batch_tokens 512 fits one answer).
     let steps = code_train as u64 * a.epochs;
     let mut rows = Vec::new();
-    for &m in &a.methods {
+    for v in &variants {
+        let m = v.method;
         for &seed in &a.seeds {
-            let name = format!("{}-s{seed}", m.name());
+            let name = v.run_name(seed);
             let run = work.join("runs").join(&name);
             std::fs::create_dir_all(&run)?;
             let cfg = run.join("config.toml");
-            std::fs::write(&cfg, config(a, m, seed, &run, &paths, steps))?;
+            std::fs::write(&cfg, config(a, v, seed, &run, &paths, steps))?;
             let mut train = Argv::new(&["train"]).arg(&cfg);
             if !run.join("summary.json").exists() && latest_checkpoint(&run).is_ok() {
                 train = train.flag("--resume", &run);
@@ -325,7 +333,7 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
             let drafter = if m.selects() { run.join("best") } else { latest_checkpoint(&run)? };
             let tau = score(&mut r, a, &name, &drafter, &paths, &scores.join(format!("{name}.json")))?.tau;
             rows.push(Row {
-                method: m,
+                variant: *v,
                 seed,
                 tau,
                 train_seconds: if summary.elapsed_s > 0.0 { summary.elapsed_s } else { began.elapsed().as_secs_f64() },
@@ -335,7 +343,7 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
             });
         }
     }
-    let methods = summarise(&rows, &a.methods);
+    let methods = summarise(&rows, &variants);
     let report = Report {
         workdir: work.clone(),
         k: a.k,
@@ -374,8 +382,8 @@ mod tests {
             k: 2,
             epochs: 2,
             lr: 5e-4,
-            anchor_weight: 0.1,
-            replay_weight: 1.0,
+            anchor_weight: vec![0.1],
+            replay_weight: vec![1.0],
             selections: 4,
             max_new_tokens: 256,
             json: false,
@@ -387,9 +395,10 @@ mod tests {
             code: "code".into(),
             select_prompts: "s.jsonl".into(),
         };
-        let plain = config(&a, Method::Plain, 0, Path::new("run"), &p, 246);
+        let v = Variant::all(&[Method::Plain, Method::Combined], &a.anchor_weight, &a.replay_weight);
+        let plain = config(&a, &v[0], 0, Path::new("run"), &p, 246);
         assert!(!plain.contains("anchor_weight") && !plain.contains("replay_weight") && !plain.contains("[select]"));
-        let all = config(&a, Method::Combined, 1, Path::new("run"), &p, 246);
+        let all = config(&a, &v[1], 1, Path::new("run"), &p, 246);
         assert!(all.contains("anchor_weight = 1e-1") && all.contains("replay_weight = 1e0"), "{all}");
         assert!(all.contains("every_steps = 61") && all.contains("seed = 1"), "{all}");
         // The written config is a valid training config.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::method::Method;
+use super::method::{Method, Variant};
 use crate::cmd::common::stages::StageTime;
 
 /// Held-out τ of one drafter on both domains.
@@ -26,7 +26,7 @@ impl Scores {
 /// One fine-tune.
 #[derive(Debug, Serialize)]
 pub(super) struct Row {
-    pub(super) method: Method,
+    pub(super) variant: Variant,
     pub(super) seed: u64,
     pub(super) tau: Scores,
     /// Wall time of `aerie train` (with `[select]`, its decoding included).
@@ -38,10 +38,10 @@ pub(super) struct Row {
     pub(super) drafter: PathBuf,
 }
 
-/// A method over its seeds.
+/// A variant over its seeds.
 #[derive(Debug, Serialize)]
 pub(super) struct MethodSummary {
-    pub(super) method: Method,
+    pub(super) variant: Variant,
     pub(super) seeds: usize,
     pub(super) tau: Scores,
     /// Mean over seeds of each domain's τ relative to plain's (percent), and of their mean.
@@ -70,19 +70,19 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// Each method's mean over seeds, and its gain over plain's mean (percent).
-pub(super) fn summarise(rows: &[Row], methods: &[Method]) -> Vec<MethodSummary> {
-    let of = |m: Method| rows.iter().filter(move |r| r.method == m);
-    let avg = |m: Method| Scores { chat: mean(of(m).map(|r| r.tau.chat)), code: mean(of(m).map(|r| r.tau.code)) };
-    let plain = methods.contains(&Method::Plain).then(|| avg(Method::Plain));
-    methods
+/// Each variant's mean over seeds, and its gain over plain's mean (percent).
+pub(super) fn summarise(rows: &[Row], variants: &[Variant]) -> Vec<MethodSummary> {
+    let of = |v: Variant| rows.iter().filter(move |r| r.variant == v);
+    let avg = |v: Variant| Scores { chat: mean(of(v).map(|r| r.tau.chat)), code: mean(of(v).map(|r| r.tau.code)) };
+    let plain = variants.iter().find(|v| v.method == Method::Plain).map(|&v| avg(v));
+    variants
         .iter()
-        .map(|&m| {
-            let tau = avg(m);
+        .map(|&v| {
+            let tau = avg(v);
             let pct = |x: f64, base: f64| 100.0 * (x / base - 1.0);
             MethodSummary {
-                method: m,
-                seeds: of(m).count(),
+                variant: v,
+                seeds: of(v).count(),
                 vs_plain_percent: plain
                     .as_ref()
                     .map(|p| Scores { chat: pct(tau.chat, p.chat), code: pct(tau.code, p.code) }),
@@ -104,7 +104,7 @@ pub(super) fn table(r: &Report) -> String {
         let per: Vec<String> = r
             .rows
             .iter()
-            .filter(|x| x.method == m.method)
+            .filter(|x| x.variant == m.variant)
             .map(|x| format!("s{}: {:.3} / {:.3}", x.seed, x.tau.chat, x.tau.code))
             .collect();
         let vs = match (&m.vs_plain_percent, m.vs_plain_mean_percent) {
@@ -113,7 +113,7 @@ pub(super) fn table(r: &Report) -> String {
         };
         s += &format!(
             "| {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
-            m.method.name(),
+            m.variant.label(),
             m.seeds,
             m.tau.chat,
             m.tau.code,
