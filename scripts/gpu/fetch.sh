@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch, on the CPU machine (it has PyPI; the GPU machine has no network), what the GPU check
 # carries besides aerie: SpecForge 0.2.0's wheel, the reference trainer that
-# scripts/gpu/specforge_ttt.py times on the same GPU. The wheel is pure Python; it is downloaded
+# scripts/gpu/specforge_ttt.py times on the same GPU (scripts/specforge_finetune.py, the reference
+# row of `aerie bench shift`, uses the same wheel on the CPU). The wheel is pure Python; it is downloaded
 # without its dependencies (the GPU machine's preinstalled torch is used, and specforge_ttt.py
 # stubs the imports this path does not use) and never installed: specforge_ttt.py puts it on
 # sys.path. Writes .work/gpu/specforge-0.2.0-*.whl and .work/gpu/specforge.sha256.
