@@ -61,6 +61,32 @@ impl Runner {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Run another program (`cmd`, stdout to stderr like a stage's) unless `done` exists.
+    pub fn external(&mut self, name: &str, done: &Path, mut cmd: Command) -> Result<()> {
+        if done.exists() {
+            eprintln!("== {name}: {} exists, skipped", done.display());
+            self.stages.push(StageTime { stage: name.into(), seconds: 0.0, skipped: true });
+            return Ok(());
+        }
+        let argv: Vec<String> = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        eprintln!("== {name}: {}", argv.join(" "));
+        let start = Instant::now();
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(std::io::stderr())
+            .stderr(Stdio::inherit())
+            .status()
+            .with_context(|| format!("running stage {name} ({})", argv[0]))?;
+        if !status.success() {
+            bail!("stage `{name}` failed ({status}); rerun `aerie {}` to resume after fixing it", self.resume);
+        }
+        self.stages.push(StageTime { stage: name.into(), seconds: start.elapsed().as_secs_f64(), skipped: false });
+        Ok(())
+    }
+
     /// Record a stage done in-process (fetching assets, writing inputs).
     pub fn record(&mut self, name: &str, start: Instant) {
         self.stages.push(StageTime { stage: name.into(), seconds: start.elapsed().as_secs_f64(), skipped: false });

@@ -17,6 +17,10 @@ pub enum Method {
     Select,
     /// Anchor, replay and select together.
     Combined,
+    /// The reference row: SpecForge 0.2.0's own trainer (`scripts/specforge_finetune.py`, the
+    /// wheel's code) on the same shards and recipe; needs `--specforge-wheel` and a Python with
+    /// torch (`--python`, default `$AERIE_PYTHON`).
+    Specforge,
 }
 
 impl Method {
@@ -27,6 +31,7 @@ impl Method {
             Method::Replay => "replay",
             Method::Select => "select",
             Method::Combined => "combined",
+            Method::Specforge => "specforge",
         }
     }
 
@@ -55,7 +60,7 @@ impl Variant {
         let mut out = Vec::new();
         for &m in methods {
             match m {
-                Method::Plain | Method::Select => out.push(v(m, None, None)),
+                Method::Plain | Method::Select | Method::Specforge => out.push(v(m, None, None)),
                 Method::Anchor => out.extend(anchors.iter().map(|&l| v(m, Some(l), None))),
                 Method::Replay => out.extend(replays.iter().map(|&b| v(m, None, Some(b)))),
                 Method::Combined => out.push(v(m, anchors.first().copied(), replays.first().copied())),

@@ -49,7 +49,8 @@ pub struct ShiftArgs {
     #[arg(long)]
     pub quickstart: Option<PathBuf>,
     /// Methods to fine-tune with (comma-separated); `plain` is the row the others are compared to.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "plain,anchor,replay,select,combined")]
+    /// `specforge` is the reference row (SpecForge's own trainer).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "plain,anchor,replay,select,combined,specforge")]
     pub methods: Vec<Method>,
     /// Seeds, one fine-tune per method and seed (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
@@ -77,6 +78,14 @@ pub struct ShiftArgs {
     /// New tokens per regenerated code answer at most (also the evaluation's answer budget).
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
+    /// SpecForge 0.2.0's wheel (`scripts/gpu/fetch.sh` downloads it into `.work/gpu/`): with it,
+    /// the `specforge` method runs.
+    #[arg(long)]
+    pub specforge_wheel: Option<PathBuf>,
+    /// The Python that runs SpecForge (torch, transformers, safetensors: the test venv of
+    /// `python/requirements-test.txt`); default `$AERIE_PYTHON`.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -89,7 +98,7 @@ fn config(a: &ShiftArgs, v: &Variant, seed: u64, run: &Path, paths: &Paths, step
         "# `aerie bench shift`: {method}, seed {seed}.\n\
          seed = {seed}\noutput_dir = {run:?}\nttt_length = {k}\nstep_weight_decay = 0.8\nloss = \"soft_ce\"\n\
          log_every = 10\neval_every = 0\nsave_every = 1000000\nkeep_last = 1\n\n\
-         [data]\ntrain = [{train:?}]\neval = []\nbatch_tokens = 512\n\n\
+         [data]\ntrain = [{train:?}]\neval = []\nbatch_tokens = 1\n\n\
          [init]\nkind = \"warm_start\"\ndrafter = {drafter:?}\n\n\
          [target]\npath = {target:?}\n\n\
          [optim]\nlr = {lr:e}\nwarmup_ratio = 0.05\nmax_grad_norm = 0.5\nepochs = {epochs}\n",
@@ -207,6 +216,81 @@ fn score(r: &mut Runner, a: &ShiftArgs, name: &str, drafter: &Path, paths: &Path
     Ok(s)
 }
 
+/// What a fine-tune left: the drafter to score and what it cost.
+struct Trained {
+    drafter: PathBuf,
+    seconds: f64,
+    steps: u64,
+    tokens: f64,
+}
+
+/// Fine-tune with `aerie train` (resuming an interrupted run).
+#[allow(clippy::too_many_arguments)]
+fn aerie_train(
+    r: &mut Runner,
+    a: &ShiftArgs,
+    v: &Variant,
+    seed: u64,
+    name: &str,
+    run: &Path,
+    paths: &Paths,
+    steps: u64,
+) -> Result<Trained> {
+    let cfg = run.join("config.toml");
+    aerie_data::atomic::write_bytes(&cfg, config(a, v, seed, run, paths, steps).as_bytes())?;
+    let mut train = Argv::new(&["train"]).arg(&cfg);
+    if !run.join("summary.json").exists() && latest_checkpoint(run).is_ok() {
+        train = train.flag("--resume", run);
+    }
+    r.stage(&format!("train {name}"), &run.join("summary.json"), &train, false)?;
+    let summary: Summary = reports::read(&run.join("summary.json"))?;
+    let drafter = if v.method.selects() { run.join("best") } else { latest_checkpoint(run)? };
+    Ok(Trained { drafter, seconds: summary.elapsed_s, steps: summary.steps, tokens: summary.tokens })
+}
+
+/// The reference row: SpecForge's own trainer on the same shards, warm start and recipe
+/// (`scripts/specforge_finetune.py`; docs/training.md, "SpecForge's row").
+fn specforge(r: &mut Runner, a: &ShiftArgs, seed: u64, name: &str, run: &Path, paths: &Paths) -> Result<Trained> {
+    let (wheel, python, script) = specforge_inputs(a)?;
+    let out = run.join("drafter");
+    let mut cmd = aerie_engine::python::command(&python);
+    cmd.arg(script)
+        .arg("--wheel")
+        .arg(wheel)
+        .arg("--warm-start")
+        .arg(&paths.warm_start)
+        .arg("--target")
+        .arg(&paths.target)
+        .arg("--shards")
+        .arg(paths.code_shards("train"))
+        .arg("--out")
+        .arg(&out)
+        .args(["--epochs", &a.epochs.to_string(), "--lr", &a.lr.to_string(), "--ttt-length", &a.k.to_string()])
+        .args(["--seed", &seed.to_string(), "--json"]);
+    r.external(&format!("train {name}"), &out.join("specforge.json"), cmd)?;
+    let done: serde_json::Value = reports::read(&out.join("specforge.json"))?;
+    let num = |k: &str| done.get(k).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+    Ok(Trained { drafter: out, seconds: num("seconds"), steps: num("steps") as u64, tokens: num("tokens") })
+}
+
+/// The wheel, the Python and the script SpecForge's row needs, checked before anything runs.
+fn specforge_inputs(a: &ShiftArgs) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let wheel = a.specforge_wheel.clone().context(
+        "--methods specforge needs --specforge-wheel: `scripts/gpu/fetch.sh` downloads SpecForge 0.2.0's wheel into .work/gpu/ (or leave specforge out of --methods)",
+    )?;
+    if !wheel.is_file() {
+        bail!("--specforge-wheel {}: no such file (`scripts/gpu/fetch.sh` downloads it)", wheel.display());
+    }
+    let python = a.python.clone().or_else(|| std::env::var_os("AERIE_PYTHON").map(PathBuf::from)).context(
+        "--methods specforge needs a Python with torch: --python, or $AERIE_PYTHON (the venv of python/requirements-test.txt)",
+    )?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/specforge_finetune.py");
+    if !script.is_file() {
+        bail!("{}: SpecForge's fine-tune script is missing (it ships in aerie's source checkout)", script.display());
+    }
+    Ok((wheel, python, script))
+}
+
 /// Run `aerie bench shift`.
 pub fn run(a: &ShiftArgs) -> Result<()> {
     if a.methods.is_empty() || a.seeds.is_empty() {
@@ -216,6 +300,9 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
         bail!("--anchor-weight and --replay-weight take positive, finite values");
     }
     let variants = Variant::all(&a.methods, &a.anchor_weight, &a.replay_weight);
+    if a.methods.contains(&Method::Specforge) {
+        specforge_inputs(a)?;
+    }
     if variants.is_empty() {
         bail!("--methods anchor needs an --anchor-weight and replay a --replay-weight");
     }
@@ -312,7 +399,8 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
     let scores = work.join("scores");
     std::fs::create_dir_all(&scores)?;
     let warm = score(&mut r, a, "warm start", &paths.warm_start, &paths, &scores.join("warm-start.json"))?;
-    // Optimizer steps of one fine-tune: one sample per step (batch_tokens 512 fits one answer).
+    // Optimizer steps of one fine-tune: one sample per step (`batch_tokens = 1`), as SpecForge's
+    // row trains.
     let steps = code_train as u64 * a.epochs;
     let mut rows = Vec::new();
     for v in &variants {
@@ -321,24 +409,19 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
             let name = v.run_name(seed);
             let run = work.join("runs").join(&name);
             std::fs::create_dir_all(&run)?;
-            let cfg = run.join("config.toml");
-            std::fs::write(&cfg, config(a, v, seed, &run, &paths, steps))?;
-            let mut train = Argv::new(&["train"]).arg(&cfg);
-            if !run.join("summary.json").exists() && latest_checkpoint(&run).is_ok() {
-                train = train.flag("--resume", &run);
-            }
-            let began = Instant::now();
-            r.stage(&format!("train {name}"), &run.join("summary.json"), &train, false)?;
-            let summary: Summary = reports::read(&run.join("summary.json"))?;
-            let drafter = if m.selects() { run.join("best") } else { latest_checkpoint(&run)? };
+            let trained = match m {
+                Method::Specforge => specforge(&mut r, a, seed, &name, &run, &paths)?,
+                _ => aerie_train(&mut r, a, v, seed, &name, &run, &paths, steps)?,
+            };
+            let drafter = trained.drafter.clone();
             let tau = score(&mut r, a, &name, &drafter, &paths, &scores.join(format!("{name}.json")))?.tau;
             rows.push(Row {
                 variant: *v,
                 seed,
                 tau,
-                train_seconds: if summary.elapsed_s > 0.0 { summary.elapsed_s } else { began.elapsed().as_secs_f64() },
-                steps: summary.steps,
-                tokens: summary.tokens,
+                train_seconds: trained.seconds,
+                steps: trained.steps,
+                tokens: trained.tokens,
                 drafter,
             });
         }
@@ -386,6 +469,8 @@ mod tests {
             replay_weight: vec![1.0],
             selections: 4,
             max_new_tokens: 256,
+            specforge_wheel: None,
+            python: None,
             json: false,
         };
         let p = Paths {
