@@ -4,8 +4,8 @@ random drafter: the warm start's SGLang keys all land in SpecForge's LlamaForCau
 maps; a warm start with a key SpecForge has no place for, or lacking one, is refused.
 
 Needs SpecForge's wheel (`bash scripts/gpu/fetch.sh` puts it in .work/gpu/; or
-AERIE_SPECFORGE_WHEEL) and transformers; skipped, saying so, without them. CI does not fetch the
-wheel, so there this test is skipped."""
+AERIE_SPECFORGE_WHEEL) and transformers; skipped, saying so, without them, except under CI=true
+(`.ci/run` fetches the wheel), where a missing wheel fails."""
 
 import contextlib
 import io
@@ -111,6 +111,10 @@ def read(path):
 
     with safe_open(path, framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}
+
+
+if os.environ.get("CI") == "true" and not WHEEL.is_file():
+    raise RuntimeError(f"CI=true: SpecForge's wheel is absent ({WHEEL}); .ci/run fetches it with scripts/gpu/fetch.sh")
 
 
 @unittest.skipUnless(WHEEL.is_file(), f"SpecForge's wheel is absent ({WHEEL}; bash scripts/gpu/fetch.sh fetches it)")
