@@ -77,15 +77,35 @@ fn register_font() {
     });
 }
 
-fn write_png(path: &Path, size: (u32, u32), rgb: &[u8]) -> Result<()> {
-    let fail = |e: png::EncodingError| Error { path: path.to_path_buf(), message: e.to_string() };
-    let file = std::fs::File::create(path).map_err(|e| Error { path: path.to_path_buf(), message: e.to_string() })?;
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), size.0, size.1);
+fn encode_png(size: (u32, u32), rgb: &[u8]) -> std::result::Result<Vec<u8>, png::EncodingError> {
+    let mut bytes = Vec::new();
+    let mut enc = png::Encoder::new(&mut bytes, size.0, size.1);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
-    let mut w = enc.write_header().map_err(fail)?;
-    w.write_image_data(rgb).map_err(fail)?;
-    w.finish().map_err(fail)
+    let mut w = enc.write_header()?;
+    w.write_image_data(rgb)?;
+    w.finish()?;
+    Ok(bytes)
+}
+
+/// Write `bytes` to `path` whole or not at all, and never through a link: into a new file beside
+/// it (`create_new`, which refuses an existing path, a planted symlink included), renamed over
+/// `path` (a rename replaces a link at `path`; it does not follow it).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let fail = |e: std::io::Error| Error { path: path.to_path_buf(), message: e.to_string() };
+    let name = path.file_name().ok_or_else(|| Error { path: path.to_path_buf(), message: "not a file name".into() })?;
+    let tmp = path.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(fail)
 }
 
 /// Draw `figure` into `path`, a PNG or an SVG by its extension, `size` pixels.
@@ -101,11 +121,17 @@ pub fn render(path: &Path, size: (u32, u32), figure: &impl Figure) -> Result<()>
                 let root = BitMapBackend::with_buffer(&mut buf, size).into_drawing_area();
                 figure.draw(&root).map_err(fail)?;
             }
-            write_png(path, size, &buf)
+            let png = encode_png(size, &buf).map_err(|e| Error { path: path.to_path_buf(), message: e.to_string() })?;
+            write_atomic(path, &png)
         }
         Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            figure.draw(&root).map_err(fail)
+            let mut svg = String::new();
+            {
+                let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+                figure.draw(&root).map_err(fail)?;
+                root.present().map_err(|e| fail(e.to_string()))?;
+            }
+            write_atomic(path, svg.as_bytes())
         }
         _ => Err(Error { path: path.to_path_buf(), message: "plots are written as .png or .svg".into() }),
     }
@@ -141,4 +167,51 @@ pub fn legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>, position: 
         .label_font((FONT, 14))
         .draw()
         .map_err(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Blank;
+
+    impl Figure for Blank {
+        fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult {
+            root.fill(&plotters::style::WHITE).map_err(text)
+        }
+    }
+
+    /// A planted link at the output is replaced, never written through (issue 47: never write
+    /// through a link), for both formats.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_at_the_output_is_replaced_not_followed() {
+        let dir = std::env::temp_dir().join(format!("aerie-plot-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, magic) in [("chart.png", &b"\x89PNG"[..]), ("chart.svg", &b"<svg"[..])] {
+            let victim = dir.join(format!("victim-{name}"));
+            std::fs::write(&victim, b"precious").unwrap();
+            let out = dir.join(name);
+            let _ = std::fs::remove_file(&out);
+            std::os::unix::fs::symlink(&victim, &out).unwrap();
+            render(&out, (40, 30), &Blank).unwrap();
+            assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "{name}: written through the link");
+            assert!(std::fs::symlink_metadata(&out).unwrap().file_type().is_file(), "{name}");
+            assert!(std::fs::read(&out).unwrap().starts_with(magic), "{name}");
+        }
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty(), "temporaries left: {leftovers:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unwritable_output_is_an_error_naming_it() {
+        let out = std::env::temp_dir().join("aerie-plot-no-such-dir").join("x").join("chart.png");
+        let err = render(&out, (40, 30), &Blank).unwrap_err();
+        assert_eq!(err.path, out);
+    }
 }
