@@ -151,8 +151,21 @@ impl SpecMeta {
     }
 }
 
+/// The largest count an engine may report: 2^53, below which every integer is exact in the f64
+/// JSON numbers engines write, and whose sums over any run stay far inside u64 (the bound
+/// `counters::vllm_spec_counters` applies to vLLM's Prometheus counters).
+const MAX_COUNT: f64 = 9_007_199_254_740_992.0;
+
+/// A JSON number as a count: a non-negative integer up to [`MAX_COUNT`] (an integral float
+/// included), else nothing: an engine's `1e300` or `-3` is no count, and summing it would
+/// overflow.
+fn count(v: &Value) -> Option<u64> {
+    let f = v.as_u64().map(|n| n as f64).or_else(|| v.as_f64())?;
+    (f.is_finite() && (0.0..=MAX_COUNT).contains(&f) && f.fract() == 0.0).then_some(f as u64)
+}
+
 fn first_u64(obj: &Value, keys: &[&str]) -> Option<u64> {
-    keys.iter().find_map(|k| obj.get(*k).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f.round() as u64))))
+    keys.iter().find_map(|k| obj.get(*k).and_then(count))
 }
 
 /// The `meta_info` object of a response (top level for `/generate`, `choices[0]` for chat), or
@@ -174,14 +187,17 @@ pub fn parse_meta(response: &Value) -> SpecMeta {
     let histogram = ["spec_accept_histogram", "spec_correct_drafts_histogram"]
         .iter()
         .find_map(|k| m.get(*k).and_then(Value::as_array))
-        .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect());
+        // One entry that is no count makes the whole histogram unusable.
+        .and_then(|a| a.iter().map(count).collect::<Option<Vec<u64>>>());
     SpecMeta {
         completion_tokens: first_u64(m, &["completion_tokens"]).or(usage_completion),
         verify_ct: first_u64(m, &["spec_verify_ct"]).filter(|&v| v > 0),
         histogram,
         accepted_drafts: first_u64(m, &["spec_accept_token_num", "spec_accepted_drafts", "spec_num_correct_drafts"]),
         proposed_drafts: first_u64(m, &["spec_draft_token_num", "spec_proposed_drafts", "spec_num_proposed_drafts"]),
-        accept_length: m.get("spec_accept_length").and_then(Value::as_f64),
+        // An accept length is at least 1 and at most the tokens of one verify pass; a value
+        // outside any plausible range (1e300, NaN is not JSON) is dropped like a bad count.
+        accept_length: m.get("spec_accept_length").and_then(Value::as_f64).filter(|a| (0.0..=MAX_COUNT).contains(a)),
     }
 }
 
@@ -325,5 +341,20 @@ mod tests {
         assert_eq!((m.completion_tokens, m.verify_ct, m.accepted_drafts), (Some(64), Some(47), Some(17)));
         let n2 = json!({"sglext": {"spec_tokens_details": [{"spec_verify_ct": 3}, {"spec_verify_ct": 9}]}});
         assert_eq!(parse_meta(&n2).verify_ct, Some(3));
+    }
+
+    /// Issue 47: an engine's counter that is no count (1e300, u64::MAX, negative, fractional) is
+    /// dropped before any sum can overflow, as vLLM's Prometheus counters are refused.
+    #[test]
+    fn counters_that_are_no_count_are_dropped_before_any_sum() {
+        let r = json!({"text": "a", "meta_info": {"completion_tokens": 1e300, "spec_verify_ct": u64::MAX,
+            "spec_accept_histogram": [3, 1e300], "spec_accept_token_num": -3, "spec_draft_token_num": 2.5,
+            "spec_accept_length": 1e300}});
+        assert_eq!(parse_meta(&r), SpecMeta::default());
+        let ok = json!({"meta_info": {"completion_tokens": 9.0, "spec_verify_ct": 4, "spec_accept_histogram": [1, 3.0],
+            "spec_accept_length": 2.25}});
+        let m = parse_meta(&ok);
+        assert_eq!((m.completion_tokens, m.verify_ct, m.histogram), (Some(9), Some(4), Some(vec![1, 3])));
+        assert_eq!(m.accept_length, Some(2.25));
     }
 }
