@@ -371,7 +371,14 @@ impl TargetConfig {
                 keys.insert(k.into(), v.clone());
             }
         }
-        crate::checkpoint::config::read_rope(&Value::Object(keys), path, self.max_position_embeddings)
+        let rope = crate::checkpoint::config::read_rope(&Value::Object(keys), path, self.max_position_embeddings)?;
+        // The one RoPE check drafters get (`RopeConfig::problems`), for the target too: a
+        // `rope_theta` of 0 or a YaRN factor of 0 decodes garbage rather than failing.
+        let problems = rope.problems();
+        if !problems.is_empty() {
+            return Err(config_err(path, format!("the target's RoPE: {}", problems.join("; "))));
+        }
+        Ok(rope)
     }
 }
 
@@ -487,6 +494,28 @@ mod tests {
         v["rope_parameters"] = json!({"rope_type": "dynamic", "factor": 2.0});
         let e = parse(v).unwrap().rope(p()).unwrap_err().to_string();
         assert!(e.contains("dynamic"), "{e}");
+    }
+
+    /// Issue 47, one value check: a target's RoPE number that is 0, negative or not finite is
+    /// refused as a drafter's is, naming the key and the file.
+    #[test]
+    fn a_target_rope_of_zero_is_refused_naming_the_key() {
+        for (rope, key) in [
+            (json!({"rope_theta": 0.0}), "rope_theta"),
+            (json!({"rope_theta": -1e4}), "rope_theta"),
+            (
+                json!({"rope_theta": 1e4, "rope_scaling": {"rope_type": "yarn", "factor": 0.0,
+                       "original_max_position_embeddings": 4096}}),
+                "rope_scaling.factor",
+            ),
+        ] {
+            let mut v = base();
+            for (k, x) in rope.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            let e = parse(v).unwrap().rope(p()).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("t/config.json"), "{e}");
+        }
     }
 
     #[test]
