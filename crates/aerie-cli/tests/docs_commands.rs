@@ -136,6 +136,12 @@ const CANNOT_RUN: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "the domain-shift benchmark: the quickstart and 16 fine-tunes, about an hour on 2 cores (each of its stages is a command other tests run: tests/e2e.rs, tests/cycle_walk.rs, aerie-train's tests/train/anchor.rs and replay.rs, python/tests/test_specforge_finetune.py)",
+        &[
+            "aerie bench shift --workdir aerie-shift --replay-weight 1,3 --specforge-wheel .work/gpu/specforge-0.2.0-py3-none-any.whl",
+        ],
+    ),
+    (
         "Kimi-K2.5's drafter shape (vocabulary 163,840, hidden 7168): tens of GB and minutes per step on this CPU",
         &[
             "aerie bench train configs/kimi-k25-finetune.toml",
