@@ -122,6 +122,7 @@ const CANNOT_RUN: &[(&str, &[&str])] = &[
         &[
             "aerie hub download moonshotai/Kimi-K2.5 --include '*.json' --include '*.model' --include '*.jinja' --include '*.py'",
             "aerie hub download AQ-MedAI/Kimi-K2-Instruct-eagle3",
+            "aerie assets fetch humaneval",
             "aerie quickstart",
         ],
     ),
