@@ -76,6 +76,25 @@ fn bench_train_measures_the_configs_drafter() {
         assert!(k(key), "{key} missing: {rep}");
     }
     assert!(rep["tokens_per_second"].as_f64().unwrap() > 0.0 && rep["achieved_gflops"].as_f64().unwrap() > 0.0);
+    assert_eq!(rep["replay_weight"], 0.0);
+    // A recipe with on-policy replay times the step with its walk and term, as training runs it
+    // (the replay term needs the soft-CE).
+    let rep = ok_json(aerie(&[
+        "bench",
+        "train",
+        common::s(&config),
+        "--set",
+        "loss=soft_ce",
+        "--set",
+        "optim.replay_weight=1",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]));
+    assert_eq!((rep["replay_weight"].as_f64(), rep["loss"].as_str()), (Some(1.0), Some("soft_ce")));
+    assert!(rep["tokens_per_second"].as_f64().unwrap() > 0.0);
     // `--seq-len` overrides the config's `data.max_length`; a bad key is named with its file.
     let rep = ok_json(aerie(&[
         "bench",

@@ -23,6 +23,7 @@ use serde::Serialize;
 use crate::config::Precision;
 use crate::init::drafter_config;
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
+use crate::replay::Replay;
 use crate::{Error, LossKind, Result, TrainConfig};
 
 /// Named drafter shapes.
@@ -49,6 +50,9 @@ pub struct TttBenchSpec {
     pub loss: LossKind,
     /// Activation dtype over f32 weights.
     pub precision: Precision,
+    /// β of `optim.replay_weight`: above 0 the step also walks the hits and adds the replay
+    /// term, as training does (its host read of the hits is part of what is timed).
+    pub replay_weight: f64,
 }
 
 impl TttBenchSpec {
@@ -65,6 +69,7 @@ impl TttBenchSpec {
             ttt: TttOptions::geometric(ttt_length, 0.8).with_alpha_grad(false),
             loss: LossKind::SoftCe,
             precision,
+            replay_weight: 0.0,
         }
     }
 
@@ -77,7 +82,15 @@ impl TttBenchSpec {
         let config = drafter_config(&cfg)?;
         let seq_len = seq_len.or(cfg.data.max_length).unwrap_or(cfg.data.batch_tokens);
         let name = path.file_stem().map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
-        Ok(Self { config, name, seq_len, ttt: cfg.ttt_options(), loss: cfg.loss, precision: cfg.precision })
+        Ok(Self {
+            config,
+            name,
+            seq_len,
+            ttt: cfg.ttt_options(),
+            loss: cfg.loss,
+            precision: cfg.precision,
+            replay_weight: cfg.optim.replay_weight,
+        })
     }
 }
 
@@ -109,6 +122,8 @@ pub struct TttBench {
     pub ttt_length: usize,
     /// The loss timed.
     pub loss: LossKind,
+    /// β of the replay term timed with it (0: none).
+    pub replay_weight: f64,
     /// Activation dtype.
     pub precision: Precision,
     /// Whether the backward was timed too.
@@ -235,7 +250,10 @@ pub fn bench_ttt<B: AutodiffBackend>(
             let _ = out.loss.into_data();
         } else {
             let loss = aerie_model::autodiff::record(|| {
-                micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights, None)
+                let replay = (spec.replay_weight > 0.0).then(|| Replay::of(&out, &masks));
+                let term = replay.and_then(|r| r.term(&out, &spec.ttt.step_weights, norm.positions));
+                let extra = term.map(|t| t.mul_scalar(spec.replay_weight));
+                micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights, extra)
             });
             let grads = aerie_model::autodiff::backward(loss);
             let g = drafter.lm_head.weight.grad(&grads).expect("lm_head gradient");
@@ -263,6 +281,7 @@ pub fn bench_ttt<B: AutodiffBackend>(
         batch: b,
         ttt_length: spec.ttt.ttt_length,
         loss: spec.loss,
+        replay_weight: spec.replay_weight,
         precision: spec.precision,
         backward: !opts.forward_only,
         threads,
