@@ -130,8 +130,9 @@ const ACCEPTED: &str = "vllm:spec_decode_num_accepted_tokens_total";
 const PER_POS: &str = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
 
 /// The largest counter value read: 2^53, past which an f64 no longer holds every integer (and a
-/// sum or a conversion to an integer would be wrong or overflow).
-const MAX_COUNT: f64 = 9_007_199_254_740_992.0;
+/// sum or a conversion to an integer would be wrong or overflow). SGLang's per-answer counts
+/// (`meta::parse_meta`) are bounded by it too.
+pub(crate) const MAX_COUNT: f64 = 9_007_199_254_740_992.0;
 /// Draft positions at most in `accepted_per_pos` (drafts are at most 64 deep; a tree verifies at
 /// most 1024 tokens).
 const MAX_POSITIONS: usize = 1024;

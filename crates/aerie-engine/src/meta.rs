@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::counters::MAX_COUNT;
 use crate::{Error, Result};
 
 /// Which SGLang endpoint to send to.
@@ -151,14 +152,9 @@ impl SpecMeta {
     }
 }
 
-/// The largest count an engine may report: 2^53, below which every integer is exact in the f64
-/// JSON numbers engines write, and whose sums over any run stay far inside u64 (the bound
-/// `counters::vllm_spec_counters` applies to vLLM's Prometheus counters).
-const MAX_COUNT: f64 = 9_007_199_254_740_992.0;
-
-/// A JSON number as a count: a non-negative integer up to [`MAX_COUNT`] (an integral float
-/// included), else nothing: an engine's `1e300` or `-3` is no count, and summing it would
-/// overflow.
+/// A JSON number as a count: a non-negative integer (an integral float included) up to 2^53,
+/// the bound vLLM's counters get ([`MAX_COUNT`]), else nothing: an engine's `1e300` or `-3` is
+/// no count, and summing it would overflow.
 fn count(v: &Value) -> Option<u64> {
     let f = v.as_u64().map(|n| n as f64).or_else(|| v.as_f64())?;
     (f.is_finite() && (0.0..=MAX_COUNT).contains(&f) && f.fract() == 0.0).then_some(f as u64)
