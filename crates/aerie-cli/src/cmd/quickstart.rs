@@ -18,7 +18,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::cmd::common::reports::{self, DecodeBrief, EvalLossReport, RegenerateBrief};
-use crate::cmd::common::stages::{Argv, Runner, StageTime, latest_checkpoint};
+use crate::cmd::common::stages::{self, Argv, Runner, StageTime, latest_checkpoint};
 
 /// The training recipe, with `@WORK@` standing for the work directory.
 const RECIPE: &str = include_str!("../../../../configs/quickstart-smollm2.toml");
@@ -233,23 +233,7 @@ pub fn run(mut args: QuickstartArgs) -> Result<()> {
     )?;
     for (split, n) in [("train", train_samples), ("eval", args.eval_samples)] {
         let out = work.join("shards").join(split);
-        r.stage(
-            &format!("capture {split}"),
-            &out.join(".complete"),
-            &Argv::new(&["capture"])
-                .flag("--target", target.clone())
-                .flag("--data", prepared.clone())
-                .flag("--out", out.clone())
-                .flag("--split", split)
-                .flag("--max-samples", n.to_string())
-                // The final hidden state, not the default top-k teacher: on this 2-core CPU the
-                // capture's top-k pass over SmolLM2's 49,152 logits took 3.9 min more and saved
-                // training 1.0 min (33.8 min in all, over the 30-minute budget, for the same
-                // held-out τ: 1.319 against 1.311). Disk is not what bounds the quickstart.
-                .flag("--teacher", "final-hidden"),
-            false,
-        )?;
-        std::fs::write(out.join(".complete"), b"")?;
+        stages::capture(&mut r, &format!("capture {split}"), &target, &prepared, split, Some(n), &out, false)?;
     }
 
     let config = work.join("train.toml");

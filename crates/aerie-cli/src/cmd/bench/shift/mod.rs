@@ -32,7 +32,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::cmd::common::reports;
-use crate::cmd::common::stages::{Argv, Runner, latest_checkpoint};
+use crate::cmd::common::stages::{self, Argv, Runner, latest_checkpoint};
 
 use humaneval::write_inputs;
 pub use method::{Method, Variant};
@@ -138,36 +138,6 @@ impl Paths {
     fn code_shards(&self, split: &str) -> PathBuf {
         self.code.join("shards").join(split)
     }
-}
-
-/// `aerie capture` of one split of a prepared directory, the final hidden state as the teacher
-/// (as the quickstart captures), marked complete by `.complete`.
-#[allow(clippy::too_many_arguments)]
-fn capture(
-    r: &mut Runner,
-    name: &str,
-    target: &Path,
-    prepared: &Path,
-    split: &str,
-    max_samples: Option<usize>,
-    out: &Path,
-    f32: bool,
-) -> Result<()> {
-    let mut argv = Argv::new(&["capture"])
-        .flag("--target", target)
-        .flag("--data", prepared)
-        .flag("--out", out)
-        .flag("--split", split)
-        .flag("--teacher", "final-hidden");
-    if let Some(n) = max_samples {
-        argv = argv.flag("--max-samples", n.to_string());
-    }
-    if f32 {
-        argv = argv.flag("--dtype", "f32");
-    }
-    r.stage(name, &out.join(".complete"), &argv, false)?;
-    aerie_data::atomic::write_bytes(&out.join(".complete"), b"")?;
-    Ok(())
 }
 
 /// A drafter's scores, as cached in `WORKDIR/scores/NAME.json`.
@@ -367,7 +337,7 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
         // Held-out answers in f32: the cycle walk over them is exactly decoding's at f32
         // features (tests/cycle_walk.rs), which bf16 storage would perturb.
         let shards = paths.code_shards(split);
-        capture(
+        stages::capture(
             &mut r,
             &format!("capture {split}"),
             &paths.target,
@@ -386,7 +356,7 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
     )?;
     paths.warm_start = latest_checkpoint(&quick.join("run"))?;
     // The quickstart's own held-out chat samples, captured again in f32 (see above).
-    capture(
+    stages::capture(
         &mut r,
         "capture chat heldout",
         &paths.target,
