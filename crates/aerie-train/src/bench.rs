@@ -251,8 +251,8 @@ pub fn bench_ttt<B: AutodiffBackend>(
         } else {
             let loss = aerie_model::autodiff::record(|| {
                 let replay = (spec.replay_weight > 0.0).then(|| Replay::of(&out, &masks));
-                let term = replay.and_then(|r| r.term(&out, &spec.ttt.step_weights, norm.positions));
-                let extra = term.map(|t| t.mul_scalar(spec.replay_weight));
+                let extra =
+                    replay.and_then(|r| r.term(&out, &spec.ttt.step_weights, norm.positions, spec.replay_weight));
                 micro_loss(spec.loss, &out, &batch, &masks, &norm, &spec.ttt.step_weights, extra)
             });
             let grads = aerie_model::autodiff::backward(loss);

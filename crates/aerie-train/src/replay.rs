@@ -97,10 +97,17 @@ impl Replay {
         Self::from_hits(&hits, &masks.pm, masks.shape)
     }
 
-    /// Σ_k w_k · Σ_t r_k[t] · ce_tok_k[t] / `positions` (differentiable through `ce_tok`; r is a
-    /// constant), `None` when no step reached any position. `positions` is the whole step's
+    /// β · Σ_k w_k · Σ_t r_k[t] · ce_tok_k[t] / `positions` (differentiable through `ce_tok`; r is
+    /// a constant): the term the objective adds to the soft-CE, `None` when no step reached any
+    /// position. `positions` is the whole step's
     /// normaliser, as the soft-CE's, so splitting a step changes nothing but rounding.
-    pub fn term<B: Backend>(&self, out: &TttOutput<B>, step_weights: &[f64], positions: f64) -> Option<Tensor<B, 1>> {
+    pub fn term<B: Backend>(
+        &self,
+        out: &TttOutput<B>,
+        step_weights: &[f64],
+        positions: f64,
+        beta: f64,
+    ) -> Option<Tensor<B, 1>> {
         let [b, l] = self.shape;
         let mut total: Option<Tensor<B, 1>> = None;
         for ((s, r), &w) in out.steps.iter().zip(&self.weights).zip(step_weights) {
@@ -115,7 +122,7 @@ impl Replay {
                 None => term,
             });
         }
-        total
+        total.map(|t| t.mul_scalar(beta))
     }
 }
 
@@ -325,7 +332,7 @@ mod tests {
                 &masks,
                 &norm,
                 w,
-                replay.term(&out, w, norm.positions).map(|t| t.mul_scalar(beta)),
+                replay.term(&out, w, norm.positions, beta),
             ));
             let host = beta * host_term(&want);
             assert!(host > 0.0);

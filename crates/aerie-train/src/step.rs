@@ -326,8 +326,9 @@ impl<B: AutodiffBackend> Trainer<B> {
                     out.replay.0 += r.starts;
                     out.replay.1 += r.pm_positions;
                 }
-                let term = replay.as_ref().and_then(|r| r.term(&fwd, &self.ttt.step_weights, norm.positions));
-                let extra = term.map(|t| t.mul_scalar(self.replay_weight));
+                let extra = replay
+                    .as_ref()
+                    .and_then(|r| r.term(&fwd, &self.ttt.step_weights, norm.positions, self.replay_weight));
                 let loss = micro_loss(self.loss, &fwd, &p.batch, &p.masks, norm, &self.ttt.step_weights, extra);
                 Ok((fwd, loss))
             })?;
