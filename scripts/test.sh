@@ -4,7 +4,8 @@
 # With cargo-nextest installed (it is on CI's machines) the tests run in its pool, two at a time,
 # the slowest first (.config/nextest.toml), and the doc tests after them (nextest does not run doc
 # tests); without it, `cargo test` runs them one binary after another. Arguments go to whichever
-# runs (`AERIE_TEST_RUNNER=cargo` chooses `cargo test`).
+# runs (`AERIE_TEST_RUNNER=cargo` chooses `cargo test`); `--no-run` only builds the tests, as .ci/run
+# does while its Python venvs install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # burn-flex reduces large tensors in rayon chunks whose association order follows rayon's adaptive
@@ -13,7 +14,9 @@ cd "$(dirname "$0")/.."
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"
 if [ "${AERIE_TEST_RUNNER:-}" != cargo ] && cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --workspace "$@"
-  cargo test --locked --workspace --doc
+  if [ "${1:-}" != --no-run ]; then
+    cargo test --locked --workspace --doc
+  fi
 else
   cargo test --locked --workspace "$@"
 fi
