@@ -14,9 +14,10 @@ cd "$(dirname "$0")/.."
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}"
 if [ "${AERIE_TEST_RUNNER:-}" != cargo ] && cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --workspace "$@"
-  if [ "${1:-}" != --no-run ]; then
-    cargo test --locked --workspace --doc
-  fi
+  case " $* " in
+    *" --no-run "*) ;;
+    *) cargo test --locked --workspace --doc ;;
+  esac
 else
   cargo test --locked --workspace "$@"
 fi
