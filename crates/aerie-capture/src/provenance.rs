@@ -46,6 +46,17 @@ pub struct Claim {
 /// capture takes this before it writes anything, whatever its engine.
 pub fn claim(out: &Path, target: &Path, data: &Path, split: &str) -> Result<Claim> {
     let lock = OutputLock::beside(out)?;
+    // Shards written into the inputs would mix two datasets in one directory.
+    aerie_data::owned::check_not_input(out, "--out", &[("--data", data), ("--target", target)])?;
+    if aerie_data::prepare::is_prepared_dir(out) {
+        return Err(aerie_data::Error::NotOurs {
+            path: out.to_path_buf(),
+            message: "--out holds a prepared dataset (its report.json), which shards would be mixed into: \
+                      capture into a directory of its own, e.g. shards/"
+                .into(),
+        }
+        .into());
+    }
     // A file system without `flock` is told on stderr by the lock itself, as for every writer.
     let warnings = Vec::new();
     let dataset = if out.join(MANIFEST_FILE).exists() { Some(ShardDataset::open(out)?) } else { None };

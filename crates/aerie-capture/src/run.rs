@@ -157,7 +157,10 @@ pub fn capture_prepared<B: Backend>(
     device: &B::Device,
     progress: &mut dyn FnMut(CaptureProgress),
 ) -> Result<CaptureReport> {
-    let target = TargetModel::<B>::load(target_dir, device)?;
+    // Every check that needs no weights (aux layers, vocabulary, tokenizer) before the target
+    // loads: a wrong flag costs a second, not the load.
     let data = PreparedDataset::open(data)?;
+    contract::metadata(target_dir, TargetShape::from_config(target_dir)?, &data, opts)?;
+    let target = TargetModel::<B>::load(target_dir, device)?;
     capture(&target, target_dir, &data, out, opts, progress)
 }

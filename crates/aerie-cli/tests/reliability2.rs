@@ -54,6 +54,9 @@ fn a_symlink_to_an_output_is_the_same_output_for_its_lock() {
     let data = f.write("data", 8, 1 << 20, &"0".repeat(64));
     let run_a = f.root().join("runA");
     let run_b = f.root().join("runB");
+    // runA exists before the first run starts: frozen right after it takes its lock, that run may
+    // not have made its directory yet, and the snapshot would meet a dangling runB.
+    std::fs::create_dir(&run_a).unwrap();
     symlink(&run_a, &run_b).unwrap();
     let slow = f.train_config("a.toml", &run_a, 1, 2000, &[&data], &[]);
     let other = f.train_config("b.toml", &run_b, 2, 1, &[&data], &[]);

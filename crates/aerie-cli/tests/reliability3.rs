@@ -270,3 +270,106 @@ fn set_config_key(dir: &Path, key: &str, value: serde_json::Value) {
     c[key] = value;
     std::fs::write(&path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
 }
+
+/// A new user's mistakes (issue 47's audit of messages): each is named with what to give instead,
+/// and refused before the work it would waste.
+#[test]
+fn a_new_users_mistakes_are_named_with_what_to_give_instead() {
+    let f = Shards::new();
+    let data = f.write("data", 2, 1 << 20, &"0".repeat(64));
+    // A training run given where a drafter is expected: it said "config.json: No such file".
+    let run = f.root().join("run");
+    copy_dir(&f.drafter, &run.join("checkpoint-7"));
+    copy_dir(&f.drafter, &run.join("checkpoint-12"));
+    std::fs::write(run.join("summary.json"), "{}").unwrap();
+    let latest = run.join("checkpoint-12");
+    let words = ["a training run's directory, not a drafter", s(&latest)];
+    refused(f.eval("loss", &data, &run, &[]), &words);
+    refused(aerie(&["export", s(&run), "--to", "sglang", "--out", s(&f.root().join("x")), "--json"]), &words);
+    let out = aerie(&["inspect", s(&run)]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && text.contains(words[0]), "{text}");
+
+    // A mistyped path: it was asked of the Hub as `org/name` and failed as a network error.
+    let typo = f.root().join("drafterr");
+    let out = f.eval("loss", &data, &typo, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a usage error (clap's value check):\n{err}");
+    assert!(err.contains("is a path, not a hub id"), "{err}");
+    assert!(err.contains(&format!("did you mean `{}`", f.drafter.display())), "{err}");
+
+    // Outputs written after the evaluation are checked before it: the unwritable --profile-out
+    // is named, not the drafter's bad RoPE factor found when it loads.
+    let broken = f.root().join("broken");
+    copy_dir(&f.drafter, &broken);
+    set_config_key(&broken, "rope_scaling", serde_json::json!({"rope_type": "linear", "factor": 0.0}));
+    let file = f.root().join("notes.txt");
+    std::fs::write(&file, "the user's notes\n").unwrap();
+    let profile = file.join("profile.json");
+    let args = ["--profile-out", s(&profile), "--k", "2"];
+    refused(f.eval("accept", &data, &broken, &args), &["--profile-out", s(&file)]);
+    // compare: a foreign file at --out, and every candidate, before the first evaluation.
+    let cmp = f.root().join("cmp");
+    std::fs::create_dir(&cmp).unwrap();
+    std::fs::write(cmp.join("compare.md"), "mine\n").unwrap();
+    let compare = |out: &Path, second: &Path| {
+        let args = ["compare", s(&f.drafter), s(second), "--data", s(&data), "--target-head", s(&f.head)];
+        aerie(&[&args[..], &["--k", "2", "--out", s(out), "--json"]].concat())
+    };
+    refused(compare(&cmp, &broken), &["compare.md", "not a comparison that aerie wrote"]);
+    assert_eq!(std::fs::read_to_string(cmp.join("compare.md")).unwrap(), "mine\n");
+    let fresh = f.root().join("cmp2");
+    refused(compare(&fresh, &run), &["candidate `run`", words[0]]);
+    assert!(!fresh.join("compare.json").exists());
+
+    // An output whose directory cannot be made: it named aerie's lock file and the OS error.
+    let under_file = file.join("prepared");
+    let dir = tempfile::tempdir().unwrap();
+    let (target, chats) = tokenizer_and_chats(dir.path(), 4);
+    let words = [s(&file), "is a file, not a directory", s(&under_file)];
+    let err = refused(prepare(&chats, &target, &under_file, &[]), &words);
+    assert!(!err.contains("aerie-lock"), "{err}");
+    let vocab = under_file.join("vocab.safetensors");
+    let err = refused(
+        aerie(&["vocab", "build", s(&file), "--draft-vocab", "8", "--out", s(&vocab)]),
+        &[s(&file), "is a file, not a directory"],
+    );
+    assert!(!err.contains("aerie-lock"), "{err}");
+
+    // `project --max-k 0`: an empty table and exit 0.
+    let costs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/costs/smollm2-native-cpu-2core.toml");
+    refused(aerie(&["project", "--costs", s(&costs), "--max-k", "0"]), &["--max-k 0", "1 or more"]);
+
+    // `regenerate --out DIR`: it suggested --overwrite, which then refused the directory.
+    let regen_dir = dir.path().join("regen");
+    std::fs::create_dir(&regen_dir).unwrap();
+    let args = ["regenerate", "--data", s(&chats), "--out", s(&regen_dir), "--server", "http://127.0.0.1:9"];
+    let err =
+        refused(aerie(&[&args[..], &["--tokenizer", s(&target)]].concat()), &["is a directory", "regenerated.jsonl"]);
+    assert!(!err.contains("--overwrite"), "{err}");
+}
+
+/// `capture --out` into its own inputs: it wrote shards into the prepared dataset (exit 0).
+#[test]
+fn capture_never_writes_into_a_prepared_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    fixture::write_target(&target, 32, 4, 1);
+    let chats = dir.path().join("chat.jsonl");
+    fixture::write_jsonl(&chats, &fixture::conversations(6));
+    let prepared = dir.path().join("prepared");
+    ok_json(prepare(&chats, &target, &prepared, &[]));
+    let other = dir.path().join("other");
+    ok_json(prepare(&chats, &target, &other, &[]));
+    let before = (snapshot(&prepared), snapshot(&other));
+    let capture = |out: &Path, extra: &[&str]| {
+        let args = ["capture", "--target", s(&target), "--data", s(&prepared), "--out", s(out), "--json"];
+        aerie(&[&args[..], extra].concat())
+    };
+    refused(capture(&prepared, &["--aux-layers", "0,1,2"]), &["--out is --data", "destroy the input"]);
+    refused(capture(&other, &["--aux-layers", "0,1,2"]), &["holds a prepared dataset"]);
+    // The flags are checked before the target loads.
+    refused(capture(&dir.path().join("shards"), &["--aux-layers", "0,9"]), &["9"]);
+    assert_eq!((snapshot(&prepared), snapshot(&other)), before);
+    ok_json(capture(&dir.path().join("shards"), &["--aux-layers", "0,1,2"]));
+}

@@ -67,10 +67,26 @@ impl OutputLock {
     /// The lock file is beside what `output` resolves to ([`resolve_output`]).
     pub fn beside(output: &Path) -> Result<Self> {
         let parent = parent_dir(output);
-        fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        // The user asked for `output`, not for aerie's lock file: an error says where the
+        // output cannot go, and why, in the output's words.
+        let cannot = |what: &str, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("{what}, where the output {} goes: {e}", output.display()))
+        };
+        crate::paths::create_output_dir(parent, output).map_err(|(path, e)| Error::io(path, e))?;
         let resolved = resolve_output(output)?;
         let name = resolved.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut lock = Self::take(output, parent_dir(&resolved).join(format!(".{name}.aerie-lock")), true)?;
+        let dir = parent_dir(&resolved);
+        let mut lock = Self::take(output, dir.join(format!(".{name}.aerie-lock")), true).map_err(|err| match err {
+            Error::Io { source, .. }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                Error::io(dir, cannot("cannot write in this directory", source))
+            }
+            other => other,
+        })?;
         lock._identity = lock_identity(output, &resolved)?;
         Ok(lock)
     }

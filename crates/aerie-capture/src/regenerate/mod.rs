@@ -157,10 +157,13 @@ fn claim_output(opts: &RegenerateOptions) -> Result<OutputLock> {
                 || ["data", "out", "target", "template", "records"].iter().all(|k| v.get(k).is_some())
         },
     )?;
-    if opts.out.exists() && !opts.overwrite {
+    // What is at --out decides the advice: a directory is never a regeneration, and
+    // --overwrite is suggested only where it would be accepted (a regeneration aerie finished).
+    if opts.out.is_dir() {
         return Err(Error::Invalid(format!(
-            "{} already exists (a finished regeneration); pass --overwrite to replace it",
-            opts.out.display()
+            "{} is a directory: --out names the JSONL file to write, e.g. {}",
+            opts.out.display(),
+            opts.out.join("regenerated.jsonl").display()
         )));
     }
     if opts.out.exists() && !report_path(&opts.out).exists() {
@@ -172,6 +175,12 @@ fn claim_output(opts: &RegenerateOptions) -> Result<OutputLock> {
                 report_path(&opts.out).file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
             ),
         }));
+    }
+    if opts.out.exists() && !opts.overwrite {
+        return Err(Error::Invalid(format!(
+            "{} already exists (a finished regeneration); pass --overwrite to replace it",
+            opts.out.display()
+        )));
     }
     if !opts.data.exists() {
         return Err(Error::Invalid(format!("{}: no such file or directory (--data)", opts.data.display())));

@@ -3,7 +3,7 @@
 //! a serving engine, ranked by its measured speedup), projected through a costs file, written as
 //! one table (Markdown, CSV, Parquet, JSON) with PNG and SVG plots.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use aerie_eval::compare::run::{self, Compare, CompareProgress};
 use aerie_eval::compare::{Candidate, rows, write_report};
@@ -66,6 +66,22 @@ pub fn run(args: CompareArgs) -> Result<()> {
     let drafters: Vec<(String, PathBuf)> = names.into_iter().zip(args.drafters.iter().cloned()).collect();
     args.common.options()?;
     let costs = args.costs.as_deref().map(Costs::load).transpose().context("reading the costs file")?;
+    // The report is written after every candidate ran: refused now, in a second, when --out
+    // would replace an input or files aerie did not write, or cannot be written.
+    let mut inputs: Vec<(&str, &Path)> = args.drafters.iter().map(|d| ("a candidate drafter", d.as_path())).collect();
+    if let Some(data) = &args.common.data {
+        inputs.push(("--data", data));
+    }
+    aerie_data::owned::check_not_input(&args.out, "--out", &inputs)?;
+    // Every candidate is a drafter with a readable config before the first one is evaluated, so
+    // a mistyped third candidate fails now, not after two evaluations.
+    for (name, dir) in &drafters {
+        aerie_model::checkpoint::check_drafter_dir(dir)
+            .and_then(|()| aerie_model::checkpoint::config::read_config(&dir.join("config.json"), None).map(drop))
+            .with_context(|| format!("candidate `{name}`"))?;
+    }
+    aerie_eval::compare::check_out(&args.out)?;
+    writable(&args.out.join("compare.json")).context("--out")?;
     if args.serving.engine.is_some() {
         return compare_serving(&args, costs.as_ref());
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use aerie_eval::cost::{Costs, CycleSource, Projection, break_even, load_curve, project};
 use aerie_eval::surface::Context;
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 
 /// Arguments of `aerie project`.
@@ -40,6 +40,9 @@ pub struct ProjectArgs {
 
 /// Run `aerie project`.
 pub fn run(args: ProjectArgs) -> Result<()> {
+    if args.max_k == 0 {
+        bail!("--max-k 0 asks for no chain length: give 1 or more (the break-even τ of k = 1..=N drafts)");
+    }
     let costs = Costs::load(&args.costs).context("reading the costs file")?;
     let costs = if args.concurrency.is_some() || args.context.is_some() {
         costs

@@ -230,7 +230,7 @@ fn check_options(opts: &PrepareOptions) -> Result<OutputLock> {
     if opts.max_samples == Some(0) {
         return Err(Error::InvalidOption("max_samples must be at least 1".into()));
     }
-    std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
+    crate::paths::create_output_dir(&opts.out, &opts.out).map_err(|(path, e)| Error::io(path, e))?;
     let lock = OutputLock::beside(&opts.out)?;
     let existing: Vec<_> = [REPORT_FILE, "train.parquet", "eval.parquet"]
         .iter()

@@ -280,17 +280,10 @@ pub fn write_parquet(rows: &[CompareRow], path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Write `compare.md`, `compare.csv`, `compare.parquet`, `compare.json`, `acceptance.{png,svg}` and, with costs,
-/// `speedup.{png,svg}` into `dir` (created). Returns the paths written.
-///
-/// A previous comparison in `dir` is replaced (recognised by its `compare.json`); files of these
-/// names that another program wrote are not.
-pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> Result<Vec<PathBuf>> {
-    if cands.is_empty() {
-        return Err(Error::Report("nothing to compare".into()));
-    }
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
-    let _lock = aerie_data::lock::OutputLock::beside(dir)?;
+/// Refuse `--out` when it holds files of a report's names that aerie did not write (no
+/// `compare.json` of aerie's beside them). Called by [`write_report`], and by `compare` before
+/// it evaluates anything, so a refused `--out` costs a second, not the evaluation.
+pub fn check_out(dir: &Path) -> Result<()> {
     const NAMES: [&str; 8] = [
         "compare.md",
         "compare.csv",
@@ -319,6 +312,21 @@ pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> R
         }
         aerie_data::owned::check_json_is_ours(&json, "a comparison's compare.json", "in --out", ours)?;
     }
+    Ok(())
+}
+
+/// Write `compare.md`, `compare.csv`, `compare.parquet`, `compare.json`, `acceptance.{png,svg}` and, with costs,
+/// `speedup.{png,svg}` into `dir` (created). Returns the paths written.
+///
+/// A previous comparison in `dir` is replaced (recognised by its `compare.json`); files of these
+/// names that another program wrote are not.
+pub fn write_report(dir: &Path, cands: &[Candidate], costs: Option<&Costs>) -> Result<Vec<PathBuf>> {
+    if cands.is_empty() {
+        return Err(Error::Report("nothing to compare".into()));
+    }
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    let _lock = aerie_data::lock::OutputLock::beside(dir)?;
+    check_out(dir)?;
     let table = rows(cands);
     let put = |name: &str, text: String| -> Result<PathBuf> {
         let p = dir.join(name);

@@ -121,6 +121,9 @@ pub fn resolve_model_ref_with(s: &str, cfg: &HubConfig, progress: &mut dyn FnMut
     if path.exists() {
         return Ok(path.to_path_buf());
     }
+    if let Some(problem) = missing_local_path(path) {
+        return Err(Error::InvalidInput { input: s.to_owned(), problem });
+    }
     let not_ref = |problem: String| Error::InvalidInput {
         input: s.to_owned(),
         problem: format!("no such file or directory, nor a hub reference org/name[@revision]: {problem}"),
@@ -144,6 +147,30 @@ pub fn resolve_model_ref_with(s: &str, cfg: &HubConfig, progress: &mut dyn FnMut
         Err(err @ Error::Http { status: None, .. }) => cached_snapshot(cfg, &repo).map(|s| s.path).map_err(|_| err),
         Err(err) => Err(err),
     }
+}
+
+/// A mistyped local path is not a hub id: when the parent of `path` is an existing local
+/// directory (`runs/` of `runs/chkpoint`, or `./x`), `path` names a path that is missing, and
+/// asking the Hub for it would only turn a typo into a network or cache error. Says what the
+/// parent holds that is nearest by name. Hub ids whose owner is not a local directory pass.
+fn missing_local_path(path: &Path) -> Option<String> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty() && p.is_dir())?;
+    let name = path.file_name()?.to_string_lossy().into_owned();
+    let nearest = std::fs::read_dir(parent)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .map(|n| (strsim::levenshtein(&name.to_lowercase(), &n.to_lowercase()), n))
+        .filter(|(d, _)| *d <= (name.chars().count() / 3).max(2))
+        .min();
+    let hint = match nearest {
+        Some((_, n)) => format!("; did you mean `{}`?", parent.join(n).display()),
+        None => String::new(),
+    };
+    Some(format!(
+        "no such file or directory (its parent `{}` is a local directory, so this is a path, not a hub id){hint}",
+        parent.display()
+    ))
 }
 
 /// The listing of a repository at a revision (`/api/{models,datasets}/{id}/revision/{rev}`).

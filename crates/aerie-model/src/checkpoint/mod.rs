@@ -197,10 +197,14 @@ pub fn load_drafter(dir: &Path, target: Option<&Path>) -> Result<DrafterCheckpoi
 }
 
 /// A drafter is a directory (config.json and its weights); a file given instead, such as its
-/// `config.json`, is named with the directory that holds it.
+/// `config.json`, is named with the directory that holds it, and a training run's directory with
+/// the checkpoint to give instead (a run holds drafters, it is not one).
 pub fn check_drafter_dir(dir: &Path) -> Result<()> {
     if dir.is_dir() {
-        return Ok(());
+        if dir.join("config.json").is_file() {
+            return Ok(());
+        }
+        return Err(Error::Config { path: dir.to_path_buf(), message: not_a_drafter_dir(dir) });
     }
     let message = match dir.parent().filter(|p| dir.is_file() && p.join("config.json").is_file()) {
         Some(parent) => format!(
@@ -211,6 +215,57 @@ pub fn check_drafter_dir(dir: &Path) -> Result<()> {
         None => "no such directory".into(),
     };
     Err(Error::Config { path: dir.to_path_buf(), message })
+}
+
+/// Why the directory `dir`, which has no `config.json`, is not a drafter, and what to give
+/// instead: one of a training run's drafters (`best/`, else its latest `checkpoint-<step>/`), or
+/// the drafter a directory holds one level down (the quickstart's `drafter-sglang/`, say).
+fn not_a_drafter_dir(dir: &Path) -> String {
+    let sub = |name: &str| dir.join(name).join("config.json").is_file();
+    let mut checkpoints: Vec<(u64, String)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let step = name.strip_prefix("checkpoint-")?.parse().ok()?;
+            sub(&name).then_some((step, name))
+        })
+        .collect();
+    checkpoints.sort();
+    let run = dir.join("summary.json").is_file() || !checkpoints.is_empty();
+    let mut drafters: Vec<String> = Vec::new();
+    if sub("best") {
+        drafters.push("best".into());
+    }
+    if let Some((_, latest)) = checkpoints.last() {
+        drafters.push(latest.clone());
+    }
+    if !run {
+        let mut below: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| sub(n))
+            .collect();
+        below.sort();
+        drafters.extend(below.into_iter().take(3));
+    }
+    let give = |what: &str| {
+        let names: Vec<String> = drafters.iter().map(|d| format!("`{}`", dir.join(d).display())).collect();
+        format!("{what}: give a drafter directory instead, e.g. {}", names.join(" or "))
+    };
+    match (run, drafters.is_empty()) {
+        (true, false) => give("a training run's directory, not a drafter (it holds no config.json)"),
+        (true, true) => "a training run's directory with no checkpoint yet: a drafter is a directory holding \
+                         config.json and model.safetensors, which a run writes as checkpoint-<step>/"
+            .into(),
+        (false, false) => give("holds no config.json, so it is not a drafter"),
+        (false, true) => {
+            "holds no config.json: a drafter is a directory holding config.json and model.safetensors".into()
+        }
+    }
 }
 
 /// Load the drafter in `dir` (either dialect, single or sharded, `midlayer.*` or `layers.0.*`,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use aerie_eval::accept::AcceptReport;
 use aerie_eval::offline::ShardEval;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use burn::tensor::backend::Backend;
 use clap::Args;
 
@@ -33,6 +33,16 @@ pub struct AcceptArgs {
 /// Run `aerie eval accept`.
 pub fn run(args: AcceptArgs) -> Result<()> {
     args.common.options()?;
+    // Written after the whole evaluation: refused now when it would replace an input or cannot
+    // be written, not after minutes of drafting.
+    if let Some(out) = &args.profile_out {
+        let mut inputs = vec![("--drafter", args.drafter.as_path()), ("--data", args.common.data_dir()?)];
+        if let Some(head) = &args.common.target_head {
+            inputs.push(("--target-head", head));
+        }
+        aerie_data::owned::check_not_input(out, "--profile-out", &inputs)?;
+        crate::cmd::common::writable(out).context("--profile-out")?;
+    }
     with_backend!(args.common.pass.device, |B, dev| accept::<B>(&args, &dev))
 }
 
