@@ -17,6 +17,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use aerie_eval::surface::Context;
 use common::{aerie, aerie_cmd, ok, ok_json, s};
 use engine::{Engine, EngineServer, engine_python, fixture_drafter, target_and_prompts};
 use serde_json::Value;
@@ -188,9 +189,27 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert!((tau_m - tau_s).abs() <= 0.01 * tau_s, "measure τ {tau_m} vs eval serve τ {tau_s}");
     assert!(m["implied_cycle_ms"].as_f64().unwrap() > 0.0);
     common::check_profile(&m["profile"], 2, m["spec_verify_ct"].as_u64().unwrap());
-    // A second run on the same server: the counters' difference, not their totals.
-    let m2 = measure(&["--api", "vllm"]);
-    assert_eq!(m2["spec_verify_ct"], m["spec_verify_ct"], "the same prompts draft the same cycles again");
+    // A second run on the same server, a sweep of concurrency 1 and 2 extending a copy of eval
+    // serve's costs file (issue 46 §1: `measure` writes the surface too). Each place is scoped
+    // to itself (the counters' difference, not their totals), its cycle lands in that place.
+    let swept = dir.path().join("measure-costs.toml");
+    std::fs::copy(&costs, &swept).unwrap();
+    let svg = dir.path().join("measure-surface.svg");
+    let m2 = measure(&["--api", "vllm", "--concurrency", "1,2", "--out", s(&swept), "--heatmap", s(&svg)]);
+    let places = m2["runs"].as_array().unwrap();
+    assert_eq!(places.len(), 2, "{m2}");
+    assert_eq!(places[0]["spec_verify_ct"], m["spec_verify_ct"], "the same prompts draft the same cycles again");
+    let file = aerie_eval::cost::Costs::load(&swept).unwrap();
+    for p in places {
+        let c = p["concurrency"].as_u64().unwrap() as usize;
+        assert!(p["tau"].as_f64().unwrap() > 1.1, "{p}");
+        let point = file.surface.iter().find(|q| q.concurrency == c && q.context == Context::Short).unwrap();
+        let cycle = p["implied_cycle_ms"].as_f64().unwrap();
+        assert!((point.cycle_ms["2"] - cycle).abs() <= 1e-9 * cycle, "measure's cycle at {c} in the file: {p}");
+        assert!(point.speedup.contains_key("2") && point.tau.contains_key("2"), "{p}");
+    }
+    println!("the surface extended by measure:\n{}", std::fs::read_to_string(&swept).unwrap());
+    assert!(std::fs::metadata(&svg).unwrap().len() > 1000);
     drop(server);
 
     // compare --engine: candidates ranked by the engine's measured speedup, in the usual report.

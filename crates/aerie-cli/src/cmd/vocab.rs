@@ -31,6 +31,11 @@ pub struct BuildArgs {
     /// report its coverage on this data; or a hub id `org/name[@revision]`.
     #[arg(long, value_parser = crate::model_ref::parse)]
     pub keep_from: Option<PathBuf>,
+    /// Another prepared dataset (same tokenizer) to build the vocabulary over as well, weighted
+    /// as much as the first whatever its size (repeatable): one map for the old domain and the
+    /// new, for a fine-tune with `init.allow_vocab_override` (docs/training.md).
+    #[arg(long, conflicts_with = "keep_from")]
+    pub mix: Vec<PathBuf>,
     /// Target vocabulary size V (default: the one recorded by `data prepare`).
     #[arg(long)]
     pub vocab_size: Option<usize>,
@@ -55,6 +60,7 @@ fn build(args: &BuildArgs) -> Result<()> {
         vocab_size: args.vocab_size,
         splits: args.splits.clone(),
         keep_from: args.keep_from.clone(),
+        mix: args.mix.clone(),
     };
     let pb = progress::bar(0, "vocab", "samples");
     let report = build_vocab(&args.prepared, &args.out, &opts, &mut |done, total| {
@@ -84,6 +90,14 @@ fn build(args: &BuildArgs) -> Result<()> {
     );
     if let Some(c) = report.rebuilt_coverage {
         println!("rebuilt     {c:.4} (a vocabulary rebuilt from this data; the drafter's mapping was kept)");
+    }
+    for d in &report.datasets {
+        println!(
+            "dataset     {} ({} masked tokens): coverage {:.4}",
+            d.prepared.display(),
+            d.masked_tokens,
+            d.coverage
+        );
     }
     if report.padded_ids > 0 {
         println!("padding     {} draft ids never occur in the data", report.padded_ids);

@@ -241,6 +241,23 @@ pub struct VocabOptions {
     /// Keep the `d2t` of this drafter (directory with `model.safetensors`, or a safetensors
     /// file) instead of building one.
     pub keep_from: Option<PathBuf>,
+    /// Further prepared datasets (same tokenizer) counted with the first, each weighted as much
+    /// as the first whatever its size: a vocabulary for two domains, as a drafter fine-tuned
+    /// for new traffic needs when the new domain's ids are outside its old map (with
+    /// `init.allow_vocab_override`). Building only, not with `keep_from`.
+    pub mix: Vec<PathBuf>,
+}
+
+/// One dataset of a mixed vocabulary ([`VocabOptions::mix`]): its size and how much of it the
+/// vocabulary covers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetCoverage {
+    /// The prepared dataset.
+    pub prepared: PathBuf,
+    /// Masked tokens counted in it.
+    pub masked_tokens: u64,
+    /// Share of them whose id is in the draft vocabulary.
+    pub coverage: f64,
 }
 
 /// What [`build_vocab`] did; also written as JSON beside the vocabulary file.
@@ -276,6 +293,27 @@ pub struct VocabReport {
     pub padded_ids: usize,
     /// With `keep_from`: the coverage a vocabulary rebuilt from this data would have.
     pub rebuilt_coverage: Option<f64>,
+    /// With `mix`: every dataset counted (the first included), each one's coverage. The counts
+    /// and `coverage` above are then of the domain-balanced sum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<DatasetCoverage>,
+}
+
+/// The sum of `parts`, each scaled to the largest one's masked-token count (rounded), so that
+/// every dataset weighs the same in a vocabulary built from the sum.
+fn balanced_sum(parts: &[TokenCounts]) -> TokenCounts {
+    let v = parts.first().map_or(0, |p| p.counts.len());
+    let top = parts.iter().map(|p| p.masked_tokens).max().unwrap_or(0);
+    let mut sum = TokenCounts::new(v);
+    for p in parts.iter().filter(|p| p.masked_tokens > 0) {
+        let scale = top as f64 / p.masked_tokens as f64;
+        for (s, &c) in sum.counts.iter_mut().zip(&p.counts) {
+            *s += (c as f64 * scale).round() as u64;
+        }
+        sum.samples += p.samples;
+    }
+    sum.masked_tokens = sum.counts.iter().sum();
+    sum
 }
 
 /// Count the masked token ids of `splits` of a prepared dataset; `progress(samples_done, total)`.
@@ -331,8 +369,10 @@ pub fn build_vocab(
     }
     let _lock = OutputLock::beside(out)?;
     let report_file = out.with_extension("json");
-    let mut inputs =
-        vec![prepared.join(crate::prepare::REPORT_FILE), prepared.join("train.parquet"), prepared.join("eval.parquet")];
+    let mut inputs = Vec::new();
+    for p in std::iter::once(prepared).chain(opts.mix.iter().map(PathBuf::as_path)) {
+        inputs.extend([p.join(crate::prepare::REPORT_FILE), p.join("train.parquet"), p.join("eval.parquet")]);
+    }
     if let Some(keep) = &opts.keep_from {
         inputs.extend([keep.join("model.safetensors"), keep.clone()]);
     }
@@ -350,7 +390,35 @@ pub fn build_vocab(
         return Err(Error::InvalidOption("the target vocabulary size is 0".into()));
     }
     let splits = if opts.splits.is_empty() { vec![TRAIN.to_owned()] } else { opts.splits.clone() };
-    let counts = count_masked_tokens(&ds, &splits, v, progress)?;
+    let mut counts = count_masked_tokens(&ds, &splits, v, progress)?;
+    if !opts.mix.is_empty() && opts.keep_from.is_some() {
+        return Err(Error::InvalidOption(
+            "a mixed vocabulary is built, a kept one is not: give --mix or --keep-from, not both".into(),
+        ));
+    }
+    let mut parts = Vec::new();
+    for other in &opts.mix {
+        let o = PreparedDataset::open(other)?;
+        if o.report().tokenizer_digest != ds.report().tokenizer_digest {
+            return Err(verr(
+                other,
+                format!(
+                    "prepared with another tokenizer than {} (digest {} vs {}): a vocabulary maps one target's ids",
+                    prepared.display(),
+                    o.report().tokenizer_digest,
+                    ds.report().tokenizer_digest
+                ),
+            ));
+        }
+        parts.push((other.clone(), count_masked_tokens(&o, &splits, v, progress)?));
+    }
+    let mut per_dataset = Vec::new();
+    if !parts.is_empty() {
+        parts.insert(0, (prepared.to_owned(), counts));
+        let all: Vec<TokenCounts> = parts.iter().map(|(_, c)| c.clone()).collect();
+        counts = balanced_sum(&all);
+        per_dataset = parts;
+    }
     let (vocab, rebuilt_coverage) = match &opts.keep_from {
         Some(drafter) => {
             let kept = DraftVocab::read(drafter, Some(v))?;
@@ -393,6 +461,14 @@ pub fn build_vocab(
         coverage: vocab.coverage(&counts),
         padded_ids,
         rebuilt_coverage,
+        datasets: per_dataset
+            .iter()
+            .map(|(p, c)| DatasetCoverage {
+                prepared: p.clone(),
+                masked_tokens: c.masked_tokens,
+                coverage: vocab.coverage(c),
+            })
+            .collect(),
     };
     let mut meta = HashMap::new();
     meta.insert("source".into(), report.source.clone());
@@ -409,4 +485,24 @@ pub fn build_vocab(
     let json = serde_json::to_vec_pretty(&report).map_err(|e| Error::InvalidOption(e.to_string()))?;
     crate::atomic::write_bytes(&report_file, &json)?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dataset ten times larger does not outvote a small one: each is scaled to the largest
+    /// one's token count before the sum, so a vocabulary of two ids takes each one's top id.
+    #[test]
+    fn a_balanced_sum_weighs_every_dataset_alike() {
+        let mut big = TokenCounts::new(6);
+        big.add(&[0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2], &[1; 20]).unwrap();
+        let mut small = TokenCounts::new(6);
+        small.add(&[5, 5], &[1, 1]).unwrap();
+        let sum = balanced_sum(&[big.clone(), small]);
+        assert_eq!(sum.counts, [6, 4, 10, 0, 0, 20]);
+        assert_eq!((sum.masked_tokens, sum.samples), (40, 2));
+        assert_eq!(DraftVocab::build(&sum, 2).unwrap().target_ids(), [2, 5]);
+        assert_eq!(DraftVocab::build(&big, 2).unwrap().target_ids(), [0, 2], "unmixed, the big one's top two");
+    }
 }

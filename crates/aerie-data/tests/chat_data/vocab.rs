@@ -103,6 +103,66 @@ fn vocab_build_writes_a_valid_mapping_and_a_report() {
     assert!(err.to_string().contains("safetensors"), "{err}");
 }
 
+/// `mix`: a second domain's dataset (same tokenizer) counted as much as the first, each one's
+/// coverage reported; refused with `keep_from` and for another tokenizer's data.
+#[test]
+fn a_mixed_vocabulary_covers_both_domains() {
+    let dir = tempdir();
+    let chat = prepared(dir.path());
+    let code_dir = dir.path().join("code");
+    std::fs::create_dir_all(&code_dir).unwrap();
+    let data = code_dir.join("d.json");
+    let recs: Vec<String> = (0..3)
+        .map(|i| sharegpt_record(&format!("k{i}"), &[("human", "write code"), ("gpt", "def f(x): return x * 2")]))
+        .collect();
+    std::fs::write(&data, format!("[{}]", recs.join(","))).unwrap();
+    let tok = tokenizer_dir(dir.path(), None, None);
+    let code = code_dir.join("prepared");
+    let mut opts = PrepareOptions::new(&data, &tok, &code);
+    opts.template = TemplateChoice::Builtin(BuiltinTemplate::ChatMl);
+    prepare(&opts, &mut |_| {}).unwrap();
+
+    let vd = 12;
+    let out = dir.path().join("chat.safetensors");
+    let only_chat = build_vocab(
+        &chat,
+        &out,
+        &VocabOptions { draft_vocab_size: Some(vd), ..VocabOptions::default() },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let mixed_out = dir.path().join("mixed.safetensors");
+    let opts = VocabOptions { draft_vocab_size: Some(vd), mix: vec![code.clone()], ..VocabOptions::default() };
+    let mixed = build_vocab(&chat, &mixed_out, &opts, &mut |_, _| {}).unwrap();
+    check_invariants(&mixed_out, vd, vocab_size());
+    assert_eq!(mixed.datasets.len(), 2);
+    assert_eq!((&mixed.datasets[0].prepared, &mixed.datasets[1].prepared), (&chat, &code));
+    // The code answers' ids were rare in the chat-only map (3 samples against 30) and are in the
+    // mixed one; the chat data keeps most of its coverage.
+    let chat_only = DraftVocab::read(&out, None).unwrap();
+    let code_counts = {
+        let ds = aerie_data::prepare::PreparedDataset::open(&code).unwrap();
+        aerie_data::vocab::count_masked_tokens(&ds, &["train".into()], vocab_size(), &mut |_, _| {}).unwrap()
+    };
+    assert!(mixed.datasets[1].coverage > chat_only.coverage(&code_counts), "{mixed:?}");
+    assert!(mixed.datasets[0].coverage <= only_chat.coverage);
+    assert!(mixed.datasets[0].coverage > 0.5, "{mixed:?}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("mixed.json")).unwrap()).unwrap();
+    assert_eq!(json["datasets"].as_array().unwrap().len(), 2);
+
+    let both = VocabOptions { keep_from: Some(dir.path().join("x")), ..opts.clone() };
+    let err = build_vocab(&chat, &mixed_out, &both, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("--mix or --keep-from"), "{err}");
+    // Another tokenizer's data (its recorded digest changed, as another tokenizer.json gives).
+    let report = code.join("report.json");
+    let mut r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    r["tokenizer_digest"] = serde_json::json!("0".repeat(64));
+    std::fs::write(&report, serde_json::to_vec(&r).unwrap()).unwrap();
+    let err = build_vocab(&chat, &mixed_out, &opts, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("another tokenizer") && err.contains(&code.display().to_string()), "{err}");
+}
+
 /// A drafter checkpoint with some weights and the given mapping.
 fn write_drafter(dir: &std::path::Path, target_ids: &[i64], v: usize) -> std::path::PathBuf {
     let drafter = dir.join("drafter");

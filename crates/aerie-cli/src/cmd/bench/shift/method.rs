@@ -17,6 +17,11 @@ pub enum Method {
     Select,
     /// Anchor, replay and select together.
     Combined,
+    /// A draft vocabulary for both domains (`aerie vocab build CHAT --mix CODE`, each weighted
+    /// alike) switched to at the warm start (`init.allow_vocab_override`: rows of ids in both
+    /// maps kept, the new ones fresh), then plain distillation: the new domain's ids outside the
+    /// old map can never be drafted otherwise.
+    Vocab,
     /// The reference row: SpecForge 0.2.0's own trainer (`scripts/specforge_finetune.py`, the
     /// wheel's code) on the same shards and recipe; needs `--specforge-wheel` and a Python with
     /// torch (`--python`, default `$AERIE_PYTHON`).
@@ -31,6 +36,7 @@ impl Method {
             Method::Replay => "replay",
             Method::Select => "select",
             Method::Combined => "combined",
+            Method::Vocab => "vocab",
             Method::Specforge => "specforge",
         }
     }
@@ -60,7 +66,7 @@ impl Variant {
         let mut out = Vec::new();
         for &m in methods {
             match m {
-                Method::Plain | Method::Select | Method::Specforge => out.push(v(m, None, None)),
+                Method::Plain | Method::Select | Method::Vocab | Method::Specforge => out.push(v(m, None, None)),
                 Method::Anchor => out.extend(anchors.iter().map(|&l| v(m, Some(l), None))),
                 Method::Replay => out.extend(replays.iter().map(|&b| v(m, None, Some(b)))),
                 Method::Combined => out.push(v(m, anchors.first().copied(), replays.first().copied())),

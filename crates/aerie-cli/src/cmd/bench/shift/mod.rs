@@ -110,6 +110,12 @@ fn config(a: &ShiftArgs, v: &Variant, seed: u64, run: &Path, paths: &Paths, step
         lr = a.lr,
         epochs = a.epochs,
     );
+    if m == Method::Vocab {
+        s = s.replace(
+            "[init]\nkind = \"warm_start\"\n",
+            &format!("[init]\nkind = \"warm_start\"\nvocab = {:?}\nallow_vocab_override = true\n", paths.mixed_vocab),
+        );
+    }
     if let Some(l) = v.anchor_weight {
         s += &format!("anchor_weight = {l:e}\n");
     }
@@ -132,6 +138,8 @@ struct Paths {
     chat_heldout: PathBuf,
     code: PathBuf,
     select_prompts: PathBuf,
+    /// The draft vocabulary of both domains (`vocab` method).
+    mixed_vocab: PathBuf,
 }
 
 impl Paths {
@@ -307,6 +315,7 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
         chat_heldout: work.join("chat").join("shards").join("heldout"),
         select_prompts,
         code: code.clone(),
+        mixed_vocab: code.join("vocab-mixed.safetensors"),
     };
     for split in ["train", "heldout"] {
         let answers = code.join(format!("{split}-answers.jsonl"));
@@ -366,6 +375,23 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
         &paths.chat_heldout,
         true,
     )?;
+    if variants.iter().any(|v| v.method == Method::Vocab) {
+        // The warm start's size of map, over the chat data it was built on and the code data.
+        let warm_cfg: serde_json::Value = reports::read(&paths.warm_start.join("config.json"))?;
+        let vd = warm_cfg["draft_vocab_size"]
+            .as_u64()
+            .with_context(|| format!("{}: no draft_vocab_size", paths.warm_start.join("config.json").display()))?;
+        r.stage(
+            "vocab mixed",
+            &paths.mixed_vocab,
+            &Argv::new(&["vocab", "build"])
+                .arg(quick.join("prepared"))
+                .flag("--mix", code.join("prepared").join("train"))
+                .flag("--draft-vocab", vd.to_string())
+                .flag("--out", &paths.mixed_vocab),
+            false,
+        )?;
+    }
     let scores = work.join("scores");
     std::fs::create_dir_all(&scores)?;
     let warm = score(&mut r, a, "warm start", &paths.warm_start, &paths, &scores.join("warm-start.json"))?;
@@ -449,6 +475,7 @@ mod tests {
             chat_heldout: "c".into(),
             code: "code".into(),
             select_prompts: "s.jsonl".into(),
+            mixed_vocab: "v.safetensors".into(),
         };
         let v = Variant::all(&[Method::Plain, Method::Combined], &a.anchor_weight, &a.replay_weight);
         let plain = config(&a, &v[0], 0, Path::new("run"), &p, 246);
@@ -462,5 +489,10 @@ mod tests {
         std::fs::write(&path, &plain).unwrap();
         let cfg = aerie_train::config::TrainConfig::load(&path, &[]).unwrap();
         assert_eq!((cfg.optim.epochs, cfg.seed), (2, 0));
+        // The vocab method switches the warm start to the mixed map.
+        let vocab = config(&a, &Variant::all(&[Method::Vocab], &[], &[])[0], 0, Path::new("run"), &p, 246);
+        std::fs::write(&path, &vocab).unwrap();
+        let cfg = aerie_train::config::TrainConfig::load(&path, &[]).unwrap();
+        assert!(cfg.init.allow_vocab_override && cfg.init.vocab.as_ref().is_some_and(|v| v.ends_with("v.safetensors")));
     }
 }
