@@ -347,6 +347,26 @@ fn a_new_users_mistakes_are_named_with_what_to_give_instead() {
     let err =
         refused(aerie(&[&args[..], &["--tokenizer", s(&target)]].concat()), &["is a directory", "regenerated.jsonl"]);
     assert!(!err.contains("--overwrite"), "{err}");
+
+    // `measure --out` is written after the whole sweep: an unwritable or unreadable costs file is
+    // named before the first request (no server answers at port 9: the refusal came first).
+    let prompts = dir.path().join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt\": \"hello\"}\n").unwrap();
+    let measure = |out: &Path| {
+        aerie(&[
+            "measure",
+            "--server",
+            "http://127.0.0.1:9",
+            "--prompts",
+            s(&prompts),
+            "--out",
+            s(out),
+            "--retries",
+            "0",
+        ])
+    };
+    refused(measure(&file.join("costs.toml")), &["--out", s(&file)]);
+    refused(measure(&file), &["--out", "reading the costs file", s(&file)]);
 }
 
 /// `capture --out` into its own inputs: it wrote shards into the prepared dataset (exit 0).

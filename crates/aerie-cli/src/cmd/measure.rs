@@ -105,6 +105,16 @@ pub fn run(args: MeasureArgs) -> Result<()> {
     if args.profile_out.is_some() && args.concurrency.len() * args.contexts.len() > 1 {
         bail!("--profile-out writes one run's profile: give one --concurrency and one --context with it");
     }
+    // Everything written after the sweep is checked before it: a sweep at concurrency 64 on a
+    // node takes many minutes, and a costs file that cannot be written or extended would lose it.
+    for (flag, path) in [("--out", &args.out), ("--heatmap", &args.heatmap), ("--profile-out", &args.profile_out)] {
+        if let Some(path) = path {
+            crate::cmd::common::writable(path).with_context(|| flag.to_string())?;
+        }
+    }
+    if let Some(out) = args.out.as_deref().filter(|p| p.exists()) {
+        Costs::load(out).context("--out: reading the costs file to extend")?;
+    }
     let long = long_context(&short, args.long_context_words);
     let api = aerie_engine::parse_api(&args.api).map_err(|e| anyhow::anyhow!("--api: {e}"))?;
     let mut reports = Vec::new();

@@ -22,6 +22,9 @@ pub enum Method {
     /// maps kept, the new ones fresh), then plain distillation: the new domain's ids outside the
     /// old map can never be drafted otherwise.
     Vocab,
+    /// The vocab method with replay (the first `--replay-weight`).
+    #[serde(rename = "vocab-replay")]
+    VocabReplay,
     /// The reference row: SpecForge 0.2.0's own trainer (`scripts/specforge_finetune.py`, the
     /// wheel's code) on the same shards and recipe; needs `--specforge-wheel` and a Python with
     /// torch (`--python`, default `$AERIE_PYTHON`).
@@ -37,12 +40,18 @@ impl Method {
             Method::Select => "select",
             Method::Combined => "combined",
             Method::Vocab => "vocab",
+            Method::VocabReplay => "vocab-replay",
             Method::Specforge => "specforge",
         }
     }
 
     pub fn selects(self) -> bool {
         matches!(self, Method::Select | Method::Combined)
+    }
+
+    /// Whether it switches the warm start to the map of both domains.
+    pub fn mixes_vocab(self) -> bool {
+        matches!(self, Method::Vocab | Method::VocabReplay)
     }
 }
 
@@ -70,6 +79,7 @@ impl Variant {
                 Method::Anchor => out.extend(anchors.iter().map(|&l| v(m, Some(l), None))),
                 Method::Replay => out.extend(replays.iter().map(|&b| v(m, None, Some(b)))),
                 Method::Combined => out.push(v(m, anchors.first().copied(), replays.first().copied())),
+                Method::VocabReplay => out.push(v(m, None, replays.first().copied())),
             }
         }
         out
@@ -106,9 +116,13 @@ mod tests {
 
     #[test]
     fn each_weight_is_its_own_variant_and_combined_takes_the_first() {
-        let all = Variant::all(&[Method::Plain, Method::Anchor, Method::Combined], &[0.01, 0.1], &[1.0]);
+        let methods = [Method::Plain, Method::Anchor, Method::Combined, Method::VocabReplay];
+        let all = Variant::all(&methods, &[0.01, 0.1], &[1.0]);
         let names: Vec<String> = all.iter().map(|v| v.run_name(0)).collect();
-        assert_eq!(names, ["plain-s0", "anchor-l0.01-s0", "anchor-l0.1-s0", "combined-l0.01-b1-s0"]);
+        assert_eq!(
+            names,
+            ["plain-s0", "anchor-l0.01-s0", "anchor-l0.1-s0", "combined-l0.01-b1-s0", "vocab-replay-b1-s0"]
+        );
         assert_eq!(all[3].label(), "combined λ=0.01 β=1");
     }
 }

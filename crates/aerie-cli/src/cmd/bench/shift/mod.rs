@@ -110,7 +110,7 @@ fn config(a: &ShiftArgs, v: &Variant, seed: u64, run: &Path, paths: &Paths, step
         lr = a.lr,
         epochs = a.epochs,
     );
-    if m == Method::Vocab {
+    if m.mixes_vocab() {
         s = s.replace(
             "[init]\nkind = \"warm_start\"\n",
             &format!("[init]\nkind = \"warm_start\"\nvocab = {:?}\nallow_vocab_override = true\n", paths.mixed_vocab),
@@ -375,7 +375,7 @@ pub fn run(a: &ShiftArgs) -> Result<()> {
         &paths.chat_heldout,
         true,
     )?;
-    if variants.iter().any(|v| v.method == Method::Vocab) {
+    if variants.iter().any(|v| v.method.mixes_vocab()) {
         // The warm start's size of map, over the chat data it was built on and the code data.
         let warm_cfg: serde_json::Value = reports::read(&paths.warm_start.join("config.json"))?;
         let vd = warm_cfg["draft_vocab_size"]
