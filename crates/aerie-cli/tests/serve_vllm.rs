@@ -210,6 +210,16 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     }
     println!("the surface extended by measure:\n{}", std::fs::read_to_string(&swept).unwrap());
     assert!(std::fs::metadata(&svg).unwrap().len() > 1000);
+    // The serving doctor on the real vLLM, correctly configured (EAGLE-3, the speculators layout):
+    // detected, speculating, no error (issue 46 §2; exit 2 would be an error-severity finding).
+    let out = aerie(&["doctor", "--server", &server.url, "--drafter", s(&speculators), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!("aerie doctor on vLLM: findings {} not checked {}", d["findings"], d["not_checked"]);
+    assert_eq!(d["server"]["engine"], "vllm");
+    assert!(d["server"]["version"].as_str().unwrap().starts_with("0.32.0"), "{}", d["server"]);
+    assert_eq!(d["server"]["speculating"], true);
+    assert!(d["findings"].as_array().unwrap().iter().all(|f| f["severity"] != "error"), "{d}");
     drop(server);
 
     // compare --engine: candidates ranked by the engine's measured speedup, in the usual report.
