@@ -221,6 +221,29 @@ fn eval_serve_in_vllm_matches_aerie_and_feeds_measure_compare_and_project() {
     assert_eq!(d["server"]["speculating"], true);
     assert!(d["findings"].as_array().unwrap().iter().all(|f| f["severity"] != "error"), "{d}");
     drop(server);
+    // The same drafter behind `"method": "eagle"`: vLLM 0.32 starts it without a word and drafts
+    // worse (τ 1.07 against 1.34 measured on 2026-12-06); the doctor names it and exits 2.
+    let wrong = serde_json::json!({"method": "eagle", "model": s(&speculators), "num_speculative_tokens": 2});
+    let wrong = wrong.to_string();
+    let extra = ["--served-model-name", "target", "--max-model-len", "4096", "--speculative-config", wrong.as_str()];
+    let server = EngineServer::start(Engine::Vllm, &python, &target, dir.path(), "vllm-eagle", &extra);
+    let out = aerie(&["doctor", "--server", &server.url, "--drafter", s(&speculators), "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors: Vec<&str> = d["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["severity"] == "error")
+        .map(|f| f["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(errors, ["eagle-not-eagle3"], "{d}");
+    let base = ["measure", "--server", &server.url, "--prompts", s(&prompts), "--model", "target"];
+    let w = ok_json(aerie(&[&base[..], &["--max-new-tokens", "48", "--json"]].concat()));
+    let tau_w = w["tau"].as_f64().unwrap();
+    println!("vLLM with method eagle for an EAGLE-3 drafter: τ {tau_w} (eagle3: {tau_m})");
+    assert!(tau_w < tau_m, "the wrong method drafted as well: τ {tau_w} vs {tau_m}");
+    drop(server);
 
     // compare --engine: candidates ranked by the engine's measured speedup, in the usual report.
     let report = dir.path().join("compare");
