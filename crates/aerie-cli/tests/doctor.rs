@@ -14,7 +14,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 
 use common::{aerie, s};
-use engine::{Engine, EngineServer, engine_python, fixture_drafter};
+use engine::{Engine, EngineServer, doctor_errors, engine_python, fixture_drafter};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {
@@ -167,13 +167,7 @@ fn doctor_flags_a_real_sglang_started_with_eagle_for_an_eagle3_drafter() {
     let out = aerie(&["doctor", "--server", &server.url, "--json"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let errors: Vec<&str> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["severity"] == "error")
-        .map(|f| f["rule"].as_str().unwrap())
-        .collect();
+    let errors = doctor_errors(&v);
     assert_eq!(errors, ["eagle-not-eagle3"], "{:#}", v["findings"]);
     let srv = &v["server"];
     assert_eq!((srv["version"].as_str(), srv["algorithm"].as_str()), (Some("0.5.23"), Some("EAGLE")));

@@ -329,3 +329,14 @@ pub fn kill_group_after_shards(child: &mut Child, out: &Path, shards: usize) -> 
     child.wait().unwrap();
     pid
 }
+
+/// The rules of `aerie doctor --json`'s error-severity findings, in report order.
+pub fn doctor_errors(diagnosis: &serde_json::Value) -> Vec<&str> {
+    diagnosis["findings"]
+        .as_array()
+        .expect("a diagnosis has findings")
+        .iter()
+        .filter(|f| f["severity"] == "error")
+        .map(|f| f["rule"].as_str().expect("a finding names its rule"))
+        .collect()
+}
