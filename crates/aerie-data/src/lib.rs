@@ -63,7 +63,7 @@ pub mod hf_config;
 pub mod limits;
 pub mod lock;
 pub mod owned;
-mod paths;
+pub mod paths;
 pub mod prepare;
 pub mod readers;
 pub mod shard;

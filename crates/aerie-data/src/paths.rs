@@ -14,7 +14,7 @@ pub(crate) fn parent_dir(path: &Path) -> &Path {
 /// Create `dir` and its parents, where the output `output` goes. On failure, the path to name
 /// and an error in the output's words: the file in the way when an ancestor is a file (the OS
 /// says only "File exists" or "Not a directory"), else why the directory cannot be made.
-pub(crate) fn create_output_dir(dir: &Path, output: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+pub fn create_output_dir(dir: &Path, output: &Path) -> Result<(), (PathBuf, std::io::Error)> {
     std::fs::create_dir_all(dir).map_err(|e| {
         let kind = e.kind();
         match dir.ancestors().find(|a| !a.as_os_str().is_empty() && a.exists()).filter(|a| !a.is_dir()) {

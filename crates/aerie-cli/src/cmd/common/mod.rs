@@ -233,7 +233,8 @@ pub fn writable(path: &Path) -> Result<()> {
     if path.is_dir() {
         bail!("{} is a directory, not a file to write", path.display());
     }
-    std::fs::create_dir_all(&parent).with_context(|| format!("{}: cannot create its directory", path.display()))?;
+    // The one maker of output directories: a file in the way is named as every writer names it.
+    aerie_data::paths::create_output_dir(&parent, path).map_err(|(at, e)| anyhow::anyhow!("{}: {e}", at.display()))?;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let probe = parent.join(format!(".aerie-write-check-{}-{nanos}", std::process::id()));
     std::fs::OpenOptions::new()
