@@ -190,6 +190,33 @@ fn sizes_from_flags_and_files_are_refused_before_use() {
     let out = dir.path().join("prepared");
     refused(prepare(&zero, &target, &out, &[]), &[s(&zero), "line 1", "longer than the limit of 268435456 bytes"]);
 
+    // A chat template that never ends, or that doubles a string in a loop: hung, and took 6 GB.
+    let chats = dir.path().join("chat.jsonl");
+    for (name, source) in [
+        ("hang.jinja", "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"),
+        (
+            "double.jinja",
+            "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+        ),
+    ] {
+        let template = dir.path().join(name);
+        std::fs::write(&template, source).unwrap();
+        let words = [&s(&template)[..], "budget for one render", "conversation"];
+        refused(prepare(&chats, &target, &out, &["--template", s(&template)]), &words);
+    }
+    assert!(!out.join("report.json").exists());
+
+    // A `config.json` beside the tokenizer whose `vocab_size` is 4e9: recorded in the dataset.
+    let original = std::fs::read_to_string(target.join("config.json")).ok();
+    let mut config: serde_json::Value = serde_json::from_str(original.as_deref().unwrap_or("{}")).unwrap();
+    config["vocab_size"] = serde_json::json!(4_000_000_000u64);
+    std::fs::write(target.join("config.json"), config.to_string()).unwrap();
+    refused(prepare(&chats, &target, &out, &[]), &["config.json: vocab_size = 4000000000", "limit of 16777216"]);
+    match original {
+        Some(text) => std::fs::write(target.join("config.json"), text).unwrap(),
+        None => std::fs::remove_file(target.join("config.json")).unwrap(),
+    }
+
     // `regenerate --server`: a timeout of 1e300 s panicked making it a Duration, 10^8 requests in
     // flight panicked spawning their threads.
     let chats = dir.path().join("chat.jsonl");

@@ -264,6 +264,9 @@ pub enum DropReason {
     NoAssistantTurn,
     /// The chat template refused the conversation (its `raise_exception`, a render error).
     TemplateError,
+    /// The chat template ran past the budget of one render (a loop without end, text without
+    /// bound): never counted, `data prepare` stops at the first (the template's fault).
+    TemplateBudget,
     /// Rendering a prefix of the conversation is not a prefix of rendering all of it (templates
     /// that rewrite history), before any assistant turn could be located.
     TemplateNotPrefixStable,
@@ -292,6 +295,7 @@ impl DropReason {
             DropReason::SameRole => "same_role",
             DropReason::NoAssistantTurn => "no_assistant_turn",
             DropReason::TemplateError => "template_error",
+            DropReason::TemplateBudget => "template_budget",
             DropReason::TemplateNotPrefixStable => "template_not_prefix_stable",
             DropReason::NoMaskedTokens => "no_masked_tokens",
             DropReason::MediaContent => "media_content",

@@ -179,6 +179,15 @@ pub enum Error {
         /// The engine's message, or the template's own `raise_exception` text.
         message: String,
     },
+    /// A chat template that ran past the budget of one render ([`crate::template::RENDER_FUEL`]):
+    /// the template's fault, whatever the conversation, so a command stops at the first.
+    #[error("chat template `{template}`: {message}")]
+    TemplateBudget {
+        /// The template's name.
+        template: String,
+        /// What ran out, and what to do.
+        message: String,
+    },
     /// A tokenizer directory whose files are missing or unreadable.
     #[error("{}: {message}", path.display())]
     Tokenizer {

@@ -229,9 +229,12 @@ impl<'a> ChatEncoder<'a> {
     ) -> std::result::Result<String, Rejected> {
         let kwargs = &self.opts.template_kwargs;
         self.template.render_conversation(messages, tools, generation_prompt, kwargs).map_err(|e| Rejected {
-            reason: DropReason::TemplateError,
+            reason: match e {
+                Error::TemplateBudget { .. } => DropReason::TemplateBudget,
+                _ => DropReason::TemplateError,
+            },
             message: match e {
-                Error::Template { message, .. } => message,
+                Error::Template { message, .. } | Error::TemplateBudget { message, .. } => message,
                 other => other.to_string(),
             },
         })

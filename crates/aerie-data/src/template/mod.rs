@@ -45,6 +45,16 @@ enum Exact {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// minijinja's fuel for one render: about one unit per instruction executed and per 64 bytes of
+/// text or list a render creates (its output included), so it bounds a render's time and memory
+/// alike, 2^25 units being about 33M instructions or 2 GiB. A chat template is untrusted code
+/// from a model repository: a loop that does not end would hang `data prepare`, and a string
+/// doubled in a loop would take the machine's memory, so a render past it is an error naming the
+/// template. Real templates use far less: Kimi-K2's renders two turns in 58 units
+/// (`a_render_that_does_not_end_is_stopped_by_its_budget` prints it), and the text of a 256 MiB
+/// record (`limits::MAX_RECORD_BYTES`), rendered once, costs 4M.
+pub const RENDER_FUEL: u64 = 1 << 25;
+
 /// Which template to use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TemplateChoice {
@@ -137,6 +147,7 @@ impl ChatTemplate {
                 .expect("default delimiters are valid"),
         );
         env.set_formatter(python::format_value);
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", python::tojson);
         env.add_function("raise_exception", python::raise_exception);
@@ -260,8 +271,14 @@ impl ChatTemplate {
             ctx.push((k.as_str(), python::json_to_value(v)));
         }
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("the template was added at construction");
-        tmpl.render(Value::from_pairs(ctx))
-            .map_err(|e| Error::Template { template: self.name.clone(), message: render_error_message(&e) })
+        tmpl.render(Value::from_pairs(ctx)).map_err(|e| {
+            let (template, message) = (self.name.clone(), render_error_message(&e));
+            if e.kind() == minijinja::ErrorKind::OutOfFuel {
+                Error::TemplateBudget { template, message }
+            } else {
+                Error::Template { template, message }
+            }
+        })
     }
 
     /// Whether the template declares tools through a variable only the model's Python
@@ -375,6 +392,14 @@ fn deep_sorted(v: &serde_json::Value) -> serde_json::Value {
 /// The useful part of a render error: a template's own `raise_exception` text alone, anything
 /// else with the engine's location.
 fn render_error_message(e: &minijinja::Error) -> String {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        return format!(
+            "the render ran past aerie's budget for one render ({RENDER_FUEL} units of minijinja fuel: about as many \
+             instructions, or 2 GiB of text): the template loops without end or builds text without bound \
+             (a chat template renders a conversation in thousands of units); fix the template, or give another \
+             with --template ({e})"
+        );
+    }
     match e.detail() {
         Some(d) if d.starts_with(python::RAISED) => d.to_owned(),
         _ => format!("{e:#}"),
@@ -405,6 +430,36 @@ mod tests {
     fn generation_tags_are_stripped() {
         let s = strip_generation_tags("a{% generation %}b{%- endgeneration -%}c{% if x %}d{% endif %}");
         assert_eq!(s, "abc{% if x %}d{% endif %}");
+    }
+
+    /// A template that never ends, or that doubles a string in a loop, is stopped by the render
+    /// budget within seconds and a bounded allocation, with an error naming the template; a real
+    /// render uses a small share of it.
+    #[test]
+    fn a_render_that_does_not_end_is_stopped_by_its_budget() {
+        let hang = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}";
+        let double = "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+        let repeat = "{{ 'x' * 100000000000 }}";
+        for (name, source) in [("hang", hang), ("double", double), ("repeat", repeat)] {
+            let t = ChatTemplate::from_source(name, source).unwrap();
+            let started = std::time::Instant::now();
+            let err = t.render(&[Message::new(crate::conversation::Role::User, "hi")], true).unwrap_err().to_string();
+            assert!(err.contains(&format!("chat template `{name}`")) && err.contains("budget for one render"), "{err}");
+            assert!(started.elapsed().as_secs() < 60, "{name}: {:?}", started.elapsed());
+        }
+        let t = ChatTemplate::builtin(BuiltinTemplate::KimiK2);
+        let msgs = [
+            Message::new(crate::conversation::Role::User, "hi"),
+            Message::new(crate::conversation::Role::Assistant, "hello"),
+        ];
+        let ctx = Value::from_pairs([
+            ("messages", Value::from(msgs.iter().map(message_value).collect::<Vec<_>>())),
+            ("add_generation_prompt", Value::from(true)),
+        ]);
+        let tmpl = t.env.get_template(TEMPLATE_NAME).unwrap();
+        let used = tmpl.render_captured(ctx).unwrap().state().fuel_levels().unwrap().0;
+        eprintln!("Kimi-K2's template, two turns: {used} units of fuel");
+        assert!(used > 0 && used < RENDER_FUEL / 1000, "{used}");
     }
 
     #[test]

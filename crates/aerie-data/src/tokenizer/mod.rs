@@ -87,9 +87,13 @@ impl TokenizerFiles {
             None => Map::new(),
         };
         let model_config = read_json(&dir.join("config.json"))?;
-        let model_vocab_size = model_config
-            .as_ref()
-            .and_then(|c| crate::hf_config::text_key(c, "vocab_size").and_then(Json::as_u64).map(|v| v as usize));
+        let model_vocab_size =
+            model_config.as_ref().and_then(|c| crate::hf_config::text_key(c, "vocab_size").and_then(Json::as_u64));
+        // Recorded in every prepared dataset and sized from later: bounded before it is kept.
+        if let Some(v) = model_vocab_size {
+            crate::limits::vocab(format!("{}: vocab_size", dir.join("config.json").display()), v)?;
+        }
+        let model_vocab_size = model_vocab_size.map(|v| v as usize);
         let (tokenizer, digest) = if named("tiktoken.model") || (!hf.is_file() && tiktoken_file.is_file()) {
             check_kimi_family(&tiktoken_file, &config, model_config.as_ref())?;
             let bytes = std::fs::read(&tiktoken_file).map_err(|e| Error::io(&tiktoken_file, e))?;
