@@ -201,7 +201,7 @@ fn sizes_from_flags_and_files_are_refused_before_use() {
     ] {
         let template = dir.path().join(name);
         std::fs::write(&template, source).unwrap();
-        let words = [&s(&template)[..], "budget for one render", "conversation"];
+        let words = [s(&template), "budget for one render", "conversation"];
         refused(prepare(&chats, &target, &out, &["--template", s(&template)]), &words);
     }
     assert!(!out.join("report.json").exists());
