@@ -204,6 +204,14 @@ fn sizes_from_flags_and_files_are_refused_before_use() {
         let words = [s(&template), "budget for one render", "conversation"];
         refused(prepare(&chats, &target, &out, &["--template", s(&template)]), &words);
     }
+    // `regenerate` renders each prompt with it too: it stops, where it dropped each conversation.
+    let hang = dir.path().join("hang.jinja");
+    let tiny = dir.path().join("tiny");
+    fixture::write_target(&tiny, 32, 2, 3);
+    let regen = dir.path().join("regen.jsonl");
+    let args = ["regenerate", "--target", s(&tiny), "--data", s(&chats), "--out", s(&regen), "--template", s(&hang)];
+    refused(aerie(&args), &[s(&hang), "budget for one render"]);
+    assert!(!regen.exists());
     assert!(!out.join("report.json").exists());
 
     // A `config.json` beside the tokenizer whose `vocab_size` is 4e9: recorded in the dataset.
@@ -219,8 +227,6 @@ fn sizes_from_flags_and_files_are_refused_before_use() {
 
     // `regenerate --server`: a timeout of 1e300 s panicked making it a Duration, 10^8 requests in
     // flight panicked spawning their threads.
-    let chats = dir.path().join("chat.jsonl");
-    let regen = dir.path().join("regen.jsonl");
     for (flag, value, words) in [
         ("--timeout", "1e300", "limit of 604800 seconds"),
         ("--concurrency", "100000000", "limit of 1024 requests in flight"),

@@ -157,8 +157,11 @@ impl<'a> Turns<'a> {
             }
             let rendered =
                 self.template.render_conversation(&conv.answered, conv.tools.as_ref(), true, &opts.template_kwargs);
-            let Ok(prompt) = rendered else {
-                return Ok(Step::Finished(Outcome::Drop("template_error".into())));
+            let prompt = match rendered {
+                Ok(prompt) => prompt,
+                // The template's fault, whatever the conversation: stop at the first.
+                Err(e @ aerie_data::Error::TemplateBudget { .. }) => return Err(e.into()),
+                Err(_) => return Ok(Step::Finished(Outcome::Drop("template_error".into()))),
             };
             let enc = self.tok.tokenizer.encode(prompt.as_str(), false).map_err(|e| {
                 Error::Invalid(format!("{}: cannot tokenise conversation `{}`: {e}", self.tok_dir.display(), conv.id))
