@@ -5,6 +5,8 @@
 //! is never created, since nothing ran. No engine, no Python: these run in a second.
 
 mod common;
+#[path = "../../aerie-capture/tests/fixture/mod.rs"]
+mod fixture;
 
 use std::path::{Path, PathBuf};
 
@@ -84,6 +86,35 @@ fn predict_from_what_is_not_a_capture_is_refused_before_the_engine() {
     let empty = c.dir.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     refused(c.serve(&["--predict-from", s(&empty)]), &["not a capture's shard directory", "manifest.json"]);
+}
+
+/// `--predict-from` shards that are truncated, of another target, or of another tokenizer: found
+/// after the engine runs before, refused now before the first start (issue 47).
+#[test]
+fn predict_from_shards_of_another_target_or_truncated_is_refused_before_the_engine() {
+    let c = Case::new("deepseek_v3");
+    let f = common::refusal::Shards::new();
+    let shards = f.write("shards", 3, 1 << 20, &"ab".repeat(32));
+    // Another target: the case's has a vocabulary of 256, the shards' target another.
+    let cfg = aerie_model::checkpoint::synthetic::tiny_config();
+    refused(c.serve(&["--predict-from", s(&shards)]), &["--predict-from", "captured from a target of", "vocab_size"]);
+    // This target, through another tokenizer.
+    fixture::write_tokenizer(&c.target, Some(fixture::CHATML));
+    let config = serde_json::json!({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": cfg.target_hidden_size, "vocab_size": cfg.vocab_size, "num_hidden_layers": 10,
+    });
+    std::fs::write(c.target.join("config.json"), config.to_string()).unwrap();
+    refused(c.serve(&["--predict-from", s(&shards)]), &["another tokenizer", &"ab".repeat(32)]);
+    // Truncated: a shard file cut short.
+    let file = std::fs::read_dir(&shards)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len / 2).unwrap();
+    refused(c.serve(&["--predict-from", s(&shards)]), &["not a capture's shard directory", s(&file)]);
 }
 
 /// `--costs-out` where nothing can be written (its parent is a file): refused before any engine

@@ -29,7 +29,7 @@ pub use answers::{
     Answer, COUNTED_ALL, COUNTED_WITHIN_ANSWERS, COUNTED_WITHIN_ANSWERS_AGAINST_ALL, FirstDifference, PassTimings,
     compare_answers, pass_acceptance, pass_cycle, run_pass,
 };
-pub use predict::{predict, predict_from_shards};
+pub use predict::{check_predict_shards, predict, predict_from_shards};
 
 use runs::{RunResult, one_run, places, plain_serve, speculative_run};
 

@@ -159,16 +159,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// What can be refused before the first engine starts, is (the engine's own flags, the prompts
 /// and the target directory in [`serve_options`]): `--predict` of a target aerie's native decoder
 /// cannot run (by the decoder's own test, [`TargetSpec::of_dir`]) with the `--predict-from`
-/// recipe instead, its tokenizer and chat template; `--predict-from` a directory that is not a
-/// capture's (its manifest read, nothing else) or holds no sample; a `--costs-out` that cannot be
+/// recipe instead, its tokenizer and chat template; `--predict-from` shards that are not a whole
+/// capture, hold no sample, or come from another target or tokenizer
+/// ([`aerie_eval::serve::check_predict_shards`]); a `--costs-out` that cannot be
 /// written (a file created and removed beside it).
 fn preflight(args: &ServeArgs) -> Result<()> {
     if let Some(shards) = &args.predict_from {
-        let (manifest, _) = aerie_data::shard::Manifest::read(shards)
-            .with_context(|| format!("--predict-from {}: not a capture's shard directory", shards.display()))?;
-        if manifest.samples == 0 {
-            bail!("--predict-from {}: the capture holds no sample", shards.display());
-        }
+        aerie_eval::serve::check_predict_shards(shards, &args.target)?;
     } else if args.predict {
         if let Err(e) = TargetSpec::of_dir(&args.target) {
             bail!(
