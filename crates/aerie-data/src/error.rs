@@ -188,6 +188,14 @@ pub enum Error {
         /// What ran out, and what to do.
         message: String,
     },
+    /// A model's `config.json` that does not give what is asked of it.
+    #[error("{}: {message}", path.display())]
+    Config {
+        /// The `config.json`.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// A tokenizer directory whose files are missing or unreadable.
     #[error("{}: {message}", path.display())]
     Tokenizer {

@@ -334,12 +334,6 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
             let conv = normalized.conversation;
             let chain_samples = match result? {
                 Ok(s) => s,
-                Err(rejected) if rejected.reason == DropReason::TemplateBudget => {
-                    return Err(Error::TemplateBudget {
-                        template: template.name().to_owned(),
-                        message: format!("conversation {} of {}: {}", conv.id, opts.data.display(), rejected.message),
-                    });
-                }
                 Err(rejected) => {
                     conversations.drop(rejected.reason);
                     if examples.len() < MAX_EXAMPLES {

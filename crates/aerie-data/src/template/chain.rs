@@ -51,13 +51,19 @@ impl ChatEncoder<'_> {
 
     /// One sample per assistant turn chain in turn-chain mode, else [`Self::encode`]'s one
     /// sample. `Ok(Err(_))`: no sample at all (the first chain's reason).
+    /// A render past the template's budget (`DropReason::TemplateBudget`) is the template's fault
+    /// whatever the conversation: it is the error (`Err`) that stops the run, never a dropped
+    /// conversation, nor a chain skipped beside others that rendered.
     pub fn encode_all(&self, conv: &Conversation) -> Result<std::result::Result<Vec<EncodedSample>, Rejected>> {
         if !self.chain_mode() {
-            return Ok(self.encode(conv)?.map(|s| vec![s]));
+            return match self.encode(conv)? {
+                Ok(s) => Ok(Ok(vec![s])),
+                Err(r) => Ok(Err(self.unless_over_budget(conv, r)?)),
+            };
         }
         let messages = match self.prepared_messages(conv) {
             Ok(m) => m,
-            Err(r) => return Ok(Err(r)),
+            Err(r) => return Ok(Err(self.unless_over_budget(conv, r)?)),
         };
         // Chain ends: assistant turns followed by a user turn or the end.
         let ends: Vec<usize> = (0..messages.len())
@@ -73,7 +79,7 @@ impl ChatEncoder<'_> {
                 Ok(s) => samples.push(s),
                 Err(r) => {
                     skipped = true;
-                    first_rejection.get_or_insert(r);
+                    first_rejection.get_or_insert(self.unless_over_budget(conv, r)?);
                 }
             }
         }
@@ -89,6 +95,18 @@ impl ChatEncoder<'_> {
             }
         }
         Ok(Ok(samples))
+    }
+
+    /// `r`, unless it is a render past the template's budget: then the error naming the
+    /// template and the conversation.
+    fn unless_over_budget(&self, conv: &Conversation, r: Rejected) -> Result<Rejected> {
+        if r.reason != DropReason::TemplateBudget {
+            return Ok(r);
+        }
+        Err(Error::TemplateBudget {
+            template: self.template_name().to_owned(),
+            message: format!("conversation `{}`: {}", conv.id, r.message),
+        })
     }
 
     fn encode_chain(

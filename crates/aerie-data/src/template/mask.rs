@@ -213,6 +213,10 @@ impl<'a> ChatEncoder<'a> {
         self.vocab_size
     }
 
+    pub(super) fn template_name(&self) -> &str {
+        self.template.name()
+    }
+
     pub(super) fn render(
         &self,
         messages: &[crate::conversation::Message],

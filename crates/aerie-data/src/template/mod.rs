@@ -271,14 +271,7 @@ impl ChatTemplate {
             ctx.push((k.as_str(), python::json_to_value(v)));
         }
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("the template was added at construction");
-        tmpl.render(Value::from_pairs(ctx)).map_err(|e| {
-            let (template, message) = (self.name.clone(), render_error_message(&e));
-            if e.kind() == minijinja::ErrorKind::OutOfFuel {
-                Error::TemplateBudget { template, message }
-            } else {
-                Error::Template { template, message }
-            }
-        })
+        tmpl.render(Value::from_pairs(ctx)).map_err(|e| render_error(&self.name, &e))
     }
 
     /// Whether the template declares tools through a variable only the model's Python
@@ -389,21 +382,25 @@ fn deep_sorted(v: &serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// The useful part of a render error: a template's own `raise_exception` text alone, anything
+/// A render's error: past the budget ([`RENDER_FUEL`]), the template's fault whatever the
+/// conversation; else the useful part, a template's own `raise_exception` text alone, anything
 /// else with the engine's location.
-fn render_error_message(e: &minijinja::Error) -> String {
+fn render_error(template: &str, e: &minijinja::Error) -> Error {
+    let template = template.to_owned();
     if e.kind() == minijinja::ErrorKind::OutOfFuel {
-        return format!(
+        let message = format!(
             "the render ran past aerie's budget for one render ({RENDER_FUEL} units of minijinja fuel: about as many \
              instructions, or 2 GiB of text): the template loops without end or builds text without bound \
              (a chat template renders a conversation in thousands of units); fix the template, or give another \
              with --template ({e})"
         );
+        return Error::TemplateBudget { template, message };
     }
-    match e.detail() {
+    let message = match e.detail() {
         Some(d) if d.starts_with(python::RAISED) => d.to_owned(),
         _ => format!("{e:#}"),
-    }
+    };
+    Error::Template { template, message }
 }
 
 /// Variables every render sets itself: the conversation and whether a generation prompt

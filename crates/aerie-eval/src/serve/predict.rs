@@ -13,6 +13,7 @@ use std::path::Path;
 use aerie_model::drafter::shape::DraftShape;
 use burn::tensor::backend::Backend;
 
+use aerie_data::hf_config::TargetShape;
 use aerie_data::shard::ShardDataset;
 use aerie_data::tokenizer::TokenizerFiles;
 
@@ -63,36 +64,29 @@ pub fn predict<B: Backend>(
 
 /// Check, before any engine starts, that `shards` can predict the engine serving `target`: every
 /// shard file the manifest lists opens whole (a missing or truncated one is named), it holds a
-/// sample, and it was captured from this target (hidden size, vocabulary and layers of its
-/// `config.json`) through this tokenizer (the digest of `TokenizerFiles::load`). What only the
-/// engine's answers can show (the shards hold its answers to these prompts) is checked after the
-/// runs. Returns the shards' sample count.
-pub fn check_predict_shards(shards: &Path, target: &Path) -> Result<usize> {
+/// sample, and it was captured from this target (its [`TargetShape`]) through this tokenizer
+/// (the digest of `TokenizerFiles::load`). What only the engine's answers can show (the shards
+/// hold its answers to these prompts) is checked after the runs.
+pub fn check_predict_shards(shards: &Path, target: &Path) -> Result<()> {
     let what = |m: String| Error::Input { path: shards.to_owned(), message: format!("--predict-from: {m}") };
     let data = ShardDataset::open(shards).map_err(|e| what(format!("not a capture's shard directory, whole: {e}")))?;
     if data.is_empty() {
         return Err(what("the capture holds no sample".into()));
     }
     let meta = data.metadata();
-    let config_path = target.join("config.json");
-    let config: serde_json::Value = std::fs::read(&config_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| Error::Input { path: config_path.clone(), message: "cannot read the target's config".into() })?;
-    let key = |k: &str| aerie_data::hf_config::text_key(&config, k).and_then(serde_json::Value::as_u64);
+    let shape = TargetShape::from_config(target)
+        .map_err(|e| Error::step(format!("reading the shape of the target {}", target.display()), e))?;
     for (name, have, want) in [
-        ("hidden_size", meta.hidden_size, key("hidden_size")),
-        ("vocab_size", meta.target_vocab_size, key("vocab_size")),
-        ("num_hidden_layers", meta.target_num_layers, key("num_hidden_layers")),
+        ("hidden_size", meta.hidden_size, shape.hidden_size),
+        ("vocab_size", meta.target_vocab_size, shape.vocab_size),
+        ("num_hidden_layers", meta.target_num_layers, shape.num_layers),
     ] {
-        if let Some(want) = want
-            && want != have as u64
-        {
+        if have != want {
             return Err(what(format!(
-                "captured from a target of {name} {have} ({}), but {} says {want}: capture the engine's answers \
-                 with this target",
+                "captured from a target of {name} {have} ({}), but {} has {want}: capture the engine's answers with \
+                 this target",
                 meta.target,
-                config_path.display()
+                target.display()
             )));
         }
     }
@@ -106,7 +100,7 @@ pub fn check_predict_shards(shards: &Path, target: &Path) -> Result<usize> {
             files.digest
         )));
     }
-    Ok(data.len())
+    Ok(())
 }
 
 /// Walk every run's drafter (by its unique name) at the run's k over the cycles of `shards`
