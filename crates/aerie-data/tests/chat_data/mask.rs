@@ -253,3 +253,28 @@ fn a_head_cut_inside_one_long_message_matches_tokenising_everything() {
         }
     }
 }
+
+/// A render past the template's budget stops the encoding (`Err`), never a dropped conversation:
+/// one conversation per sample, and in turn-chain mode (a reasoning template) even when only a
+/// later chain runs past it, which was skipped beside the first chain's sample.
+#[test]
+fn a_render_past_its_budget_is_the_error_even_in_one_chain_of_several() {
+    let (_d, tok) = tokenizer();
+    let hang = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let c = conv("c", &[(Role::User, "u1"), (Role::Assistant, "a1"), (Role::User, "u2"), (Role::Assistant, "a2")]);
+    let plain = ChatTemplate::from_source("plain-hang", hang).unwrap();
+    let enc = ChatEncoder::new(&plain, &tok.tokenizer, EncodeOptions::default()).unwrap();
+    let err = enc.encode_all(&c).unwrap_err().to_string();
+    assert!(err.contains("plain-hang") && err.contains("conversation `c`") && err.contains("budget"), "{err}");
+    // Reasoning rendered (chain mode); past the budget only from the fourth message on.
+    let source = format!(
+        "{{% for m in messages %}}{{% if m.reasoning_content %}}<think>{{{{ m.reasoning_content }}}}</think>{{% endif %}}\
+         {{{{ m.role }}}}:{{{{ m.content }}}}<|im_end|>{{% endfor %}}{{% if messages | length > 3 %}}{hang}{{% endif %}}\
+         {{% if add_generation_prompt %}}assistant:{{% endif %}}"
+    );
+    let chained = ChatTemplate::from_source("chain-hang", source).unwrap();
+    let enc = ChatEncoder::new(&chained, &tok.tokenizer, EncodeOptions::default()).unwrap();
+    assert!(enc.chain_mode());
+    let err = enc.encode_all(&c).unwrap_err().to_string();
+    assert!(err.contains("chain-hang") && err.contains("budget"), "{err}");
+}
