@@ -104,25 +104,6 @@ pub fn refuse_bf16_on_wgpu(precision: aerie_train::config::Precision, device: De
     Ok(())
 }
 
-/// Data parallelism over distinct wgpu indices is refused: on Mesa's software Vulkan driver
-/// `--devices wgpu:0,wgpu:1` wrote weights up to 1.08 away from one device's and exited 0 (issue
-/// 47), while a device listed twice (`wgpu:0,wgpu:0`, replicas one after the other) is exact.
-/// Until two wgpu devices are shown to train alike, only one wgpu index may be listed.
-pub fn refuse_distinct_wgpu(devices: &[DeviceArg]) -> anyhow::Result<()> {
-    let first = devices.first().copied();
-    if let Some(DeviceArg::Wgpu(a)) = first
-        && let Some(DeviceArg::Wgpu(b)) = devices.iter().copied().find(|d| Some(*d) != first)
-    {
-        anyhow::bail!(
-            "--devices: data parallelism over distinct wgpu devices (wgpu:{a} and wgpu:{b}) is not supported: two wgpu \
-             devices were measured to train to different weights than one (up to 1.08 apart on lavapipe, with no \
-             error). List one wgpu device once per replica (`--devices wgpu:{a},wgpu:{a}`: the replicas run one \
-             after the other, exact), or train on `cuda:0,cuda:1` (docs/training.md, data parallelism)"
-        );
-    }
-    Ok(())
-}
-
 /// The adapter `wgpu:N` names, for `n` ≥ 1, among the adapters of this machine given as cubecl's
 /// device type ids (0 discrete GPU, 1 integrated, 2 virtual, 3 CPU, 4 other): the `n`-th adapter
 /// of the best kind present (discrete before integrated before virtual before CPU), as
@@ -228,18 +209,5 @@ mod tests {
         assert!(wgpu_adapter(1, &[]).unwrap_err().contains("none"));
         // Two CPU adapters: wgpu opens only the first.
         assert!(wgpu_adapter(1, &[3, 3]).is_err());
-    }
-
-    /// Data parallelism over distinct wgpu indices is refused before any device opens; one wgpu
-    /// device listed per replica, and every other kind of list, pass.
-    #[test]
-    fn distinct_wgpu_devices_are_refused_for_data_parallelism() {
-        let e = refuse_distinct_wgpu(&[DeviceArg::Wgpu(0), DeviceArg::Wgpu(1)]).unwrap_err().to_string();
-        assert!(e.contains("wgpu:0 and wgpu:1") && e.contains("not supported") && e.contains("wgpu:0,wgpu:0"), "{e}");
-        assert!(refuse_distinct_wgpu(&[DeviceArg::Wgpu(1), DeviceArg::Wgpu(1), DeviceArg::Wgpu(0)]).is_err());
-        assert!(refuse_distinct_wgpu(&[DeviceArg::Wgpu(0), DeviceArg::Wgpu(0)]).is_ok());
-        assert!(refuse_distinct_wgpu(&[DeviceArg::Wgpu(2)]).is_ok());
-        assert!(refuse_distinct_wgpu(&[DeviceArg::Cuda(0), DeviceArg::Cuda(1)]).is_ok());
-        assert!(refuse_distinct_wgpu(&[DeviceArg::Cpu, DeviceArg::Cpu]).is_ok());
     }
 }

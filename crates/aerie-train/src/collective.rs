@@ -212,6 +212,7 @@ mod nccl {
     use burn::tensor::{Tensor, TensorPrimitive};
 
     use super::{AllReduce, HostExchange};
+    use crate::fan_out::per_replica;
 
     /// burn's all-reduce on CUDA (`DistributedBackend::all_reduce`, NCCL underneath), one thread
     /// per rank: an NCCL collective (and the communicator's set-up) waits until every rank has
@@ -240,30 +241,24 @@ mod nccl {
             if distinct.len() != ids.len() {
                 return HostExchange.sum(devices, per_rank);
             }
-            std::thread::scope(|s| {
-                let handles: Vec<_> = per_rank
-                    .into_iter()
-                    .map(|tensors| {
-                        let ids = ids.clone();
-                        s.spawn(move || {
-                            // Enqueue every tensor's all-reduce, then wait for them.
-                            let pending: Vec<_> = tensors
-                                .into_iter()
-                                .map(|t| B::all_reduce(t.into_primitive().tensor(), ReduceOperation::Sum, ids.clone()))
-                                .collect();
-                            pending
-                                .into_iter()
-                                .map(|c| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(c.resolve())))
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .enumerate()
-                    .map(|(r, h)| h.join().map_err(|_| format!("rank {r}: the NCCL all-reduce thread panicked")))
-                    .collect()
+            // One thread per rank, each on the caller's burn stream (crate::fan_out says why).
+            let ranks: Vec<_> = per_rank.into_iter().enumerate().collect();
+            per_replica(true, ranks, |(r, tensors)| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    // Enqueue every tensor's all-reduce, then wait for them.
+                    let pending: Vec<_> = tensors
+                        .into_iter()
+                        .map(|t| B::all_reduce(t.into_primitive().tensor(), ReduceOperation::Sum, ids.clone()))
+                        .collect();
+                    pending
+                        .into_iter()
+                        .map(|c| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(c.resolve())))
+                        .collect::<Vec<_>>()
+                }))
+                .map_err(|_| format!("rank {r}: the NCCL all-reduce thread panicked"))
             })
+            .into_iter()
+            .collect()
         }
     }
 }

@@ -48,6 +48,7 @@ pub mod config;
 pub mod data;
 mod error;
 pub mod eval;
+mod fan_out;
 pub mod grads;
 pub mod init;
 pub mod metrics;

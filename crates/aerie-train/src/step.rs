@@ -9,7 +9,8 @@
 //! split. Each replica keeps its own copy of the weights and of the AdamW state; the all-reduce
 //! hands every replica the same summed gradient, bit for bit, so all of them clip and step alike
 //! and stay identical without any weights moving after a step. Replicas on distinct devices run
-//! in one thread each; replicas on the same device (`--devices cpu,cpu`) run one after the other.
+//! in one thread each, every thread on the trainer's burn stream (the module `fan_out` says why);
+//! replicas on the same device (`--devices cpu,cpu`) run one after the other.
 //! Every tracked op runs under [`aerie_model::autodiff`]'s guard, without which a replica's
 //! backward can silently drop another replica's gradient (burn 0.21's graph sweep race).
 
@@ -27,6 +28,7 @@ use std::sync::Arc;
 use crate::anchor::{Anchor, add_pull, anchor_of};
 use crate::collective::{AllReduce, HostExchange, all_reduce_grads, copy_model, copy_record};
 use crate::config::{LossKind, OptimConfig};
+use crate::fan_out::per_replica;
 use crate::grads::{accumulate, clip_factor, global_norm, make_contiguous, scale_grads, weights_checksum};
 use crate::objective::{BatchMasks, Normalisers, micro_loss};
 use crate::replay::Replay;
@@ -297,14 +299,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 .collect()
         };
         let jobs: Vec<_> = self.replicas.iter().zip(per).collect();
-        if self.parallel() {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(move || work(j))).collect();
-                handles.into_iter().map(|h| h.join().expect("collate thread panicked")).collect()
-            })
-        } else {
-            jobs.into_iter().map(work).collect()
-        }
+        per_replica(self.parallel(), jobs, work).into_iter().collect()
     }
 
     /// Forward and backward every micro-batch of one replica; gradients stay on its device.
@@ -362,16 +357,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         let norm = Normalisers::of(&masks, self.ttt.ttt_length);
 
         let jobs: Vec<_> = self.replicas.iter().zip(prepared).collect();
-        let outs: Vec<Result<ReplicaOut>> = if self.parallel() {
-            let norm = &norm;
-            std::thread::scope(|s| {
-                let handles: Vec<_> =
-                    jobs.into_iter().map(|(rep, b)| s.spawn(move || self.run_replica(rep, b, norm, step))).collect();
-                handles.into_iter().map(|h| h.join().expect("replica thread panicked")).collect()
-            })
-        } else {
-            jobs.into_iter().map(|(rep, b)| self.run_replica(rep, b, &norm, step)).collect()
-        };
+        let outs = per_replica(self.parallel(), jobs, |(rep, b)| self.run_replica(rep, b, &norm, step));
 
         // Every replica's error is known before the all-reduce starts: a collective that one rank
         // never joins would wait for it forever.
@@ -438,16 +424,9 @@ impl<B: AutodiffBackend> Trainer<B> {
                 rep.model = Some(autodiff::record(|| rep.optim.step(lr, model, grads)));
             }
         };
-        let update = &update;
+        let parallel = self.parallel();
         let jobs: Vec<_> = self.replicas.iter_mut().zip(summed).collect();
-        if jobs.iter().any(|(r, _)| r.device != jobs[0].0.device) {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(move || update(j))).collect();
-                handles.into_iter().for_each(|h| h.join().expect("optimizer thread panicked"));
-            });
-        } else {
-            jobs.into_iter().for_each(update);
-        }
+        per_replica(parallel, jobs, update);
         report.grad_norm = norm;
         if !report.grad_norm.is_finite() {
             return Err(Error::NonFinite {

@@ -38,9 +38,9 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: DeviceArg,
     /// Data-parallel devices: `cuda:0,cuda:1`, `cuda:0..7` (0 through 7, inclusive; gradients
-    /// summed with NCCL), `cpu,cpu` or `wgpu:0,wgpu:0` (replicas run one after the other on the one
-    /// device, gradients summed through host memory; the same arithmetic, no speed-up). Distinct
-    /// wgpu devices (`wgpu:0,wgpu:1`) are refused: they were measured to train wrongly.
+    /// summed with NCCL), `wgpu:0,wgpu:1` (one thread per GPU, gradients summed through host
+    /// memory), `cpu,cpu` or `wgpu:0,wgpu:0` (replicas run one after the other on the one device;
+    /// the same arithmetic, no speed-up).
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
     /// Print summary.json on stdout at the end.
@@ -149,7 +149,6 @@ fn cuda(_: &TrainConfig, _: &TrainArgs, _: &[usize]) -> Result<Summary> {
 
 #[cfg(feature = "wgpu")]
 fn wgpu(cfg: &TrainConfig, args: &TrainArgs, devices: &[DeviceArg]) -> Result<Summary> {
-    crate::device::refuse_distinct_wgpu(devices)?;
     crate::device::refuse_bf16_on_wgpu(cfg.precision, devices[0])?;
     let devs = devices
         .iter()
