@@ -402,6 +402,85 @@ fn a_new_users_mistakes_are_named_with_what_to_give_instead() {
     refused(measure(&file), &["--out", "reading the costs file", s(&file)]);
 }
 
+/// Session 26's audit of a new user's mistakes (docs/reliability.md, issue 47's table): each
+/// message names the flag, key or file at fault and what to give instead, and bad sizes that
+/// were accepted with exit 0 are refused.
+#[test]
+fn unclear_messages_of_the_fourth_audit_name_the_flag_and_the_fix() {
+    let f = Shards::new();
+    let data = f.write("data", 2, 1 << 20, &"0".repeat(64));
+    // Sizes accepted with exit 0: a tree asked for more tokens than it holds, a batch of 0.
+    let tree = ["--k", "2", "--topk", "4", "--tree-tokens", "100"];
+    refused(f.eval("accept", &data, &f.drafter, &tree), &["--tree-tokens 100", "holds at most 21"]);
+    for flag in ["--batch-size", "--head-chunk-rows"] {
+        let out = f.eval("loss", &data, &f.drafter, &[flag, "0"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} 0: {err}");
+        assert!(err.contains(flag) && err.contains("must be 1 or more"), "{err}");
+    }
+    refused(f.eval("accept", &data, &f.drafter, &["--k", "0"]), &["--k 0", "1 draft step or more"]);
+    // A drafter of another target (SmolLM2's, without its embedding) given this target's
+    // embedding to export: it blamed the drafter ("embed_tokens.weight has shape [..], expected [49152, 576]").
+    let smollm2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m-eagle3");
+    let tiny = f.root().join("tiny-target");
+    fixture::write_target(&tiny, 32, 4, 21);
+    let out = f.root().join("exported");
+    let args =
+        ["export", s(&smollm2), "--to", "speculators", "--out", s(&out), "--target", s(&tiny), "--include-embedding"];
+    refused(
+        aerie(&args),
+        &["was made for a target of vocabulary 49152 and hidden size 576", "give the target it was trained for"],
+    );
+    // One shard file for its dataset: "shard-00000.safetensors/manifest.json: Not a directory".
+    let shard = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .unwrap();
+    refused(f.eval("loss", &shard, &f.drafter, &[]), &["is a file: give the capture shard directory", s(&data)]);
+    // A section given to --set: "unknown key `optim`; did you mean `optim`?".
+    let run = f.root().join("run");
+    let cfg = f.train_config("train.toml", &run, 1, 1, &[&data], &[]);
+    let err = refused(aerie(&["train", s(&cfg), "--set", "optim=1"]), &["`optim` is a section", "--set optim."]);
+    assert!(!err.contains("did you mean"), "{err}");
+    // A checkpoint given to --resume instead of its run.
+    let checkpoint = run.join("checkpoint-3");
+    std::fs::create_dir_all(checkpoint.join("training_state")).unwrap();
+    refused(
+        aerie(&["train", s(&cfg), "--resume", s(&checkpoint)]),
+        &["is a checkpoint, not a run", &format!("here {}", run.display())],
+    );
+    // Outputs that exist: the flag that replaces them is named.
+    let dir = tempfile::tempdir().unwrap();
+    let (target, chats) = tokenizer_and_chats(dir.path(), 4);
+    let prepared = dir.path().join("prepared");
+    ok_json(prepare(&chats, &target, &prepared, &[]));
+    refused(prepare(&chats, &target, &prepared, &[]), &["choose another --out, or pass --overwrite"]);
+    let vocab = dir.path().join("vocab.safetensors");
+    refused(aerie(&["vocab", "build", s(&prepared), "--out", s(&vocab)]), &["--draft-vocab N", "--keep-from"]);
+    let notes = dir.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("a.txt"), "mine\n").unwrap();
+    refused(aerie(&["export", s(&f.drafter), "--to", "sglang", "--out", s(&notes)]), &["--force"]);
+    // `topk:0` matched the form it was told to use.
+    let out = aerie(&[
+        "capture",
+        "--engine",
+        "native",
+        "--target",
+        s(&target),
+        "--data",
+        s(&prepared),
+        "--out",
+        s(&notes),
+        "--teacher",
+        "topk:0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("K a whole number, 1 or more"), "{err}");
+}
+
 /// `capture --out` into its own inputs: it wrote shards into the prepared dataset (exit 0).
 #[test]
 fn capture_never_writes_into_a_prepared_dataset() {

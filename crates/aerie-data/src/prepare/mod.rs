@@ -239,7 +239,7 @@ fn check_options(opts: &PrepareOptions) -> Result<OutputLock> {
         .collect();
     if !existing.is_empty() && !opts.overwrite {
         return Err(Error::InvalidOption(format!(
-            "{} already holds a prepared dataset ({}); choose another directory or overwrite it",
+            "{} already holds a prepared dataset ({}); choose another --out, or pass --overwrite to replace it",
             opts.out.display(),
             existing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )));

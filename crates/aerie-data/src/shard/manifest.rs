@@ -63,7 +63,22 @@ impl Manifest {
     /// Read `dir/manifest.json` and check it against itself: the format, the metadata, file
     /// names, and that the totals are the sums of the entries. Shard files are not opened.
     pub fn read(dir: impl AsRef<Path>) -> Result<(Self, ShardMetadata)> {
-        let path = dir.as_ref().join(MANIFEST_FILE);
+        let dir = dir.as_ref();
+        if dir.is_file() {
+            // One shard file given for its dataset: it said "shard-00000.safetensors/manifest.json:
+            // Not a directory".
+            let parent = dir.parent().filter(|p| p.join(MANIFEST_FILE).is_file());
+            return Err(Error::manifest(
+                dir,
+                match parent {
+                    Some(p) => format!("is a file: give the capture shard directory that holds it, {}", p.display()),
+                    None => {
+                        "is a file, not a capture shard directory (`aerie capture --out DIR` writes one)".to_owned()
+                    }
+                },
+            ));
+        }
+        let path = dir.join(MANIFEST_FILE);
         let bytes = super::fsutil::open_regular(&path)
             .map_err(|e| match e {
                 Error::Io { source, .. } => source,
@@ -78,7 +93,7 @@ impl Manifest {
                     &path,
                     format!(
                         "not found: {} is not a capture shard directory (`aerie capture --out DIR` writes one)",
-                        dir.as_ref().display()
+                        dir.display()
                     ),
                 ),
                 _ => Error::io(&path, e),

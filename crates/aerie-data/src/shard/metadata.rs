@@ -144,8 +144,12 @@ impl FromStr for Teacher {
     type Err = MetadataError;
 
     fn from_str(s: &str) -> std::result::Result<Self, MetadataError> {
-        let bad =
-            || MetadataError::new("teacher", format!("`{s}` is not `final-hidden`, `topk:K` or `final-hidden+topk:K`"));
+        let bad = || {
+            MetadataError::new(
+                "teacher",
+                format!("`{s}` is not `final-hidden`, `topk:K` or `final-hidden+topk:K` (K a whole number, 1 or more)"),
+            )
+        };
         // Canonical decimal only (`topk:08` would compare unequal to `topk:8` as a string).
         let parse_k = |text: &str| match text.parse::<usize>() {
             Ok(k) if k > 0 && k.to_string() == text => Ok(k),

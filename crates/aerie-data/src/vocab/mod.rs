@@ -427,7 +427,7 @@ pub fn build_vocab(
                     drafter,
                     format!(
                         "the drafter's draft vocabulary has {} ids but {n} were asked for; a fine-tuned drafter \
-                         must keep its mapping (drop the draft vocab size, or build without keep-from)",
+                         must keep its mapping (drop --draft-vocab, or build without --keep-from)",
                         kept.draft_vocab_size()
                     ),
                 ));
@@ -439,7 +439,7 @@ pub fn build_vocab(
         None => {
             let n = opts
                 .draft_vocab_size
-                .ok_or_else(|| Error::InvalidOption("a draft vocab size is needed (or keep-from a drafter)".into()))?;
+                .ok_or_else(|| Error::InvalidOption("a draft vocab size is needed: pass --draft-vocab N (e.g. 32000), or --keep-from DRAFTER to keep a drafter's mapping".into()))?;
             (DraftVocab::build(&counts, n).map_err(|m| verr(prepared, m))?, None)
         }
     };

@@ -361,7 +361,9 @@ pub fn write_dir_atomic(out: &Path, overwrite: bool, fill: impl FnOnce(&Path) ->
         let non_empty = std::fs::read_dir(out).map_err(|e| Error::io(out, e))?.next().is_some();
         if non_empty {
             if !overwrite {
-                return Err(exists_err("exists and is not empty (ask to overwrite to replace it)"));
+                return Err(exists_err(
+                    "exists and is not empty: choose another --out, or pass --force to replace a drafter aerie exported there",
+                ));
             }
             let files = ["config.json", SINGLE_FILE, EXPORT_MARKER];
             aerie_data::owned::check_dir_is_ours(out, "a drafter checkpoint", &files, &files)?;

@@ -307,7 +307,22 @@ pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<Load
     if !tensors.contains_key(keys::EMBED)
         && let Some(t) = target
     {
-        tensors.insert(keys::EMBED.into(), load_target_embedding(t)?);
+        let embed = load_target_embedding(t)?;
+        // The target's shape against the drafter's config: the validation below would blame the
+        // drafter ("embed_tokens.weight has shape ..., expected ...") for a wrong target.
+        if embed.shape != [cfg.vocab_size, cfg.hidden_size] {
+            return Err(Error::Incompatible(format!(
+                "the target {} has an embedding of {:?} (vocabulary × hidden size), but the drafter {} was made \
+                 for a target of vocabulary {} and hidden size {} (its config.json): give the target it was \
+                 trained for, or a drafter trained for this target",
+                t.display(),
+                embed.shape,
+                dir.display(),
+                cfg.vocab_size,
+                cfg.hidden_size
+            )));
+        }
+        tensors.insert(keys::EMBED.into(), embed);
         notes.push(format!("embed_tokens.weight taken from the target {}", t.display()));
     }
     if !tensors.contains_key(keys::T2D)

@@ -18,6 +18,16 @@ pub struct TreeShape {
     pub verify_tokens: usize,
 }
 
+impl TreeShape {
+    /// Tokens a tree of this depth and topk can put before the target, the root included: topk
+    /// nodes at the first step, then topk kept paths × topk children at each later one, as SGLang
+    /// grows it. More `verify_tokens` than this would be nodes that do not exist.
+    pub fn capacity(&self) -> usize {
+        let later = self.depth.saturating_sub(1).saturating_mul(self.topk.saturating_mul(self.topk));
+        1usize.saturating_add(self.topk).saturating_add(later)
+    }
+}
+
 /// Draft steps per cycle at most (`--k`): SGLang serves 3 to 8, EAGLE-3 trains 7 steps ahead,
 /// and a chain's acceptance past a few dozen steps is zero for any drafter, while its cost (KV
 /// cache, draft forwards) grows with every step: a larger K is a typo, not an experiment.
@@ -85,8 +95,24 @@ impl DraftShape {
                 t.topk, t.verify_tokens
             ));
         }
+        if let DraftShape::Tree(t) = *self
+            && t.depth > 0
+            && t.topk > 0
+            && t.verify_tokens > t.capacity()
+        {
+            return Err(format!(
+                "--tree-tokens {}: a tree of depth {} (--k) and topk {} holds at most {} tokens (the root, topk at \
+                 the first step and topk² at each later one, as SGLang builds it): give --tree-tokens {} or less, or \
+                 a deeper or wider tree",
+                t.verify_tokens,
+                t.depth,
+                t.topk,
+                t.capacity(),
+                t.capacity()
+            ));
+        }
         match *self {
-            DraftShape::Chain { k: 0 } => Err("a chain needs k >= 1".into()),
+            DraftShape::Chain { k: 0 } => Err("--k 0: a chain needs 1 draft step or more".into()),
             DraftShape::Chain { .. } => Ok(()),
             DraftShape::Tree(TreeShape { depth, topk, verify_tokens }) => {
                 if depth == 0 || topk == 0 || topk > vd || verify_tokens < 2 {
@@ -117,6 +143,14 @@ mod tests {
         assert!(DraftShape::Chain { k: 0 }.check(10).is_err());
         assert!(tree.check(1).unwrap_err().contains("topk <= Vd (1)"));
         assert!(tree.check(10).is_ok());
+        // More verified tokens than the tree holds: 1 + 4 + 16 at depth 2, topk 4.
+        let wide = |tokens| DraftShape::Tree(TreeShape { depth: 2, topk: 4, verify_tokens: tokens });
+        assert!(wide(21).check(10).is_ok());
+        let e = wide(22).check(10).unwrap_err();
+        assert!(e.contains("--tree-tokens 22") && e.contains("holds at most 21"), "{e}");
+        assert_eq!(TreeShape { depth: 3, topk: 1, verify_tokens: 4 }.capacity(), 4);
+        assert_eq!(TreeShape { depth: usize::MAX, topk: usize::MAX, verify_tokens: 4 }.capacity(), usize::MAX);
+        assert!(DraftShape::Chain { k: 0 }.check(10).unwrap_err().contains("--k 0"));
     }
 
     #[test]

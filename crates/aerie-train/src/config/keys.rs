@@ -225,6 +225,15 @@ fn parse_value(raw: &str) -> toml::Value {
 /// Apply `--set key=value` to a parsed config table.
 pub fn set(table: &mut toml::Table, key: &str, raw: &str) -> Result<()> {
     let source = Path::new("--set");
+    if SECTIONS.contains(&key) {
+        let first = KEYS.iter().map(|k| k.key).find(|k| split(k).0 == key).unwrap_or("optim.lr");
+        return Err(Error::config(
+            source,
+            format!(
+                "`{key}` is a section, not a key: set one of its keys, e.g. `--set {first}=...` (configs/README.md lists them)"
+            ),
+        ));
+    }
     if find(key).is_none() {
         return Err(unknown(key, source));
     }
@@ -276,5 +285,8 @@ mod tests {
         assert_eq!(t["init"]["shape"]["aux_layer_ids"].as_array().map(Vec::len), Some(3));
         let e = set(&mut t, "optim.learning_rate", "1").unwrap_err().to_string();
         assert!(e.contains("unknown key `optim.learning_rate`"), "{e}");
+        // A section given as a key: it suggested the section itself ("did you mean `optim`?").
+        let e = set(&mut t, "optim", "1").unwrap_err().to_string();
+        assert!(e.contains("`optim` is a section, not a key") && e.contains("--set optim."), "{e}");
     }
 }

@@ -66,8 +66,17 @@ pub(super) fn start(cfg: &TrainConfig, resume: Option<&Path>, micro_per_step: us
     };
     let run = run.to_path_buf();
     checkpoint::clean_partial(&run)?;
-    let (_, ckpt) = checkpoint::latest_checkpoint(&run)?
-        .ok_or_else(|| resume_err(&run, "no complete checkpoint-<step>/ in this directory"))?;
+    let (_, ckpt) = checkpoint::latest_checkpoint(&run)?.ok_or_else(|| {
+        // A checkpoint given instead of its run: name the run to give.
+        let parent = run.parent().filter(|_| run.join("training_state").is_dir());
+        match parent {
+            Some(p) => resume_err(
+                &run,
+                format!("is a checkpoint, not a run: --resume takes the run's directory, here {}", p.display()),
+            ),
+            None => resume_err(&run, "no complete checkpoint-<step>/ in this directory"),
+        }
+    })?;
     let state = checkpoint::load_state(&ckpt)?;
     let saved_text = checkpoint::load_config_text(&ckpt)?;
     let saved = TrainConfig::from_toml_str(&saved_text, &ckpt.join("training_state/config.toml"), &[])?;

@@ -95,18 +95,28 @@ impl ChatInputArgs {
     }
 }
 
+/// A count that must be 1 or more (clap's value parser): `--batch-size 0` evaluated nothing
+/// and exited 0.
+pub fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number ({e})")),
+    }
+}
+
 /// How an evaluation walks captured shards (`eval loss`, `eval accept`, `compare`): batch size,
 /// sample limit, the head's chunking and the device.
 #[derive(Args, Debug, Clone)]
 pub struct ShardPassArgs {
     /// Samples per forward.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = at_least_one)]
     pub batch_size: usize,
     /// Evaluate only the first N samples.
     #[arg(long)]
     pub max_samples: Option<usize>,
     /// Rows of the target head per chunk of the full-vocabulary pass.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = at_least_one)]
     pub head_chunk_rows: usize,
     /// `cpu`, `cuda:N` or `wgpu:N`.
     #[arg(long, default_value = "cpu")]
