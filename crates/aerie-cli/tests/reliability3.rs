@@ -443,6 +443,16 @@ fn unclear_messages_of_the_fourth_audit_name_the_flag_and_the_fix() {
     let cfg = f.train_config("train.toml", &run, 1, 1, &[&data], &[]);
     let err = refused(aerie(&["train", s(&cfg), "--set", "optim=1"]), &["`optim` is a section", "--set optim."]);
     assert!(!err.contains("did you mean"), "{err}");
+    // A value of the wrong type in serde's words ("expected f64"), an empty config ("`.`: missing
+    // field `output_dir`"), a directory as the config ("Is a directory (os error 21)"), a range
+    // written high to low.
+    refused(aerie(&["train", s(&cfg), "--set", "optim.lr=fast"]), &["`optim.lr`", "expected a number"]);
+    let empty = f.root().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let err = refused(aerie(&["train", s(&empty)]), &["missing key `output_dir`"]);
+    assert!(!err.contains("`.`"), "{err}");
+    refused(aerie(&["train", s(f.root())]), &["is a directory: give the training config"]);
+    refused(aerie(&["train", s(&cfg), "--devices", "cuda:3..1"]), &["an empty range", "`cuda:1..3`"]);
     // A checkpoint given to --resume instead of its run.
     let checkpoint = run.join("checkpoint-3");
     std::fs::create_dir_all(checkpoint.join("training_state")).unwrap();
@@ -456,8 +466,14 @@ fn unclear_messages_of_the_fourth_audit_name_the_flag_and_the_fix() {
     let prepared = dir.path().join("prepared");
     ok_json(prepare(&chats, &target, &prepared, &[]));
     refused(prepare(&chats, &target, &prepared, &[]), &["choose another --out, or pass --overwrite"]);
+    let nothing = dir.path().join("nothing.jsonl");
+    std::fs::write(&nothing, "").unwrap();
+    let err = refused(prepare(&nothing, &target, &dir.path().join("p2"), &[]), &["holds no record (an empty file?)"]);
+    assert!(!err.contains("{}"), "{err}");
     let vocab = dir.path().join("vocab.safetensors");
     refused(aerie(&["vocab", "build", s(&prepared), "--out", s(&vocab)]), &["--draft-vocab N", "--keep-from"]);
+    let args = ["vocab", "build", s(&prepared), "--draft-vocab", "8", "--out", s(dir.path())];
+    refused(aerie(&args), &["--out is a directory", "vocab.safetensors"]);
     let notes = dir.path().join("notes");
     std::fs::create_dir(&notes).unwrap();
     std::fs::write(notes.join("a.txt"), "mine\n").unwrap();

@@ -60,7 +60,7 @@ fn parse_devices(s: &str) -> Result<Vec<DeviceArg>> {
                 b.parse().with_context(|| format!("`{item}`: bad device range"))?,
             );
             if b < a {
-                bail!("`{item}`: empty device range");
+                bail!("--devices `{item}`: an empty range: write the lower GPU first, `cuda:{b}..{a}` (both included)");
             }
             // Counted before it is expanded: `cuda:0..4000000000` is a typo, not 4e9 devices.
             let count = (b - a) as u128 + 1 + out.len() as u128;

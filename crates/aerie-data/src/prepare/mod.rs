@@ -388,6 +388,14 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(&PrepareProgress)
     for _ in 0..read.malformed {
         conversations.drop(DropReason::Malformed);
     }
+    if samples == 0 && read.records == 0 && read.malformed == 0 && read.warnings.is_empty() {
+        // An empty file said "0 records: no sample kept; dropped per reason: {}".
+        return Err(Error::Input {
+            path: opts.data.clone(),
+            at: "0 records".to_owned(),
+            message: "holds no record (an empty file?): give chat records, one conversation per JSONL line or parquet row (docs/prepared-data.md)".into(),
+        });
+    }
     if samples == 0 {
         return Err(Error::Input {
             path: opts.data.clone(),

@@ -196,6 +196,22 @@ fn unknown(key: &str, source: &Path) -> Error {
     Error::config(source, format!("unknown key `{key}`{hint}"))
 }
 
+/// serde's words for a value of the wrong type in this field's words: "expected f64" is "expected
+/// a number", a sequence is a list, a field is a key.
+pub(super) fn plain_words(message: &str) -> String {
+    [
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected u32", "expected a whole number, 0 or more"),
+        ("expected a sequence", "expected a list, e.g. [\"a\", \"b\"]"),
+        ("missing field", "missing key"),
+    ]
+    .iter()
+    .fold(message.to_owned(), |m, (serde, plain)| m.replace(serde, plain))
+}
+
 /// Check every key of `table` (found under `prefix`) against the table of keys.
 pub fn check_table(table: &toml::Table, prefix: &str, source: &Path) -> Result<()> {
     for (name, value) in table {

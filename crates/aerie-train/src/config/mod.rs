@@ -396,6 +396,10 @@ impl TrainConfig {
     /// Read `path`, apply `--set key=value` overrides, and validate. Unknown keys (in the file or
     /// in an override) are errors naming the nearest valid key.
     pub fn load(path: &Path, overrides: &[(String, String)]) -> Result<Self> {
+        if path.is_dir() {
+            let hint = "is a directory: give the training config (a TOML file, e.g. configs/smollm2-quickstart.toml)";
+            return Err(Error::config(path, hint));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_toml_str(&text, path, overrides)
     }
@@ -412,7 +416,11 @@ impl TrainConfig {
         // from there rather than from the file.
         let cfg: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
-            let message = format!("`{key}`: {}", e.inner().message());
+            let message = match key.as_str() {
+                // The root: "`.`: missing field `output_dir`" (an empty file, say).
+                "." => keys::plain_words(e.inner().message()),
+                _ => format!("`{key}`: {}", keys::plain_words(e.inner().message())),
+            };
             match overrides.iter().find(|(k, _)| *k == key) {
                 Some((k, v)) => Error::config(format!("--set {k}={v}"), message),
                 None => Error::config(path, message),
