@@ -224,7 +224,8 @@ const DP_STEPS: u64 = 24;
 /// The exchange adds g₀ + g₁ in the order one device accumulates them, so the weights come out
 /// bit for bit equal; the bound allowed is dp.rs's 1e-5 absolute (1% of lr 1e-3: Adam's first
 /// updates turn gradient rounding near zero into a fraction of lr). Losses within 1e-5 relative.
-/// `wgpu:1` alone is refused where the machine has one adapter (lavapipe).
+/// `wgpu:1` alone is refused where the machine has one adapter (lavapipe). 187 s alone on the
+/// 2-core machine (2026-12-06), most of it kernel compilation for each of the four devices' runs.
 #[test]
 fn data_parallel_replicas_on_wgpu_match_one_device() {
     let w = few_shapes_world();
