@@ -466,6 +466,8 @@ fn unclear_messages_of_the_fourth_audit_name_the_flag_and_the_fix() {
     let prepared = dir.path().join("prepared");
     ok_json(prepare(&chats, &target, &prepared, &[]));
     refused(prepare(&chats, &target, &prepared, &[]), &["choose another --out, or pass --overwrite"]);
+    let split = prepare(&chats, &target, &dir.path().join("p3"), &["--split", "eval:0.02"]);
+    refused(split, &["`eval=FRACTION`, e.g. `eval=0.02`"]);
     let nothing = dir.path().join("nothing.jsonl");
     std::fs::write(&nothing, "").unwrap();
     let err = refused(prepare(&nothing, &target, &dir.path().join("p2"), &[]), &["holds no record (an empty file?)"]);

@@ -103,7 +103,9 @@ fn parse_split(s: &str) -> Result<f64> {
         Some((name, _)) => bail!("--split {s}: only an `eval=FRACTION` split is supported, not `{name}`"),
         None => s,
     };
-    let f: f64 = value.parse().with_context(|| format!("--split {s}: `{value}` is not a number"))?;
+    let f: f64 = value
+        .parse()
+        .with_context(|| format!("--split {s}: `{value}` is not a number; write `eval=FRACTION`, e.g. `eval=0.02`"))?;
     if !(0.0..1.0).contains(&f) {
         bail!("--split {s}: the fraction must be in [0, 1)");
     }
