@@ -55,14 +55,6 @@ pub fn run(cmd: VocabCommand) -> Result<()> {
 }
 
 fn build(args: &BuildArgs) -> Result<()> {
-    if args.out.is_dir() {
-        // It said "--out holds an input of this run" or "exists and is not a draft vocabulary".
-        anyhow::bail!(
-            "{}: --out is a directory; it names the safetensors file to write, e.g. {}",
-            args.out.display(),
-            args.out.join("vocab.safetensors").display()
-        );
-    }
     let opts = VocabOptions {
         draft_vocab_size: args.draft_vocab,
         vocab_size: args.vocab_size,

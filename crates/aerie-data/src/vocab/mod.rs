@@ -361,6 +361,14 @@ pub fn build_vocab(
             out.display()
         )));
     }
+    if out.is_dir() {
+        // It said "--out holds an input of this run" or "exists and is not a draft vocabulary".
+        return Err(Error::InvalidOption(format!(
+            "{}: --out is a directory; it names the safetensors file to write, e.g. {}",
+            out.display(),
+            out.join("vocab.safetensors").display()
+        )));
+    }
     if let Some(n) = opts.vocab_size {
         crate::limits::vocab("--vocab-size", n)?;
     }

@@ -313,15 +313,13 @@ pub fn load_drafter_with_notes(dir: &Path, target: Option<&Path>) -> Result<Load
         if embed.shape != [cfg.vocab_size, cfg.hidden_size] {
             return Err(Error::Incompatible(format!(
                 "the target {} has an embedding of {:?} (vocabulary × hidden size), but the drafter {} was made \
-                 for a target of vocabulary {} and hidden size {} ([{}, {}], its config.json): give the target it \
-                 was trained for, or a drafter trained for this target",
+                 for a target of vocabulary {v} and hidden size {h} ([{v}, {h}], its config.json): give the target \
+                 it was trained for, or a drafter trained for this target",
                 t.display(),
                 embed.shape,
                 dir.display(),
-                cfg.vocab_size,
-                cfg.hidden_size,
-                cfg.vocab_size,
-                cfg.hidden_size
+                v = cfg.vocab_size,
+                h = cfg.hidden_size,
             )));
         }
         tensors.insert(keys::EMBED.into(), embed);
